@@ -1,0 +1,1 @@
+//! Placeholder for the mock upstream (design.md section 9).

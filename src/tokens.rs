@@ -1,0 +1,208 @@
+//! Token counting: the rule OpenAI documents for chat prompts, shared by the gateway's
+//! estimator and the mock upstream's usage figures.
+//!
+//! Chat prompts cost `3` tokens of framing per message, `1` more when a message has a
+//! `name`, the tokens of every text part, and `3` tokens that prime the reply (the
+//! OpenAI cookbook, "How to count tokens with tiktoken"). Models tiktoken does not know
+//! use a configured [`Encoding`], which may be a characters-per-token ratio.
+//!
+//! The BPE tables load once per process (tiktoken-rs singletons, ~100 ms); callers on
+//! the hot path pay only the encoding itself.
+
+use serde::Deserialize;
+use tiktoken_rs::CoreBPE;
+use tiktoken_rs::tokenizer::Tokenizer;
+
+/// Framing tokens per chat message (OpenAI cookbook, current models).
+pub const TOKENS_PER_MESSAGE: u64 = 3;
+/// Extra tokens when a message carries a `name`.
+pub const TOKENS_PER_NAME: u64 = 1;
+/// Tokens that prime the assistant's reply, counted once per prompt.
+pub const REPLY_PRIMING_TOKENS: u64 = 3;
+/// Flat cost charged for a non-text content part (an image, audio), whose real cost
+/// depends on details the gateway does not decode. Conservative for low-detail images.
+pub const NON_TEXT_PART_TOKENS: u64 = 85;
+
+/// How text turns into tokens for one model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Encoding {
+    /// OpenAI's `cl100k_base` (gpt-4, gpt-3.5-turbo, text-embedding-3-*).
+    Cl100kBase,
+    /// OpenAI's `o200k_base` (gpt-4o, gpt-4.1, o-series, gpt-5).
+    O200kBase,
+    /// Characters per token, for models with no public tokenizer (e.g. Claude).
+    /// Rounded up, so a short text never counts as zero.
+    CharsPerToken(f32),
+}
+
+impl Encoding {
+    /// The encoding tiktoken uses for `model`, if it knows the model.
+    pub fn for_openai_model(model: &str) -> Option<Encoding> {
+        match tiktoken_rs::tokenizer::get_tokenizer(model)? {
+            Tokenizer::O200kBase | Tokenizer::O200kHarmony => Some(Encoding::O200kBase),
+            Tokenizer::Cl100kBase => Some(Encoding::Cl100kBase),
+            // Older completion models: cl100k over-counts them slightly, which is the
+            // safe direction for a limiter.
+            _ => Some(Encoding::Cl100kBase),
+        }
+    }
+
+    /// Parses a configured encoding name: `cl100k_base`, `o200k_base`, or
+    /// `chars-per-token:<ratio>`.
+    pub fn parse(name: &str) -> Result<Encoding, String> {
+        match name {
+            "cl100k_base" => Ok(Encoding::Cl100kBase),
+            "o200k_base" => Ok(Encoding::O200kBase),
+            other => {
+                let ratio = other
+                    .strip_prefix("chars-per-token:")
+                    .and_then(|r| r.parse::<f32>().ok())
+                    .filter(|r| r.is_finite() && *r > 0.0)
+                    .ok_or_else(|| {
+                        format!(
+                            "unknown encoding {other:?}: expected cl100k_base, o200k_base or chars-per-token:<positive number>"
+                        )
+                    })?;
+                Ok(Encoding::CharsPerToken(ratio))
+            }
+        }
+    }
+
+    fn bpe(self) -> Option<&'static CoreBPE> {
+        match self {
+            Encoding::Cl100kBase => Some(tiktoken_rs::cl100k_base_singleton()),
+            Encoding::O200kBase => Some(tiktoken_rs::o200k_base_singleton()),
+            Encoding::CharsPerToken(_) => None,
+        }
+    }
+
+    /// Tokens in `text` (special tokens are counted as plain text, as the API does for
+    /// user content).
+    pub fn count_text(self, text: &str) -> u64 {
+        match (self, self.bpe()) {
+            (_, Some(bpe)) => bpe.count_ordinary(text) as u64,
+            (Encoding::CharsPerToken(ratio), None) => {
+                let chars = text.chars().count() as f64;
+                (chars / f64::from(ratio)).ceil() as u64
+            }
+            // bpe() is Some for every BPE variant.
+            (_, None) => 0,
+        }
+    }
+
+    /// Loads the BPE tables now, so the first request does not pay for it.
+    pub fn warm_up(self) {
+        let _ = self.bpe();
+    }
+}
+
+/// One chat message as far as counting needs it; every other field is ignored.
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage<'a> {
+    /// `system`, `user`, `assistant`, `tool`, ...
+    #[serde(borrow)]
+    pub role: std::borrow::Cow<'a, str>,
+    /// Text or a list of parts; absent on assistant messages that only call tools.
+    #[serde(default, borrow)]
+    pub content: Option<Content<'a>>,
+    /// Optional participant name (costs [`TOKENS_PER_NAME`]).
+    #[serde(default, borrow)]
+    pub name: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Message content: a plain string or a list of typed parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content<'a> {
+    /// `"content": "hello"`.
+    #[serde(borrow)]
+    Text(std::borrow::Cow<'a, str>),
+    /// `"content": [{"type":"text","text":"hello"}, {"type":"image_url",...}]`.
+    #[serde(borrow)]
+    Parts(Vec<ContentPart<'a>>),
+}
+
+/// One part of a multi-part message.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart<'a> {
+    /// `text` for text parts; anything else is charged [`NON_TEXT_PART_TOKENS`].
+    #[serde(rename = "type", borrow)]
+    pub kind: std::borrow::Cow<'a, str>,
+    /// The text of a `text` part.
+    #[serde(default, borrow)]
+    pub text: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Content<'_> {
+    /// Tokens of this content under `encoding`.
+    pub fn count(&self, encoding: Encoding) -> u64 {
+        match self {
+            Content::Text(text) => encoding.count_text(text),
+            Content::Parts(parts) => parts
+                .iter()
+                .map(|part| match (&*part.kind, &part.text) {
+                    ("text", Some(text)) => encoding.count_text(text),
+                    _ => NON_TEXT_PART_TOKENS,
+                })
+                .sum(),
+        }
+    }
+}
+
+/// Prompt tokens of a chat request, counted as OpenAI counts them.
+pub fn count_chat_prompt(encoding: Encoding, messages: &[ChatMessage<'_>]) -> u64 {
+    let per_message: u64 = messages
+        .iter()
+        .map(|m| {
+            TOKENS_PER_MESSAGE
+                + encoding.count_text(&m.role)
+                + m.content.as_ref().map_or(0, |c| c.count(encoding))
+                + m.name
+                    .as_ref()
+                    .map_or(0, |n| TOKENS_PER_NAME + encoding.count_text(n))
+        })
+        .sum();
+    per_message + REPLY_PRIMING_TOKENS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookbook_example_counts_match_openai() {
+        // (3 framing + "system" 1 + "You are a helpful assistant." 6)
+        // + (3 + "user" 1 + "Hello!" 2) + 3 priming = 19, as the API reports for gpt-4.
+        let body = r#"[{"role":"system","content":"You are a helpful assistant."},
+                       {"role":"user","content":"Hello!"}]"#;
+        let messages: Vec<ChatMessage> = serde_json::from_str(body).unwrap();
+        assert_eq!(count_chat_prompt(Encoding::Cl100kBase, &messages), 19);
+    }
+
+    #[test]
+    fn names_and_parts_are_counted() {
+        let body = r#"[{"role":"user","name":"bob","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]"#;
+        let messages: Vec<ChatMessage> = serde_json::from_str(body).unwrap();
+        let enc = Encoding::Cl100kBase;
+        let expected = TOKENS_PER_MESSAGE
+            + enc.count_text("user")
+            + TOKENS_PER_NAME
+            + enc.count_text("bob")
+            + enc.count_text("hi")
+            + NON_TEXT_PART_TOKENS
+            + REPLY_PRIMING_TOKENS;
+        assert_eq!(count_chat_prompt(enc, &messages), expected);
+    }
+
+    #[test]
+    fn ratio_encoding_rounds_up_and_parse_rejects_nonsense() {
+        let enc = Encoding::parse("chars-per-token:4").unwrap();
+        assert_eq!(enc.count_text("abcde"), 2);
+        assert_eq!(enc.count_text(""), 0);
+        assert!(Encoding::parse("chars-per-token:0").is_err());
+        assert!(Encoding::parse("p51k").is_err());
+        assert_eq!(Encoding::for_openai_model("gpt-4o-mini"), Some(Encoding::O200kBase));
+        assert_eq!(Encoding::for_openai_model("gpt-4"), Some(Encoding::Cl100kBase));
+        assert_eq!(Encoding::for_openai_model("claude-3-5-sonnet"), None);
+    }
+}
