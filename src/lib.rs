@@ -2,15 +2,25 @@
 //!
 //! ## Layout
 //!
+//! - [`config`]: the TOML configuration, strict, with cross-field validation.
 //! - [`limiter`]: pure, clock-injected rate-limit algorithms (sliding window, GCRA,
 //!   sliding log) with two-phase reservation and exact retry-after.
+//! - [`actor`]: per-tenant and per-upstream limiter actors on tokio tasks: lanes,
+//!   queues, permits settled exactly once.
 //! - [`tokens`]: token counting as OpenAI counts it (tiktoken-rs), shared by the
 //!   estimator and the mock upstream.
+//! - [`proxy`]: the axum app: OpenAI and Anthropic routes, estimation, routing to
+//!   upstreams with fallback and retries, streaming with usage capture.
+//! - [`ops`]: metrics, health and admin endpoints.
+//! - [`server`]: binds the listener, runs the app, drains on shutdown.
 //! - [`mock`]: the mock upstream, a strict and honest stand-in for a provider whose
 //!   log is the ground truth.
 //! - [`load`]: the LLM-aware load generator behind `tollgate load`.
 
+pub mod actor;
+pub mod config;
 pub mod limiter;
 pub mod load;
 pub mod mock;
+pub mod ops;
 pub mod tokens;

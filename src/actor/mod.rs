@@ -1,0 +1,136 @@
+//! # Limiter actors
+//!
+//! One actor per active tenant and per upstream, each a plain tokio task that owns
+//! its scope's limiters, waiting queues and in-flight permits, so no lock guards
+//! limiter state (design.md section 5).
+//!
+//! - [`clock`]: maps `tokio::time::Instant` to the core's [`Nanos`](crate::limiter::Nanos).
+//! - [`scope`]: the limits of one scope (requests, tokens, concurrency, cool-down)
+//!   and the all-or-nothing admission across them. Pure.
+//! - [`queue`]: waiting queues per lane, FIFO with aging. Pure.
+//! - [`estimate`]: adaptive completion estimates from recent completions. Pure.
+//! - [`task`]: the actor loop (mailbox, releases, timers, idle stop).
+//! - [`registry`]: sharded map of live actors, spawned lazily, retired when idle.
+//! - [`permit`]: what a request holds; released and settled exactly once.
+
+pub mod clock;
+pub mod estimate;
+pub mod permit;
+pub mod queue;
+pub mod registry;
+pub mod scope;
+pub mod task;
+
+pub use permit::{Permit, SettleWith};
+pub use registry::{Registry, ScopeSpec};
+pub use scope::{Blocked, ScopeStatus};
+
+use serde::Serialize;
+use std::fmt;
+use std::sync::Arc;
+
+/// Priority lane of a request (`x-tollgate-priority`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lane {
+    /// Latency-sensitive traffic: may use all of a key's capacity.
+    #[default]
+    Interactive,
+    /// Throughput traffic: capped at `batch_share` of each capacity.
+    Batch,
+}
+
+impl Lane {
+    /// Parses the header value; `None` for anything but the two lane names.
+    pub fn parse(value: &str) -> Option<Lane> {
+        match value {
+            "interactive" => Some(Lane::Interactive),
+            "batch" => Some(Lane::Batch),
+            _ => None,
+        }
+    }
+
+    /// Label value for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Interactive => "interactive",
+            Lane::Batch => "batch",
+        }
+    }
+}
+
+/// Whose limits an actor enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScopeKind {
+    /// A caller's limits.
+    Tenant,
+    /// A provider deployment's quota.
+    Upstream,
+}
+
+impl ScopeKind {
+    /// Label value for metrics and keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScopeKind::Tenant => "tenant",
+            ScopeKind::Upstream => "upstream",
+        }
+    }
+}
+
+/// Identity of one actor: `tenant:acme` or `upstream:openai-main`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScopeId {
+    /// Tenant or upstream.
+    pub kind: ScopeKind,
+    /// The configured id.
+    pub id: Arc<str>,
+}
+
+impl ScopeId {
+    /// A tenant scope.
+    pub fn tenant(id: &str) -> ScopeId {
+        ScopeId { kind: ScopeKind::Tenant, id: id.into() }
+    }
+
+    /// An upstream scope.
+    pub fn upstream(id: &str) -> ScopeId {
+        ScopeId { kind: ScopeKind::Upstream, id: id.into() }
+    }
+}
+
+impl fmt::Display for ScopeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind.as_str(), self.id)
+    }
+}
+
+/// A limit dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dimension {
+    /// Requests per window.
+    Requests,
+    /// Prompt + completion tokens per window.
+    Tokens,
+    /// Requests in flight.
+    Concurrency,
+    /// An upstream cooling down after it answered 429.
+    Cooldown,
+    /// The scope's waiting queue is full.
+    Queue,
+}
+
+impl Dimension {
+    /// Label value for metrics, keys and error messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Requests => "requests",
+            Dimension::Tokens => "tokens",
+            Dimension::Concurrency => "concurrency",
+            Dimension::Cooldown => "cooldown",
+            Dimension::Queue => "queue",
+        }
+    }
+}

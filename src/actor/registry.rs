@@ -1,0 +1,252 @@
+//! The sharded registry of live actors. An actor is spawned on first use and retires
+//! itself when idle *and at rest* (nothing queued, nothing in flight, every window
+//! empty), so retiring loses no state. Shards are `std::sync::Mutex<HashMap>`s held
+//! only to look up or insert a handle, never across an await.
+//!
+//! Race with retirement: a caller may hold a handle whose actor has just retired.
+//! Its send fails, or its reply channel closes unanswered; in both cases nothing was
+//! charged, so [`Registry::acquire`] drops the stale handle and asks again.
+
+use super::clock::Clock;
+use super::estimate::AdaptivePolicy;
+use super::scope::{ScopeLimits, ScopeStatus};
+use super::task::{AcquireRequest, ActorSettings, Actor, Command, Grant, Refusal, Release};
+use super::{ScopeId, ScopeKind};
+use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
+use crate::ops::metrics::Metrics;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, oneshot};
+
+/// Mailbox capacity per actor; senders wait (backpressure) when it is full.
+pub const MAILBOX: usize = 1024;
+/// Shards of the registry map.
+pub const SHARDS: usize = 16;
+/// Attempts to reach an actor that keeps retiring under the caller (practically
+/// never more than one retry).
+const ATTEMPTS: usize = 4;
+
+/// What an actor enforces, derived from config once.
+#[derive(Clone, Debug)]
+pub struct ScopeSpec {
+    /// Request limit.
+    pub requests: Option<LimitSpec>,
+    /// Token limit.
+    pub tokens: Option<LimitSpec>,
+    /// Concurrency limit.
+    pub concurrency: Option<u64>,
+    /// Adaptive completion estimation (tenants only).
+    pub adaptive: Option<AdaptivePolicy>,
+}
+
+/// Settings shared by every actor.
+#[derive(Clone, Debug)]
+pub struct ActorDefaults {
+    /// Batch lane ceiling.
+    pub batch_ceiling: Ceiling,
+    /// Interactive head start over batch, in ns.
+    pub aging_ns: Nanos,
+    /// Waiters per scope.
+    pub max_queue: usize,
+    /// Idle time before retiring, in ns.
+    pub idle_timeout_ns: Nanos,
+}
+
+/// Handle to one live actor.
+#[derive(Clone, Debug)]
+pub struct ActorHandle {
+    commands: mpsc::Sender<Command>,
+    releases: mpsc::UnboundedSender<Release>,
+    generation: u64,
+}
+
+impl ActorHandle {
+    /// The channel permits send their release on.
+    pub fn releases(&self) -> mpsc::UnboundedSender<Release> {
+        self.releases.clone()
+    }
+}
+
+type Shard = Mutex<HashMap<ScopeId, ActorHandle>>;
+
+/// Why an acquire did not produce an answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RegistryError {
+    /// The scope is not configured.
+    #[error("unknown scope {0}")]
+    UnknownScope(String),
+    /// The actor could not be reached (shutting down).
+    #[error("limiter for {0} unavailable")]
+    Unavailable(String),
+}
+
+/// All actors of a node.
+pub struct Registry {
+    shards: Arc<[Shard]>,
+    specs: HashMap<ScopeId, ScopeSpec>,
+    defaults: ActorDefaults,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    hasher: RandomState,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<ScopeId, ActorHandle>> {
+    // A panic while holding a shard lock cannot leave the map inconsistent (each
+    // critical section is one insert/remove), so a poisoned lock is still usable.
+    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Registry {
+    /// A registry for the configured scopes; validates every limit spec.
+    pub fn new(
+        specs: HashMap<ScopeId, ScopeSpec>,
+        defaults: ActorDefaults,
+        clock: Clock,
+        metrics: Arc<Metrics>,
+    ) -> Result<Registry, (ScopeId, SpecError)> {
+        for (scope, spec) in &specs {
+            for limit in [spec.requests, spec.tokens].into_iter().flatten() {
+                Limiter::try_new(limit).map_err(|e| (scope.clone(), e))?;
+            }
+        }
+        Ok(Registry {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            specs,
+            defaults,
+            clock,
+            metrics,
+            hasher: RandomState::new(),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The shared clock.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Is this scope configured?
+    pub fn knows(&self, scope: &ScopeId) -> bool {
+        self.specs.contains_key(scope)
+    }
+
+    fn shard_index(&self, scope: &ScopeId) -> usize {
+        let mut h = self.hasher.build_hasher();
+        scope.hash(&mut h);
+        (h.finish() as usize) % SHARDS
+    }
+
+    /// Live actors (for tests and the admin API).
+    pub fn live_actors(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    fn handle(&self, scope: &ScopeId) -> Result<ActorHandle, RegistryError> {
+        let index = self.shard_index(scope);
+        let mut shard = lock(&self.shards[index]);
+        if let Some(handle) = shard.get(scope) {
+            return Ok(handle.clone());
+        }
+        let spec = self.specs.get(scope).ok_or_else(|| RegistryError::UnknownScope(scope.to_string()))?;
+        let handle = self.spawn(scope, spec, index);
+        shard.insert(scope.clone(), handle.clone());
+        Ok(handle)
+    }
+
+    fn spawn(&self, scope: &ScopeId, spec: &ScopeSpec, shard_index: usize) -> ActorHandle {
+        // Specs were validated in `new`, so building limiters cannot fail here.
+        let build = |s: Option<LimitSpec>| s.and_then(|s| Limiter::try_new(s).ok());
+        let limits = ScopeLimits::new(build(spec.requests), build(spec.tokens), spec.concurrency, self.defaults.batch_ceiling);
+        let settings = ActorSettings {
+            scope: scope.clone(),
+            adaptive: spec.adaptive,
+            idle_timeout_ns: self.defaults.idle_timeout_ns,
+            clock: self.clock,
+            metrics: self.metrics.clone(),
+        };
+        let generation = self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (commands_tx, commands_rx) = mpsc::channel(MAILBOX);
+        let (releases_tx, releases_rx) = mpsc::unbounded_channel();
+        let shards = self.shards.clone();
+        let key = scope.clone();
+        let retire = Box::new(move |commands: &mpsc::Receiver<Command>, releases: &mpsc::UnboundedReceiver<Release>| {
+            let mut shard = lock(&shards[shard_index]);
+            if !commands.is_empty() || !releases.is_empty() {
+                return false;
+            }
+            if shard.get(&key).is_some_and(|h| h.generation == generation) {
+                shard.remove(&key);
+            }
+            true
+        });
+        let actor = Actor::new(settings, limits, self.defaults.aging_ns, self.defaults.max_queue);
+        self.metrics.actor_spawned(scope.kind);
+        tokio::spawn(actor.run(commands_rx, releases_rx, retire));
+        ActorHandle { commands: commands_tx, releases: releases_tx, generation }
+    }
+
+    fn forget(&self, scope: &ScopeId, stale: &ActorHandle) {
+        let mut shard = lock(&self.shards[self.shard_index(scope)]);
+        if shard.get(scope).is_some_and(|h| h.generation == stale.generation) {
+            shard.remove(scope);
+        }
+    }
+
+    /// Asks `scope`'s actor to admit a request. Returns the answer and the handle the
+    /// resulting permit must release to.
+    pub async fn acquire(
+        &self,
+        scope: &ScopeId,
+        make: impl Fn(oneshot::Sender<Result<Grant, Refusal>>) -> AcquireRequest,
+    ) -> Result<(Result<Grant, Refusal>, ActorHandle), RegistryError> {
+        for _ in 0..ATTEMPTS {
+            let handle = self.handle(scope)?;
+            let (tx, rx) = oneshot::channel();
+            if handle.commands.send(Command::Acquire(make(tx))).await.is_err() {
+                self.forget(scope, &handle);
+                continue;
+            }
+            match rx.await {
+                Ok(answer) => return Ok((answer, handle)),
+                // Dropped unanswered by a retiring actor: nothing was charged.
+                Err(_) => self.forget(scope, &handle),
+            }
+        }
+        Err(RegistryError::Unavailable(scope.to_string()))
+    }
+
+    /// Current figures of `scope` (spawning its actor if needed).
+    pub async fn status(&self, scope: &ScopeId) -> Result<ScopeStatus, RegistryError> {
+        for _ in 0..ATTEMPTS {
+            let handle = self.handle(scope)?;
+            let (tx, rx) = oneshot::channel();
+            if handle.commands.send(Command::Status(tx)).await.is_ok()
+                && let Ok(status) = rx.await
+            {
+                return Ok(status);
+            }
+            self.forget(scope, &handle);
+        }
+        Err(RegistryError::Unavailable(scope.to_string()))
+    }
+
+    /// Starts a cool-down of `scope` until `until_ns` (best effort: a full mailbox
+    /// means the actor is busy and will learn of the 429 from the next one).
+    pub fn cool_down(&self, scope: &ScopeId, until_ns: Nanos) {
+        if let Ok(handle) = self.handle(scope) {
+            let _ = handle.commands.try_send(Command::CoolDown { until_ns });
+        }
+    }
+
+    /// Kinds of every configured scope, for metrics initialisation.
+    pub fn scopes(&self) -> impl Iterator<Item = &ScopeId> {
+        self.specs.keys()
+    }
+
+    /// Count of configured scopes of `kind`.
+    pub fn configured(&self, kind: ScopeKind) -> usize {
+        self.specs.keys().filter(|s| s.kind == kind).count()
+    }
+}

@@ -1,0 +1,235 @@
+//! The limits of one scope and the all-or-nothing admission across them: a request
+//! is charged on every dimension or on none. Pure: takes `now`, touches no clock.
+
+use super::{Dimension, Lane};
+use crate::limiter::{Ceiling, Denial, Limiter, Nanos, Reservation, Settlement, Snapshot};
+use serde::Serialize;
+
+/// Retry hint when only concurrency blocks: a slot frees when some request ends,
+/// which no clock can predict. The waiter itself wakes on the release, not this.
+pub const CONCURRENCY_RETRY_HINT_NS: Nanos = 1_000_000_000;
+
+/// Why a request cannot be admitted now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// The dimension that blocks longest.
+    pub dimension: Dimension,
+    /// Earliest time worth retrying, from now (exact for window dimensions).
+    pub retry_after_ns: Nanos,
+    /// Waiting cannot help: the cost exceeds the lane's ceiling.
+    pub never: bool,
+}
+
+/// What admission charged, needed to settle.
+#[derive(Debug)]
+pub struct Charge {
+    requests: Option<Reservation>,
+    tokens: Option<Reservation>,
+    /// Tokens reserved (0 when the scope has no token limit).
+    pub tokens_reserved: u64,
+}
+
+/// How a charge is settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// The upstream reported usage: correct tokens to it.
+    Actual(u64),
+    /// Usage unknown (client gone mid-stream, upstream cut): keep the reservation.
+    KeepReserved,
+    /// The upstream did no work (refused, failed before generating): refund the
+    /// tokens, keep the request (it was sent).
+    RefundTokens,
+    /// Never sent: refund everything, as if it had not been admitted.
+    Cancel,
+}
+
+/// Settlement figures for metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Settled {
+    /// Token correction.
+    pub tokens: Settlement,
+}
+
+/// Limits and live state of one scope.
+#[derive(Debug)]
+pub struct ScopeLimits {
+    requests: Option<Limiter>,
+    tokens: Option<Limiter>,
+    concurrency: Option<u64>,
+    in_flight: u64,
+    batch_ceiling: Ceiling,
+    cooling_until_ns: Nanos,
+}
+
+/// Point-in-time figures of a scope, for headers and the admin API.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ScopeStatus {
+    /// Request window figures, if limited.
+    pub requests: Option<WindowStatus>,
+    /// Token window figures, if limited.
+    pub tokens: Option<WindowStatus>,
+    /// Requests in flight.
+    pub in_flight: u64,
+    /// Concurrency limit, if any.
+    pub concurrency_limit: Option<u64>,
+    /// Waiters per lane `[interactive, batch]`.
+    pub queued: [usize; 2],
+    /// Nanoseconds of cool-down left (upstreams after a 429).
+    pub cooling_ns: Nanos,
+}
+
+/// One window dimension's figures.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct WindowStatus {
+    /// Capacity per window.
+    pub limit: u64,
+    /// Used in the current window.
+    pub used: u64,
+    /// Left in the current window.
+    pub remaining: u64,
+    /// Nanoseconds until the window is empty again.
+    pub reset_ns: Nanos,
+}
+
+impl From<Snapshot> for WindowStatus {
+    fn from(s: Snapshot) -> Self {
+        WindowStatus { limit: s.capacity, used: s.used, remaining: s.remaining, reset_ns: s.reset_after_ns }
+    }
+}
+
+impl ScopeLimits {
+    /// A scope at rest.
+    pub fn new(
+        requests: Option<Limiter>,
+        tokens: Option<Limiter>,
+        concurrency: Option<u64>,
+        batch_ceiling: Ceiling,
+    ) -> ScopeLimits {
+        ScopeLimits { requests, tokens, concurrency, in_flight: 0, batch_ceiling, cooling_until_ns: 0 }
+    }
+
+    fn ceiling(&self, lane: Lane) -> Ceiling {
+        match lane {
+            Lane::Interactive => Ceiling::FULL,
+            Lane::Batch => self.batch_ceiling,
+        }
+    }
+
+    fn concurrency_cap(&self, lane: Lane) -> Option<u64> {
+        // A batch lane always gets at least one slot, or a concurrency of 1 would
+        // make batch traffic impossible rather than merely lower-priority.
+        self.concurrency.map(|c| self.ceiling(lane).of(c).max(1))
+    }
+
+    /// Would `tokens` be admitted now in `lane`? With `busy_above`, also refuse when
+    /// any dimension is already at or above that fraction (routing skips busy
+    /// upstreams while a fallback exists).
+    pub fn check(&self, now: Nanos, tokens: u64, lane: Lane, busy_above: Option<Ceiling>) -> Result<(), Blocked> {
+        let mut worst: Option<Blocked> = None;
+        let mut note = |b: Blocked| {
+            worst = Some(match worst {
+                Some(w) if w.never || (!b.never && w.retry_after_ns >= b.retry_after_ns) => w,
+                _ => b,
+            })
+        };
+        if self.cooling_until_ns > now {
+            note(Blocked { dimension: Dimension::Cooldown, retry_after_ns: self.cooling_until_ns - now, never: false });
+        }
+        let ceiling = self.ceiling(lane);
+        for (limiter, cost, dimension) in [
+            (&self.requests, 1, Dimension::Requests),
+            (&self.tokens, tokens, Dimension::Tokens),
+        ] {
+            let Some(limiter) = limiter else { continue };
+            if let Some(busy) = busy_above {
+                let snapshot = limiter.snapshot(now);
+                if snapshot.used >= busy.of(snapshot.capacity) {
+                    note(Blocked { dimension, retry_after_ns: snapshot.reset_after_ns.max(1), never: false });
+                }
+            }
+            match limiter.check(now, cost, ceiling) {
+                Ok(()) => {}
+                Err(Denial::RetryAfter(ns)) => note(Blocked { dimension, retry_after_ns: ns, never: false }),
+                Err(Denial::Never) => note(Blocked { dimension, retry_after_ns: 0, never: true }),
+            }
+        }
+        if let Some(cap) = self.concurrency_cap(lane) {
+            let busy = busy_above.is_some_and(|b| self.in_flight >= b.of(cap).max(1));
+            if self.in_flight + 1 > cap || busy {
+                note(Blocked {
+                    dimension: Dimension::Concurrency,
+                    retry_after_ns: CONCURRENCY_RETRY_HINT_NS,
+                    never: false,
+                });
+            }
+        }
+        worst.map_or(Ok(()), Err)
+    }
+
+    /// Charges every dimension, or none.
+    pub fn admit(&mut self, now: Nanos, tokens: u64, lane: Lane, busy_above: Option<Ceiling>) -> Result<Charge, Blocked> {
+        self.check(now, tokens, lane, busy_above)?;
+        let ceiling = self.ceiling(lane);
+        // check() just proved each reservation fits; a failure here would be a bug in
+        // the limiter's check/reserve agreement, so it is asserted, not handled.
+        let requests = self.requests.as_mut().and_then(|l| l.reserve(now, 1, ceiling).ok());
+        let token_res = self.tokens.as_mut().and_then(|l| l.reserve(now, tokens, ceiling).ok());
+        debug_assert_eq!(requests.is_some(), self.requests.is_some());
+        debug_assert_eq!(token_res.is_some(), self.tokens.is_some());
+        self.in_flight += 1;
+        let tokens_reserved = token_res.as_ref().map_or(0, |r| r.cost);
+        Ok(Charge { requests, tokens: token_res, tokens_reserved })
+    }
+
+    /// Settles a charge and frees its concurrency slot. Consumes the charge, so each
+    /// is settled once.
+    pub fn settle(&mut self, now: Nanos, charge: Charge, how: Settle) -> Settled {
+        // Every charge holds one in-flight slot, limited or not.
+        debug_assert!(self.in_flight > 0);
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let (Some(limiter), Some(res)) = (self.requests.as_mut(), charge.requests) {
+            let actual = if how == Settle::Cancel { 0 } else { res.cost };
+            limiter.settle(now, res, actual);
+        }
+        let mut settled = Settled::default();
+        if let (Some(limiter), Some(res)) = (self.tokens.as_mut(), charge.tokens) {
+            let actual = match how {
+                Settle::Actual(tokens) => tokens,
+                Settle::KeepReserved => res.cost,
+                Settle::RefundTokens | Settle::Cancel => 0,
+            };
+            settled.tokens = limiter.settle(now, res, actual);
+        }
+        settled
+    }
+
+    /// Starts (or extends) a cool-down until `until_ns`.
+    pub fn cool_down(&mut self, until_ns: Nanos) {
+        self.cooling_until_ns = self.cooling_until_ns.max(until_ns);
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// True when dropping this state loses nothing.
+    pub fn is_at_rest(&self, now: Nanos) -> bool {
+        self.in_flight == 0
+            && self.cooling_until_ns <= now
+            && self.requests.as_ref().is_none_or(|l| l.is_at_rest(now))
+            && self.tokens.as_ref().is_none_or(|l| l.is_at_rest(now))
+    }
+
+    /// Figures for headers and the admin API (queue depths filled in by the actor).
+    pub fn status(&self, now: Nanos) -> ScopeStatus {
+        ScopeStatus {
+            requests: self.requests.as_ref().map(|l| l.snapshot(now).into()),
+            tokens: self.tokens.as_ref().map(|l| l.snapshot(now).into()),
+            in_flight: self.in_flight,
+            concurrency_limit: self.concurrency,
+            queued: [0, 0],
+            cooling_ns: self.cooling_until_ns.saturating_sub(now),
+        }
+    }
+}

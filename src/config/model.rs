@@ -1,0 +1,345 @@
+//! The configuration file's shape: one struct per TOML table, defaults in one place
+//! ([`defaults`]), unknown fields rejected. Field units are in names or documented.
+//! Cross-field rules live in [`super::validate`]. Reference: `docs/config.md`.
+
+use crate::limiter::Algorithm;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Default values, kept in one place so docs and code agree.
+pub mod defaults {
+    use std::time::Duration;
+    /// Proxy listen address.
+    pub const LISTEN: &str = "127.0.0.1:8080";
+    /// Largest accepted request body (4 MiB).
+    pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    /// Requests in flight across the node before new ones get 503.
+    pub const MAX_IN_FLIGHT: usize = 4096;
+    /// Time graceful shutdown waits for in-flight requests.
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    /// Overall deadline of one request (queueing, retries and upstream time).
+    pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+    /// Limit window.
+    pub const WINDOW: Duration = Duration::from_secs(60);
+    /// Buckets per sliding window.
+    pub const BUCKETS: u32 = 60;
+    /// Share of a key's capacity the batch lane may use.
+    pub const BATCH_SHARE: f64 = 0.6;
+    /// Head start interactive waiters get over batch waiters.
+    pub const BATCH_AGING: Duration = Duration::from_secs(5);
+    /// Waiters per scope (tenant or upstream) before new ones are refused.
+    pub const MAX_QUEUE: usize = 1024;
+    /// Idle time before an actor at rest stops (never below the window).
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+    /// Completion tokens assumed when a request gives no max_tokens.
+    pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+    /// Multiplier on the p95 completion length for the adaptive policy.
+    pub const ADAPTIVE_HEADROOM: f64 = 1.2;
+    /// Completions seen before the adaptive policy trusts its p95.
+    pub const ADAPTIVE_MIN_SAMPLES: usize = 20;
+    /// Wait cap when a tenant sets none.
+    pub const MAX_WAIT: Duration = Duration::from_secs(30);
+    /// Time to response headers from an upstream, per attempt.
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(120);
+    /// Longest silence inside a streamed response before it is cut.
+    pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+    /// Attempts per request across upstreams and retries.
+    pub const MAX_ATTEMPTS: u32 = 3;
+    /// Cool-down after an upstream 429 that gave no retry-after.
+    pub const COOLDOWN: Duration = Duration::from_secs(1);
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listen addresses, admin token, bounds.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Defaults for every limit (algorithm, window, lanes, queues).
+    #[serde(default)]
+    pub limits: LimitDefaults,
+    /// How prompt and completion tokens are estimated before the upstream answers.
+    #[serde(default)]
+    pub estimation: EstimationConfig,
+    /// Upstream retries.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Callers and their limits.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    /// Provider deployments and their quotas.
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Model name -> ordered upstream list.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// Start an in-process mock upstream (the demo uses it).
+    #[serde(default)]
+    pub builtin_mock: Option<BuiltinMockConfig>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Public proxy address (`host:port`).
+    pub listen: SocketAddr,
+    /// Bearer token for `/admin/*`; `${ENV}` is expanded. Absent: admin API disabled.
+    pub admin_token: Option<String>,
+    /// Largest request body accepted, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Requests in flight on this node before new ones get 503.
+    pub max_in_flight: usize,
+    /// How long shutdown waits for in-flight requests to finish.
+    #[serde(with = "super::duration")]
+    pub shutdown_grace: Duration,
+    /// Overall deadline for one request: queueing, retries and upstream time.
+    #[serde(with = "super::duration")]
+    pub request_timeout: Duration,
+    /// Log format: `text` or `json`.
+    pub log_format: LogFormat,
+    /// Add a `tenant` label to metrics (off by default: unbounded label sets).
+    pub metrics_tenant_labels: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            // The literal is a valid socket address.
+            listen: defaults::LISTEN.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            admin_token: None,
+            max_body_bytes: defaults::MAX_BODY_BYTES,
+            max_in_flight: defaults::MAX_IN_FLIGHT,
+            shutdown_grace: defaults::SHUTDOWN_GRACE,
+            request_timeout: defaults::REQUEST_TIMEOUT,
+            log_format: LogFormat::Text,
+            metrics_tenant_labels: false,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[limits]`: defaults for every tenant and upstream limit.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitDefaults {
+    /// Algorithm for request and token limits.
+    pub algorithm: Algorithm,
+    /// Window the `rpm`/`tpm` figures apply to.
+    #[serde(with = "super::duration")]
+    pub window: Duration,
+    /// Buckets per window (`sliding-window` only); a bucket is window/buckets wide.
+    pub buckets: u32,
+    /// Fraction of each capacity the batch lane may use (0.0-1.0].
+    pub batch_share: f64,
+    /// How much earlier an interactive waiter is served than a batch waiter that
+    /// arrived at the same time; a batch waiter older than this overtakes new
+    /// interactive ones (aging, so batch never starves).
+    #[serde(with = "super::duration")]
+    pub batch_aging: Duration,
+    /// Waiters per tenant or upstream before new arrivals are refused at once.
+    pub max_queue: usize,
+    /// Idle time before a tenant or upstream actor whose state is at rest stops.
+    #[serde(with = "super::duration")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for LimitDefaults {
+    fn default() -> Self {
+        LimitDefaults {
+            algorithm: Algorithm::SlidingWindow,
+            window: defaults::WINDOW,
+            buckets: defaults::BUCKETS,
+            batch_share: defaults::BATCH_SHARE,
+            batch_aging: defaults::BATCH_AGING,
+            max_queue: defaults::MAX_QUEUE,
+            idle_timeout: defaults::IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// Completion estimate policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompletionPolicy {
+    /// Reserve the request's max_tokens (an upper bound: never under-reserves).
+    #[default]
+    MaxTokens,
+    /// Reserve min(max_tokens, p95 of recent completions x headroom) per tenant and
+    /// model; under-reservations become settlement debt, which is reported.
+    Adaptive,
+}
+
+/// `[estimation]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EstimationConfig {
+    /// Completion estimate policy.
+    pub completion: CompletionPolicy,
+    /// Completion tokens assumed when a request sets no max_tokens.
+    pub default_max_tokens: u64,
+    /// Adaptive: multiplier on the p95 completion length.
+    pub adaptive_headroom: f64,
+    /// Adaptive: completions observed before the p95 is used.
+    pub adaptive_min_samples: usize,
+    /// Encoding for models tiktoken does not know: `cl100k_base`, `o200k_base` or
+    /// `chars-per-token:<ratio>`.
+    pub default_encoding: String,
+}
+
+impl Default for EstimationConfig {
+    fn default() -> Self {
+        EstimationConfig {
+            completion: CompletionPolicy::MaxTokens,
+            default_max_tokens: defaults::DEFAULT_MAX_TOKENS,
+            adaptive_headroom: defaults::ADAPTIVE_HEADROOM,
+            adaptive_min_samples: defaults::ADAPTIVE_MIN_SAMPLES,
+            default_encoding: "cl100k_base".to_owned(),
+        }
+    }
+}
+
+/// `[retry]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Upstream attempts per request, first one included.
+    pub max_attempts: u32,
+    /// Full-jitter backoff base: attempt n sleeps uniform(0, min(max, base x 2^n)).
+    #[serde(with = "super::duration")]
+    pub backoff_base: Duration,
+    /// Full-jitter backoff ceiling.
+    #[serde(with = "super::duration")]
+    pub backoff_max: Duration,
+    /// Cool-down after an upstream 429 that named no retry-after.
+    #[serde(with = "super::duration")]
+    pub cooldown: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: defaults::MAX_ATTEMPTS,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            cooldown: defaults::COOLDOWN,
+        }
+    }
+}
+
+/// The three limits a tenant or upstream may set; absent = unlimited.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    /// Requests per window.
+    pub rpm: Option<u64>,
+    /// Tokens (prompt + completion) per window.
+    pub tpm: Option<u64>,
+    /// Requests in flight at once.
+    pub concurrency: Option<u64>,
+    /// Algorithm override for this scope's request and token limits.
+    pub algorithm: Option<Algorithm>,
+    /// Burst for `token-bucket` (default: the capacity).
+    pub burst: Option<u64>,
+}
+
+/// `[[tenants]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Tenant id, used in keys (`tenant:<id>:tokens`) and logs.
+    pub id: String,
+    /// SHA-256 of each API key, hex, optionally prefixed `sha256:`
+    /// (`tollgate hash-key` prints it). Plain keys are never stored.
+    pub api_key_hashes: Vec<String>,
+    /// The tenant's limits.
+    #[serde(flatten)]
+    pub quota: Quota,
+    /// Longest a request may queue; caps `x-tollgate-max-wait-ms` and is the default
+    /// when the header is absent.
+    #[serde(default, with = "super::duration::option")]
+    pub max_wait: Option<Duration>,
+}
+
+/// Provider API flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpstreamKind {
+    /// Any OpenAI-compatible server (`/chat/completions`, `/completions`, ...).
+    Openai,
+    /// Anthropic's Messages API (`/messages`).
+    Anthropic,
+}
+
+/// `[[upstreams]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Upstream id, used in routes, keys (`upstream:<id>:requests`) and metrics.
+    pub id: String,
+    /// API flavour.
+    pub kind: UpstreamKind,
+    /// Base URL including the version path, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Provider key; `${ENV_VAR}` is expanded at load time (never logged).
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// The provider's quota for this deployment.
+    #[serde(flatten)]
+    pub quota: Quota,
+    /// Time to response headers, per attempt.
+    #[serde(default = "default_upstream_timeout", with = "super::duration")]
+    pub timeout: Duration,
+    /// Longest silence inside a streamed response before it is cut.
+    #[serde(default = "default_stream_idle_timeout", with = "super::duration")]
+    pub stream_idle_timeout: Duration,
+}
+
+fn default_upstream_timeout() -> Duration {
+    defaults::UPSTREAM_TIMEOUT
+}
+
+fn default_stream_idle_timeout() -> Duration {
+    defaults::STREAM_IDLE_TIMEOUT
+}
+
+/// `[[routes]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Model names served by this route; a trailing `*` matches a prefix, `*` alone
+    /// matches every model. The first matching route wins.
+    pub models: Vec<String>,
+    /// Upstream ids in preference order (fallbacks after the first).
+    pub upstreams: Vec<String>,
+    /// Encoding for prompt estimates on this route (overrides tiktoken's model
+    /// table and `estimation.default_encoding`).
+    #[serde(default)]
+    pub encoding: Option<String>,
+}
+
+/// `[builtin_mock]`: an in-process mock upstream, for the demo and tests.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuiltinMockConfig {
+    /// Where the mock listens; upstreams point their base_url at it.
+    pub listen: SocketAddr,
+    /// The mock's own limits (its "provider quota").
+    #[serde(flatten)]
+    pub quota: Quota,
+    /// Time to first byte, in milliseconds.
+    #[serde(default)]
+    pub latency_ms: u64,
+}

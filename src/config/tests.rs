@@ -1,0 +1,119 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+[[upstreams]]
+id = "u"
+kind = "openai"
+base_url = "http://127.0.0.1:1/v1"
+rpm = 10
+
+[[routes]]
+models = ["*"]
+upstreams = ["u"]
+
+[[tenants]]
+id = "t"
+api_key_hashes = ["sha256:f77894fdfa58e447c57e077eaa9708e8e009c84dc6aba2db80461275e9b85be7"]
+tpm = 100
+"#;
+
+fn invalid(text: &str) -> (String, String) {
+    match Config::from_toml(text, "test.toml") {
+        Err(ConfigError::Invalid { file, field, reason }) => {
+            assert_eq!(file, "test.toml");
+            (field, reason)
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn demo_config_is_valid_and_small() {
+    let demo = Config::demo().expect("embedded demo config must validate");
+    let tenant = &demo.tenants[0];
+    assert_eq!(tenant.id, "demo");
+    assert!(tenant.quota.rpm.is_some_and(|rpm| rpm <= 60));
+    assert_eq!(normalize_key_hash(&tenant.api_key_hashes[0]), hash_api_key("sk-demo"));
+    assert_eq!(demo.server.admin_token.as_deref(), Some("admin-demo"));
+}
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let config = Config::from_toml(MINIMAL, "test.toml").unwrap();
+    assert_eq!(config.limits.window, defaults::WINDOW);
+    assert_eq!(config.limits.batch_share, defaults::BATCH_SHARE);
+    assert_eq!(config.tenants[0].quota.tpm, Some(100));
+    assert_eq!(config.tenants[0].quota.rpm, None);
+}
+
+#[test]
+fn unknown_field_is_refused_with_file_and_field() {
+    let text = format!("{MINIMAL}\n[server]\nlisten_addr = \"x\"\n");
+    match Config::from_toml(&text, "test.toml") {
+        Err(err @ ConfigError::Parse { .. }) => {
+            let message = err.to_string();
+            assert!(message.starts_with("test.toml: "), "{message}");
+            assert!(message.contains("listen_addr"), "{message}");
+        }
+        other => panic!("expected Parse error, got {other:?}"),
+    }
+}
+
+#[test]
+fn impossible_combinations_name_the_field() {
+    let (field, reason) = invalid(&MINIMAL.replace(r#"upstreams = ["u"]"#, r#"upstreams = ["nope"]"#));
+    assert_eq!(field, "routes[0].upstreams[0]");
+    assert!(reason.contains("nope"));
+
+    let (field, _) = invalid(&MINIMAL.replace("tpm = 100", "tpm = 0"));
+    assert_eq!(field, "tenants[0].tpm");
+
+    let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nidle_timeout = \"10s\"\n"));
+    assert_eq!(field, "limits.idle_timeout");
+
+    let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nbatch_share = 1.5\n"));
+    assert_eq!(field, "limits.batch_share");
+
+    let (field, _) = invalid(&MINIMAL.replace("sha256:f778", "sha256:zz78"));
+    assert_eq!(field, "tenants[0].api_key_hashes[0]");
+}
+
+#[test]
+fn bad_duration_is_explained() {
+    let text = format!("{MINIMAL}\n[limits]\nwindow = \"60\"\n");
+    let message = Config::from_toml(&text, "test.toml").unwrap_err().to_string();
+    assert!(message.contains("window") && message.contains("unit"), "{message}");
+}
+
+#[test]
+fn secrets_expand_from_env_and_missing_ones_are_refused() {
+    let text = MINIMAL.replace("rpm = 10", "rpm = 10\napi_key = \"k-${PROVIDER_KEY}\"");
+    let unset = |_: &str| None;
+    match Config::from_toml_with_env(&text, "test.toml", &unset) {
+        Err(ConfigError::Invalid { field, reason, .. }) => {
+            assert_eq!(field, "upstreams[0].api_key");
+            assert!(reason.contains("PROVIDER_KEY"), "{reason}");
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    let set = |name: &str| (name == "PROVIDER_KEY").then(|| "secret".to_owned());
+    let config = Config::from_toml_with_env(&text, "test.toml", &set).unwrap();
+    assert_eq!(config.upstreams[0].api_key.as_deref(), Some("k-secret"));
+}
+
+#[test]
+fn example_configs_in_the_repo_validate() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let any_env = |name: &str| Some(format!("value-of-{name}"));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let file = path.display().to_string();
+            Config::from_toml_with_env(&text, &file, &any_env).unwrap_or_else(|e| panic!("{e}"));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "expected the demo and at least one example");
+}

@@ -1,0 +1,200 @@
+//! Cross-field rules a single field's type cannot express. Each violation names the
+//! field by its dotted path so [`super::ConfigError`] can point at it.
+
+use super::{Config, Quota, normalize_key_hash};
+use crate::tokens::Encoding;
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Dotted path, e.g. `routes[1].upstreams`.
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn fail<T>(field: impl Into<String>, reason: impl Into<String>) -> Result<T, Violation> {
+    Err(Violation {
+        field: field.into(),
+        reason: reason.into(),
+    })
+}
+
+/// Checks every rule; returns the first violation.
+pub fn validate(config: &Config) -> Result<(), Violation> {
+    validate_server(config)?;
+    validate_limits(config)?;
+    validate_estimation(config)?;
+    validate_tenants(config)?;
+    validate_upstreams(config)?;
+    validate_routes(config)?;
+    if let Some(mock) = &config.builtin_mock {
+        validate_quota("builtin_mock", &mock.quota)?;
+    }
+    Ok(())
+}
+
+fn validate_server(config: &Config) -> Result<(), Violation> {
+    let server = &config.server;
+    if server.max_body_bytes < 1024 {
+        return fail("server.max_body_bytes", "must be at least 1024 bytes");
+    }
+    if server.max_in_flight == 0 {
+        return fail("server.max_in_flight", "must be at least 1");
+    }
+    if server.request_timeout < Duration::from_millis(100) {
+        return fail("server.request_timeout", "must be at least 100ms");
+    }
+    if server.admin_token.as_deref().is_some_and(|t| t.len() < 8) {
+        return fail("server.admin_token", "must be at least 8 characters");
+    }
+    let retry = &config.retry;
+    if !(1..=10).contains(&retry.max_attempts) {
+        return fail("retry.max_attempts", "must be between 1 and 10");
+    }
+    if retry.backoff_base.is_zero() || retry.backoff_base > retry.backoff_max {
+        return fail("retry.backoff_base", "must be > 0 and <= retry.backoff_max");
+    }
+    Ok(())
+}
+
+fn validate_limits(config: &Config) -> Result<(), Violation> {
+    let limits = &config.limits;
+    if limits.window < Duration::from_secs(1) {
+        return fail("limits.window", "must be at least 1s");
+    }
+    if limits.buckets == 0 || limits.window / limits.buckets < Duration::from_millis(1) {
+        return fail("limits.buckets", "must be >= 1 with buckets no narrower than 1ms");
+    }
+    if !(limits.batch_share > 0.0 && limits.batch_share <= 1.0) {
+        return fail("limits.batch_share", "must be in (0, 1]");
+    }
+    if limits.max_queue == 0 {
+        return fail("limits.max_queue", "must be at least 1");
+    }
+    if limits.idle_timeout < limits.window {
+        return fail(
+            "limits.idle_timeout",
+            "must be at least limits.window: an actor may only stop once its window has emptied",
+        );
+    }
+    Ok(())
+}
+
+fn validate_estimation(config: &Config) -> Result<(), Violation> {
+    let est = &config.estimation;
+    if est.default_max_tokens == 0 {
+        return fail("estimation.default_max_tokens", "must be at least 1");
+    }
+    if !(est.adaptive_headroom >= 1.0 && est.adaptive_headroom <= 10.0) {
+        return fail("estimation.adaptive_headroom", "must be in [1.0, 10.0]");
+    }
+    if est.adaptive_min_samples == 0 || est.adaptive_min_samples > 1000 {
+        return fail("estimation.adaptive_min_samples", "must be in 1..=1000");
+    }
+    Encoding::parse(&est.default_encoding)
+        .map(|_| ())
+        .or_else(|reason| fail("estimation.default_encoding", reason))
+}
+
+fn validate_quota(path: &str, quota: &Quota) -> Result<(), Violation> {
+    for (name, value) in [("rpm", quota.rpm), ("tpm", quota.tpm), ("concurrency", quota.concurrency)] {
+        if value == Some(0) {
+            return fail(format!("{path}.{name}"), "must be at least 1 (omit it for no limit)");
+        }
+    }
+    if let Some(burst) = quota.burst {
+        let smallest = [quota.rpm, quota.tpm].into_iter().flatten().min();
+        if burst == 0 || smallest.is_some_and(|cap| burst > cap) {
+            return fail(format!("{path}.burst"), "must be between 1 and the smallest of rpm and tpm");
+        }
+    }
+    Ok(())
+}
+
+fn validate_tenants(config: &Config) -> Result<(), Violation> {
+    let mut ids = HashSet::new();
+    let mut hashes = HashSet::new();
+    for (i, tenant) in config.tenants.iter().enumerate() {
+        let path = format!("tenants[{i}]");
+        check_id(&format!("{path}.id"), &tenant.id)?;
+        if !ids.insert(tenant.id.as_str()) {
+            return fail(format!("{path}.id"), format!("duplicate tenant id {:?}", tenant.id));
+        }
+        if tenant.api_key_hashes.is_empty() {
+            return fail(format!("{path}.api_key_hashes"), "needs at least one hash (tollgate hash-key)");
+        }
+        for (k, stored) in tenant.api_key_hashes.iter().enumerate() {
+            let hash = normalize_key_hash(stored);
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return fail(
+                    format!("{path}.api_key_hashes[{k}]"),
+                    "must be a SHA-256 hex digest (64 hex digits, optionally prefixed sha256:); use `tollgate hash-key`",
+                );
+            }
+            if !hashes.insert(hash) {
+                return fail(format!("{path}.api_key_hashes[{k}]"), "the same key belongs to two tenants");
+            }
+        }
+        validate_quota(&path, &tenant.quota)?;
+        if tenant.max_wait.is_some_and(|w| w > config.server.request_timeout) {
+            return fail(format!("{path}.max_wait"), "must not exceed server.request_timeout");
+        }
+    }
+    Ok(())
+}
+
+fn validate_upstreams(config: &Config) -> Result<(), Violation> {
+    let mut ids = HashSet::new();
+    for (i, upstream) in config.upstreams.iter().enumerate() {
+        let path = format!("upstreams[{i}]");
+        check_id(&format!("{path}.id"), &upstream.id)?;
+        if !ids.insert(upstream.id.as_str()) {
+            return fail(format!("{path}.id"), format!("duplicate upstream id {:?}", upstream.id));
+        }
+        match reqwest::Url::parse(&upstream.base_url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+            _ => return fail(format!("{path}.base_url"), "must be an absolute http(s) URL"),
+        }
+        validate_quota(&path, &upstream.quota)?;
+        if upstream.timeout.is_zero() || upstream.stream_idle_timeout.is_zero() {
+            return fail(format!("{path}.timeout"), "timeouts must be greater than 0");
+        }
+    }
+    Ok(())
+}
+
+fn validate_routes(config: &Config) -> Result<(), Violation> {
+    let known: HashSet<&str> = config.upstreams.iter().map(|u| u.id.as_str()).collect();
+    for (i, route) in config.routes.iter().enumerate() {
+        let path = format!("routes[{i}]");
+        if route.models.is_empty() || route.models.iter().any(|m| m.is_empty()) {
+            return fail(format!("{path}.models"), "needs at least one non-empty model name");
+        }
+        if route.upstreams.is_empty() {
+            return fail(format!("{path}.upstreams"), "needs at least one upstream");
+        }
+        for (k, id) in route.upstreams.iter().enumerate() {
+            if !known.contains(id.as_str()) {
+                return fail(format!("{path}.upstreams[{k}]"), format!("no upstream with id {id:?}"));
+            }
+        }
+        if let Some(enc) = &route.encoding {
+            Encoding::parse(enc).or_else(|reason| fail(format!("{path}.encoding"), reason))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_id(field: &str, id: &str) -> Result<(), Violation> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        fail(field, "must be 1-64 characters of [A-Za-z0-9-_.]")
+    }
+}

@@ -1,0 +1,1 @@
+//! Health, readiness, metrics and admin endpoints.
