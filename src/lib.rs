@@ -23,4 +23,6 @@ pub mod limiter;
 pub mod load;
 pub mod mock;
 pub mod ops;
+pub mod proxy;
+pub mod server;
 pub mod tokens;

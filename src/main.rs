@@ -1,1 +1,181 @@
-fn main() {}
+//! The `tollgate` command line. With no arguments it serves the embedded demo
+//! config; see `tollgate --help`.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use tollgate::config::{Config, LogFormat, hash_api_key};
+use tollgate::server::{self, Bound};
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "A clustered gateway for LLM APIs: shared RPM/TPM/concurrency limits with written promises.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the proxy (with no --config: the embedded demo config).
+    Serve {
+        /// TOML config file (reference: docs/config.md).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Run the mock upstream: a strict OpenAI/Anthropic-compatible provider stand-in.
+    MockUpstream(tollgate::mock::MockArgs),
+    /// Validate a config file; prints the reason and exits 1 if it is refused.
+    CheckConfig {
+        /// TOML config file.
+        file: PathBuf,
+    },
+    /// Print the SHA-256 hash of an API key for `api_key_hashes` (reads stdin if no key given).
+    HashKey {
+        /// The key; omit to read it from stdin (keeps it out of shell history).
+        key: Option<String>,
+    },
+    /// Generate LLM-shaped load against a gateway or provider and summarise it.
+    Load(tollgate::load::LoadArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}
+
+fn demo_banner(config: &Config, bound: Bound) {
+    let tenant = &config.tenants[0];
+    let limit = |v: Option<u64>| v.map_or("unlimited".to_owned(), |v| v.to_string());
+    let url = format!("http://{}/v1", bound.proxy);
+    println!("tollgate demo node is up");
+    println!("  proxy         {url}   (OpenAI- and Anthropic-compatible)");
+    if let Some(mock) = bound.mock {
+        println!("  mock upstream http://{mock}/v1   (stats: http://{mock}/stats)");
+    }
+    println!("  tenant        {} with API key sk-demo", tenant.id);
+    println!(
+        "  limits        {} requests/min, {} tokens/min, {} concurrent, queue wait up to {:?}",
+        limit(tenant.quota.rpm),
+        limit(tenant.quota.tpm),
+        limit(tenant.quota.concurrency),
+        tenant.max_wait.unwrap_or(tollgate::config::defaults::MAX_WAIT),
+    );
+    println!("  admin token   admin-demo   (curl -H 'Authorization: Bearer admin-demo' http://{}/admin/keys/tenant:demo)", bound.proxy);
+    println!("  metrics       http://{}/metrics", bound.proxy);
+    println!();
+    println!("Try it:");
+    println!("  curl {url}/chat/completions -H 'Authorization: Bearer sk-demo' -H 'Content-Type: application/json' \\");
+    println!("    -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":50}}'");
+    println!("  tollgate load --url {url} --api-key sk-demo --concurrency 4 --duration 70s   # see queueing, then 429s");
+    println!("Ctrl-C stops it.");
+}
+
+async fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
+    let (config, demo) = match &config_path {
+        Some(path) => (Config::load(path)?, false),
+        None => (Config::demo()?, true),
+    };
+    init_logging(config.server.log_format);
+    let (listener, mock) = server::bind(&config).await?;
+    let banner_config = config.clone();
+    server::run(config, listener, mock, shutdown_signal(), move |bound| {
+        if demo {
+            demo_banner(&banner_config, bound);
+        } else {
+            tracing::info!(proxy = %bound.proxy, mock = ?bound.mock, "tollgate serving");
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+fn hash_key(key: Option<String>) -> anyhow::Result<()> {
+    let key = match key {
+        Some(key) => key,
+        None => {
+            if std::io::stdin().is_terminal() {
+                eprintln!("API key (then Enter, Ctrl-D):");
+            }
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).context("reading the key from stdin")?;
+            text.trim().to_owned()
+        }
+    };
+    anyhow::ensure!(!key.is_empty(), "the key is empty");
+    println!("sha256:{}", hash_api_key(&key));
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Serve { config: None }) {
+        Command::Serve { config } => serve(config).await,
+        Command::MockUpstream(args) => {
+            init_logging(LogFormat::Text);
+            let listen = args.listen;
+            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+            println!("mock upstream on http://{}/v1 (stats at /stats)", listener.local_addr()?);
+            tollgate::mock::serve(listener, args.into_config(), shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::CheckConfig { file } => match Config::load(&file) {
+            Ok(config) => {
+                println!(
+                    "{}: ok ({} tenants, {} upstreams, {} routes)",
+                    file.display(),
+                    config.tenants.len(),
+                    config.upstreams.len(),
+                    config.routes.len()
+                );
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        },
+        Command::HashKey { key } => hash_key(key),
+        Command::Load(args) => {
+            let json = args.json.clone();
+            let summary = tollgate::load::run(args).await?;
+            println!("{}", tollgate::load::render_table(&summary));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&summary)?;
+                if path.as_os_str() == "-" {
+                    println!("{text}");
+                } else {
+                    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,1 +1,111 @@
-//! Health, readiness, metrics and admin endpoints.
+//! Health, readiness, metrics and the admin API.
+//!
+//! - `GET /healthz`: the process serves HTTP.
+//! - `GET /readyz`: 200 while accepting traffic, 503 once draining for shutdown.
+//! - `GET /metrics`: Prometheus text.
+//! - `GET /admin/keys/{key}`: a key's figures (`tenant:acme:tokens`, or a whole
+//!   scope `upstream:openai-main`), behind `Authorization: Bearer <admin_token>`.
+
+use crate::actor::{ScopeId, ScopeKind};
+use crate::proxy::AppState;
+use crate::proxy::error::ApiError;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// Operations routes, merged into the proxy app.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/admin/keys/{key}", get(key_status))
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+    } else {
+        "ready".into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+fn admin_authorized(state: &AppState, headers: &HeaderMap) -> bool {
+    let Some(token) = state.config.server.admin_token.as_deref() else { return false };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Constant-time comparison: the token guards operational data.
+    given.is_some_and(|g| g.len() == token.len() && g.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0)
+}
+
+fn parse_key(key: &str) -> Option<(ScopeId, Option<&str>)> {
+    let mut parts = key.splitn(3, ':');
+    let kind = match parts.next()? {
+        "tenant" => ScopeKind::Tenant,
+        "upstream" => ScopeKind::Upstream,
+        _ => return None,
+    };
+    let id = parts.next().filter(|id| !id.is_empty())?;
+    let dimension = parts.next();
+    let scope = match kind {
+        ScopeKind::Tenant => ScopeId::tenant(id),
+        ScopeKind::Upstream => ScopeId::upstream(id),
+    };
+    Some((scope, dimension))
+}
+
+async fn key_status(State(state): State<Arc<AppState>>, headers: HeaderMap, Path(key): Path<String>) -> Response {
+    if !admin_authorized(&state, &headers) {
+        let mut e = ApiError::unauthorized();
+        e.message = "Admin API: send `Authorization: Bearer <server.admin_token>`.".into();
+        return e.into_response();
+    }
+    let not_found = || {
+        let mut e = ApiError::bad_request(format!("No key {key:?}. Keys look like tenant:<id>:<requests|tokens|concurrency> or upstream:<id>."), Some("key"));
+        e.status = StatusCode::NOT_FOUND;
+        e.code = "key_not_found";
+        e.into_response()
+    };
+    let Some((scope, dimension)) = parse_key(&key) else { return not_found() };
+    if !state.registry.knows(&scope) {
+        return not_found();
+    }
+    let status = match state.registry.status(&scope).await {
+        Ok(status) => status,
+        Err(e) => return ApiError::unavailable(e.to_string(), std::time::Duration::from_secs(1)).into_response(),
+    };
+    let queue = json!({"interactive": status.queued[0], "batch": status.queued[1]});
+    let window = |w: Option<crate::actor::scope::WindowStatus>| {
+        w.map(|w| json!({"limit": w.limit, "used": w.used, "remaining": w.remaining, "reset_ms": w.reset_ns.div_ceil(1_000_000)}))
+    };
+    let body = match dimension {
+        None => json!({
+            "key": key, "requests": window(status.requests), "tokens": window(status.tokens),
+            "concurrency": {"limit": status.concurrency_limit, "in_flight": status.in_flight},
+            "queue": queue, "cooling_ms": status.cooling_ns.div_ceil(1_000_000),
+        }),
+        Some("requests") => json!({"key": key, "usage": window(status.requests), "queue": queue}),
+        Some("tokens") => json!({"key": key, "usage": window(status.tokens), "queue": queue}),
+        Some("concurrency") => json!({
+            "key": key, "usage": {"limit": status.concurrency_limit, "used": status.in_flight,
+            "remaining": status.concurrency_limit.map(|l| l.saturating_sub(status.in_flight))}, "queue": queue,
+        }),
+        Some(_) => return not_found(),
+    };
+    axum::Json(body).into_response()
+}

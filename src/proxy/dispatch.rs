@@ -1,0 +1,247 @@
+//! The attempt loop: choose and charge an upstream, forward, and act on the answer.
+//! Success settles from the reported usage (at once, or when the stream ends). An
+//! upstream 429 cools that upstream down for its `retry-after` and moves on to a
+//! fallback (or waits for it within the deadline). A 5xx or transport error backs
+//! off with full jitter and tries again. Every path settles every permit once.
+
+use super::error::ApiError;
+use super::request::{Api, Parsed};
+use super::select::{UpstreamDemand, choose};
+use super::state::{AppState, Upstream};
+use super::stream::{Held, metered};
+use super::usage;
+use crate::actor::{Permit, SettleWith};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Largest upstream (non-stream) response body read, in bytes.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// Longest cool-down an upstream's `retry-after` may impose.
+const MAX_COOLDOWN: Duration = Duration::from_secs(120);
+
+/// One client request, admitted by its tenant.
+pub struct Admitted<'a> {
+    /// API spoken.
+    pub api: Api,
+    /// Parsed request.
+    pub parsed: &'a Parsed,
+    /// Upstreams for the model, in preference order.
+    pub candidates: &'a [Arc<Upstream>],
+    /// What upstream actors are asked for.
+    pub demand: UpstreamDemand,
+    /// Overall deadline.
+    pub deadline: Instant,
+    /// Client headers (a few are forwarded).
+    pub client_headers: &'a HeaderMap,
+}
+
+enum Attempt {
+    Done(Response),
+    /// Try again; the tenant permit and the guard come back for the next attempt.
+    Retry { error: ApiError, backoff: bool, tenant: Permit, guard: Box<dyn Send + Sync> },
+    Fatal(ApiError),
+}
+
+/// Settles the upstream's permit and hands the tenant's back for another attempt.
+fn retry(held: Held, upstream: SettleWith, error: ApiError, backoff: bool) -> Attempt {
+    held.upstream.settle(upstream);
+    Attempt::Retry { error, backoff, tenant: held.tenant, guard: held.guard }
+}
+
+/// Runs attempts until one succeeds or the budget is spent. Owns the tenant permit
+/// and the node's in-flight guard, which end up in the response (streams) or are
+/// settled here.
+pub async fn dispatch(state: &AppState, req: Admitted<'_>, tenant: Permit, guard: Box<dyn Send + Sync>) -> Result<Response, ApiError> {
+    let retry = &state.config.retry;
+    let mut rng = SmallRng::seed_from_u64(state.rng_counter.fetch_add(1, Ordering::Relaxed));
+    let mut tenant = Some(tenant);
+    let mut guard = Some(guard);
+    let mut sent = false;
+    let mut last_error = None;
+    for attempt in 0..retry.max_attempts {
+        let (upstream, permit) = match choose(state, req.candidates, &req.demand).await {
+            Ok(chosen) => chosen,
+            Err(error) => {
+                last_error = Some(error);
+                break;
+            }
+        };
+        sent = true;
+        let (Some(tenant_permit), Some(held_guard)) = (tenant.take(), guard.take()) else { break };
+        let held = Held { tenant: tenant_permit, upstream: permit, guard: held_guard };
+        match attempt_once(state, &req, &upstream, held).await {
+            Attempt::Done(response) => return Ok(response),
+            Attempt::Fatal(error) => return Err(error),
+            Attempt::Retry { error, backoff, tenant: back, guard: back_guard } => {
+                tenant = Some(back);
+                guard = Some(back_guard);
+                last_error = Some(error);
+                if backoff {
+                    let cap = retry.backoff_max.min(retry.backoff_base.saturating_mul(1 << attempt.min(16)));
+                    let sleep = cap.mul_f64(rng.random::<f64>());
+                    if Instant::now() + sleep >= req.deadline {
+                        break;
+                    }
+                    tokio::time::sleep(sleep).await;
+                }
+            }
+        }
+    }
+    if let Some(tenant) = tenant {
+        tenant.settle(if sent { SettleWith::RefundTokens } else { SettleWith::Cancel });
+    }
+    Err(last_error.unwrap_or_else(|| ApiError::bad_gateway("no upstream attempt could be made")))
+}
+
+fn upstream_request(state: &AppState, req: &Admitted<'_>, upstream: &Upstream) -> reqwest::RequestBuilder {
+    let url = format!("{}{}", upstream.base_url, req.api.path());
+    let mut builder = state
+        .http
+        .post(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(req.parsed.body.clone());
+    match req.api {
+        Api::Messages => {
+            let version = req.client_headers.get("anthropic-version").cloned().unwrap_or(HeaderValue::from_static("2023-06-01"));
+            builder = builder.header("anthropic-version", version);
+            if let Some(beta) = req.client_headers.get("anthropic-beta") {
+                builder = builder.header("anthropic-beta", beta.clone());
+            }
+            if let Some(key) = &upstream.api_key {
+                builder = builder.header("x-api-key", key);
+            }
+        }
+        _ => {
+            if let Some(key) = &upstream.api_key {
+                builder = builder.bearer_auth(key);
+            }
+        }
+    }
+    builder
+}
+
+/// Seconds or milliseconds the upstream asked us to wait.
+fn upstream_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(ms) = get("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
+        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    }
+    get("retry-after").and_then(|v| v.trim().parse::<f64>().ok()).map(|s| Duration::from_secs_f64(s.max(0.0)))
+}
+
+async fn attempt_once(
+    state: &AppState,
+    req: &Admitted<'_>,
+    upstream: &Upstream,
+    held: Held,
+) -> Attempt {
+    let started = Instant::now();
+    let headers_by = req.deadline.min(started + upstream.timeout);
+    let sent = tokio::time::timeout_at(headers_by, upstream_request(state, req, upstream).send()).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let response = match sent {
+        Err(_) => {
+            state.metrics.upstream_response(&upstream.id, None, seconds);
+            // The provider may have done the work: the upstream keeps its charge.
+            let error = ApiError::gateway_timeout(format!("upstream {} did not answer in time", upstream.id));
+            return retry(held, SettleWith::KeepReserved, error, true);
+        }
+        Ok(Err(e)) => {
+            state.metrics.upstream_response(&upstream.id, None, seconds);
+            let error = ApiError::bad_gateway(format!("upstream {} failed: {e}", upstream.id));
+            return retry(held, SettleWith::RefundTokens, error, true);
+        }
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status();
+    state.metrics.upstream_response(&upstream.id, Some(status.as_u16()), seconds);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let wait = upstream_retry_after(response.headers()).unwrap_or(state.config.retry.cooldown).min(MAX_COOLDOWN);
+        let clock = state.registry.clock();
+        state.registry.cool_down(&upstream.scope, clock.ns_at(Instant::now() + wait));
+        let error = ApiError::rate_limited(format!("upstream {} is rate limited", upstream.id), wait.max(Duration::from_millis(1)), None);
+        return retry(held, SettleWith::RefundTokens, error, false);
+    }
+    if status.is_server_error() {
+        let error = ApiError::bad_gateway(format!("upstream {} answered {status}", upstream.id));
+        return retry(held, SettleWith::RefundTokens, error, true);
+    }
+    if req.parsed.stream && status.is_success() {
+        return Attempt::Done(stream_response(response, held, req, upstream));
+    }
+    match read_body(response, upstream.timeout, req.deadline).await {
+        Ok((status, content_type, body)) => finish_whole(status, content_type, body, held),
+        Err(error) => {
+            held.upstream.settle(SettleWith::KeepReserved);
+            held.tenant.settle(SettleWith::RefundTokens);
+            Attempt::Fatal(error)
+        }
+    }
+}
+
+fn stream_response(response: reqwest::Response, held: Held, req: &Admitted<'_>, upstream: &Upstream) -> Response {
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let body = metered(response, held, req.api, req.parsed.strip_usage_chunk, upstream.stream_idle_timeout);
+    let mut out = Response::new(Body::from_stream(body));
+    *out.status_mut() = status;
+    let headers = out.headers_mut();
+    headers.insert(header::CONTENT_TYPE, content_type.unwrap_or(HeaderValue::from_static("text/event-stream")));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    out
+}
+
+async fn read_body(
+    mut response: reqwest::Response,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<(StatusCode, Option<HeaderValue>, bytes::Bytes), ApiError> {
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let mut body = bytes::BytesMut::new();
+    loop {
+        let by = deadline.min(Instant::now() + idle);
+        match tokio::time::timeout_at(by, response.chunk()).await {
+            Err(_) => return Err(ApiError::gateway_timeout("upstream stopped sending its response")),
+            Ok(Err(e)) => return Err(ApiError::bad_gateway(format!("upstream response broke off: {e}"))),
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(chunk))) => {
+                if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                    return Err(ApiError::bad_gateway("upstream response too large"));
+                }
+                body.extend_from_slice(&chunk);
+            }
+        }
+    }
+    Ok((status, content_type, body.freeze()))
+}
+
+fn finish_whole(status: StatusCode, content_type: Option<HeaderValue>, body: bytes::Bytes, held: Held) -> Attempt {
+    let how = if status.is_success() {
+        match usage::from_body(&body) {
+            Ok(Some(u)) => u.settle_with(),
+            Ok(None) => SettleWith::KeepReserved,
+            Err(_) => {
+                held.upstream.settle(SettleWith::KeepReserved);
+                held.tenant.settle(SettleWith::RefundTokens);
+                return Attempt::Fatal(ApiError::bad_gateway("upstream answered with a body that is not JSON"));
+            }
+        }
+    } else {
+        // A 4xx from the upstream is about the request; it did no work.
+        SettleWith::RefundTokens
+    };
+    held.settle(how);
+    let mut out = Response::new(Body::from(body));
+    *out.status_mut() = status;
+    out.headers_mut()
+        .insert(header::CONTENT_TYPE, content_type.unwrap_or(HeaderValue::from_static("application/json")));
+    Attempt::Done(out)
+}

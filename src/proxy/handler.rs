@@ -1,0 +1,193 @@
+//! The request path for every proxied API: bound, authenticate, read hints, parse
+//! and estimate, route, admit on the tenant, dispatch, add rate-limit headers.
+
+use super::dispatch::{Admitted, dispatch};
+use super::error::ApiError;
+use super::headers::RateHeaders;
+use super::request::{Api, ParseSettings, parse};
+use super::select::UpstreamDemand;
+use super::state::{AppState, Route, Tenant};
+use crate::actor::task::{AcquireRequest, Refusal};
+use crate::actor::{Lane, Permit};
+use axum::body::Body;
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Header selecting the priority lane.
+pub const PRIORITY_HEADER: &str = "x-tollgate-priority";
+/// Header bounding the queue wait, in milliseconds (0 = fail fast).
+pub const MAX_WAIT_HEADER: &str = "x-tollgate-max-wait-ms";
+
+/// Serves one proxied request and records its outcome.
+pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Body) -> Response {
+    let mut tenant_id = None;
+    let response = match serve(&state, api, &headers, body, &mut tenant_id).await {
+        Ok(response) => response,
+        Err(error) => {
+            if error.status.is_server_error() {
+                tracing::warn!(api = api.as_str(), status = error.status.as_u16(), message = %error.message, "request failed");
+            }
+            error.with_flavor(api.flavor()).into_response()
+        }
+    };
+    state.metrics.request_done(api.as_str(), tenant_id.as_deref(), response.status().as_u16());
+    response
+}
+
+/// Decrements the in-flight gauge and frees the node slot when the response ends.
+struct InFlight {
+    state: Arc<AppState>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.state.metrics.in_flight(-1);
+    }
+}
+
+/// The tenant whose key the request carries (`Authorization: Bearer` or `x-api-key`).
+pub fn authenticate<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Arc<Tenant>, ApiError> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let key = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    key.and_then(|k| state.tenant_for_key(k.trim())).ok_or_else(ApiError::unauthorized)
+}
+
+fn lane(headers: &HeaderMap) -> Result<Lane, ApiError> {
+    match headers.get(PRIORITY_HEADER) {
+        None => Ok(Lane::Interactive),
+        Some(v) => v.to_str().ok().and_then(Lane::parse).ok_or_else(|| {
+            ApiError::bad_request(
+                format!("{PRIORITY_HEADER} must be `interactive` or `batch`"),
+                Some(PRIORITY_HEADER),
+            )
+        }),
+    }
+}
+
+fn max_wait(headers: &HeaderMap, cap: Duration) -> Result<Duration, ApiError> {
+    match headers.get(MAX_WAIT_HEADER) {
+        None => Ok(cap),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|ms| Duration::from_millis(ms).min(cap))
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    format!("{MAX_WAIT_HEADER} must be a whole number of milliseconds"),
+                    Some(MAX_WAIT_HEADER),
+                )
+            }),
+    }
+}
+
+async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let limit = state.config.server.max_body_bytes;
+    let too_large = || ApiError::too_large(format!("Request body exceeds the limit of {limit} bytes."));
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(too_large());
+    }
+    // The only ways to fail here are the limit and a client that went away; the
+    // latter never reads this answer.
+    axum::body::to_bytes(body, limit).await.map_err(|_| too_large())
+}
+
+fn tenant_refusal(refusal: &Refusal) -> ApiError {
+    let headers = Some(RateHeaders::from_status(&refusal.status));
+    let dimension = refusal.blocked.dimension.as_str();
+    if refusal.blocked.never {
+        let mut e = ApiError::too_large(format!(
+            "The request's estimated cost exceeds the tenant's {dimension} limit per window; lower max_tokens or the prompt."
+        ));
+        e.rate_headers = headers;
+        return e;
+    }
+    let retry = Duration::from_nanos(refusal.blocked.retry_after_ns).max(Duration::from_millis(1));
+    ApiError::rate_limited(
+        format!("Rate limit reached for {dimension}. Retry after {} ms.", retry.as_millis()),
+        retry,
+        headers,
+    )
+}
+
+async fn serve(
+    state: &Arc<AppState>,
+    api: Api,
+    headers: &HeaderMap,
+    body: Body,
+    tenant_id: &mut Option<Arc<str>>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let slot = state
+        .in_flight
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::unavailable("This node is at its in-flight request limit.", Duration::from_secs(1)))?;
+    state.metrics.in_flight(1);
+    let guard = InFlight { state: state.clone(), _slot: slot };
+    let tenant = authenticate(state, headers)?;
+    *tenant_id = Some(tenant.id.clone());
+    let lane = lane(headers)?;
+    let max_wait = max_wait(headers, tenant.max_wait)?;
+    let bytes = read_body(state, headers, body).await?;
+    let route_cell: Cell<Option<&Route>> = Cell::new(None);
+    let settings = ParseSettings { default_max_tokens: state.config.estimation.default_max_tokens };
+    let parsed = parse(api, bytes, settings, |model| {
+        let route = state
+            .route_for(model)
+            .filter(|r| r.upstreams.iter().any(|u| u.kind == api.upstream_kind()))
+            .ok_or_else(|| ApiError::unknown_model(model))?;
+        route_cell.set(Some(route));
+        Ok(state.encoding_for(route, model))
+    })?;
+    let route = route_cell.get().ok_or_else(|| ApiError::unknown_model(&parsed.model))?;
+    let candidates: Vec<_> = route.upstreams.iter().filter(|u| u.kind == api.upstream_kind()).cloned().collect();
+    let model: Arc<str> = parsed.model.as_str().into();
+    let deadline = started + state.config.server.request_timeout;
+    let wait_until = (started + max_wait).min(deadline);
+    let max_wait_ns = u64::try_from(wait_until.saturating_duration_since(Instant::now()).as_nanos()).unwrap_or(0);
+    let (answer, handle) = state
+        .registry
+        .acquire(&tenant.scope, |reply| AcquireRequest {
+            lane,
+            prompt_tokens: parsed.prompt_tokens,
+            max_completion_tokens: parsed.max_completion_tokens,
+            model: model.clone(),
+            adaptive: state.adaptive(),
+            max_wait_ns,
+            busy_above: None,
+            reply,
+        })
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
+    let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;
+    let rate_headers = RateHeaders::from_status(&grant.status);
+    let permit = Permit::new(&handle, &grant);
+    // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
+    let completion_tokens = if grant.tokens_reserved > 0 {
+        grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)
+    } else {
+        parsed.max_completion_tokens
+    };
+    let demand = UpstreamDemand { lane, prompt_tokens: parsed.prompt_tokens, completion_tokens, model, wait_until };
+    let admitted = Admitted { api, parsed: &parsed, candidates: &candidates, demand, deadline, client_headers: headers };
+    match dispatch(state, admitted, permit, Box::new(guard)).await {
+        Ok(mut response) => {
+            rate_headers.apply(response.headers_mut());
+            Ok(response)
+        }
+        Err(mut error) => {
+            error.rate_headers = Some(rate_headers);
+            Err(error)
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! # Proxy
+//!
+//! The axum app. Request path (design.md section 4): [`handler`] authenticates,
+//! reads hints, parses ([`request`]) and admits on the tenant's actor; [`dispatch`]
+//! picks upstreams ([`select`]), forwards, retries and settles; [`stream`] meters
+//! SSE responses; [`usage`] reads what providers report; [`headers`] writes the
+//! `x-ratelimit-*` headers; [`error`] maps every failure to the caller's error shape.
+
+pub mod dispatch;
+pub mod error;
+pub mod handler;
+pub mod headers;
+pub mod request;
+pub mod select;
+pub mod state;
+pub mod stream;
+pub mod usage;
+
+pub use state::AppState;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use request::Api;
+use serde_json::json;
+use std::sync::Arc;
+
+macro_rules! api_route {
+    ($api:expr) => {
+        post(|State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| async move {
+            handler::handle(state, $api, headers, body).await
+        })
+    };
+}
+
+/// The whole HTTP surface of a node: proxy routes plus operations routes.
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", api_route!(Api::Chat))
+        .route("/v1/completions", api_route!(Api::Completions))
+        .route("/v1/embeddings", api_route!(Api::Embeddings))
+        .route("/v1/messages", api_route!(Api::Messages))
+        .route("/v1/models", get(models))
+        .merge(crate::ops::admin::routes())
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = handler::authenticate(&state, &headers) {
+        return e.into_response();
+    }
+    let data: Vec<_> = state
+        .routes
+        .iter()
+        .flat_map(|r| r.exact_models())
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tollgate"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn not_found() -> Response {
+    let mut e = error::ApiError::bad_request("Unknown path. tollgate serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/messages.", None);
+    e.status = axum::http::StatusCode::NOT_FOUND;
+    e.code = "not_found";
+    e.into_response()
+}

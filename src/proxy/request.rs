@@ -1,0 +1,343 @@
+//! Parsing only what the limiter needs from a request body (model, prompt, max
+//! tokens, n, stream), with every other field forwarded untouched: the original bytes
+//! are sent on, except for streams, where `stream_options.include_usage` is switched
+//! on so the upstream reports usage (and that chunk is stripped again if the client
+//! did not ask for it).
+
+use super::error::{ApiError, Flavor};
+use crate::config::UpstreamKind;
+use crate::tokens::{ChatMessage, Content, Encoding, count_chat_prompt};
+use bytes::Bytes;
+use serde::Deserialize;
+use std::borrow::Cow;
+
+/// Largest max_tokens accepted; anything above is a mistake, not a request.
+pub const MAX_TOKENS_CAP: i64 = 1 << 20;
+/// Largest `n` (choices per request) accepted.
+pub const MAX_CHOICES: i64 = 128;
+
+/// The proxied APIs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+    /// `POST /v1/messages` (Anthropic).
+    Messages,
+}
+
+impl Api {
+    /// Path below the upstream's base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/chat/completions",
+            Api::Completions => "/completions",
+            Api::Embeddings => "/embeddings",
+            Api::Messages => "/messages",
+        }
+    }
+
+    /// Error body shape.
+    pub fn flavor(self) -> Flavor {
+        match self {
+            Api::Messages => Flavor::Anthropic,
+            _ => Flavor::OpenAi,
+        }
+    }
+
+    /// Upstream kind that serves this API.
+    pub fn upstream_kind(self) -> UpstreamKind {
+        match self {
+            Api::Messages => UpstreamKind::Anthropic,
+            _ => UpstreamKind::Openai,
+        }
+    }
+
+    /// Label for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Embeddings => "embeddings",
+            Api::Messages => "messages",
+        }
+    }
+}
+
+/// What the limiter needs to know about one request.
+#[derive(Debug)]
+pub struct Parsed {
+    /// Requested model.
+    pub model: String,
+    /// Prompt tokens, counted as the provider counts them.
+    pub prompt_tokens: u64,
+    /// Upper bound of completion tokens (max_tokens x n, or the default).
+    pub max_completion_tokens: u64,
+    /// SSE response expected.
+    pub stream: bool,
+    /// Bytes to send upstream.
+    pub body: Bytes,
+    /// The gateway asked for the usage chunk; remove it from the client's stream.
+    pub strip_usage_chunk: bool,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct ChatBody<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    messages: Vec<ChatMessage<'a>>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    n: Option<i64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+}
+
+/// A prompt or input: text, list of texts, or pre-tokenised ids.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TextInput<'a> {
+    #[serde(borrow)]
+    One(Cow<'a, str>),
+    #[serde(borrow)]
+    Many(Vec<Cow<'a, str>>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl TextInput<'_> {
+    fn count(&self, encoding: Encoding) -> u64 {
+        match self {
+            TextInput::One(text) => encoding.count_text(text),
+            TextInput::Many(texts) => texts.iter().map(|t| encoding.count_text(t)).sum(),
+            TextInput::Tokens(ids) => ids.len() as u64,
+            TextInput::TokenLists(lists) => lists.iter().map(|l| l.len() as u64).sum(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct CompletionsBody<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    prompt: TextInput<'a>,
+    max_tokens: Option<i64>,
+    n: Option<i64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct EmbeddingsBody<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    input: TextInput<'a>,
+}
+
+#[derive(Deserialize)]
+struct MessagesBody<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    messages: Vec<ChatMessage<'a>>,
+    #[serde(default, borrow)]
+    system: Option<Content<'a>>,
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+/// Settings the parser needs.
+#[derive(Clone, Copy, Debug)]
+pub struct ParseSettings {
+    /// Completion bound when the request sets none.
+    pub default_max_tokens: u64,
+}
+
+fn json_error(err: &serde_json::Error) -> ApiError {
+    let text = err.to_string();
+    // serde names a missing field as "missing field `model`"; point `param` at it.
+    let param = text
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next())
+        .map(str::to_owned);
+    let mut e = ApiError::bad_request(format!("Invalid request body: {text}"), None);
+    e.param = param;
+    e
+}
+
+fn check_max_tokens(value: Option<i64>, field: &str, default: u64) -> Result<u64, ApiError> {
+    match value {
+        None => Ok(default),
+        Some(v) if (1..=MAX_TOKENS_CAP).contains(&v) => Ok(v as u64),
+        Some(v) => Err(ApiError::bad_request(
+            format!("`{field}` must be between 1 and {MAX_TOKENS_CAP}, got {v}"),
+            Some(field),
+        )),
+    }
+}
+
+fn check_n(n: Option<i64>) -> Result<u64, ApiError> {
+    match n {
+        None => Ok(1),
+        Some(v) if (1..=MAX_CHOICES).contains(&v) => Ok(v as u64),
+        Some(v) => Err(ApiError::bad_request(format!("`n` must be between 1 and {MAX_CHOICES}, got {v}"), Some("n"))),
+    }
+}
+
+/// Parses `body` for `api`. `encoding_for(model)` picks the encoding (it knows the
+/// route); it may refuse an unknown model with the 404 the caller should see.
+pub fn parse(
+    api: Api,
+    body: Bytes,
+    settings: ParseSettings,
+    encoding_for: impl Fn(&str) -> Result<Encoding, ApiError>,
+) -> Result<Parsed, ApiError> {
+    let default = settings.default_max_tokens;
+    let (model, prompt_tokens, max_completion, stream, client_wants_usage) = match api {
+        Api::Chat => {
+            let b: ChatBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
+            let enc = encoding_for(&b.model)?;
+            let max = match b.max_completion_tokens {
+                Some(_) => check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?,
+                None => check_max_tokens(b.max_tokens, "max_tokens", default)?,
+            };
+            let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
+            let prompt = count_chat_prompt(enc, &b.messages);
+            (b.model.into_owned(), prompt, max * check_n(b.n)?, b.stream.unwrap_or(false), usage)
+        }
+        Api::Completions => {
+            let b: CompletionsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
+            let enc = encoding_for(&b.model)?;
+            let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
+            let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
+            (b.model.into_owned(), b.prompt.count(enc), max, b.stream.unwrap_or(false), usage)
+        }
+        Api::Embeddings => {
+            let b: EmbeddingsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
+            let enc = encoding_for(&b.model)?;
+            (b.model.into_owned(), b.input.count(enc), 0, false, false)
+        }
+        Api::Messages => {
+            let b: MessagesBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
+            let enc = encoding_for(&b.model)?;
+            if b.max_tokens.is_none() {
+                return Err(ApiError::bad_request("`max_tokens` is required", Some("max_tokens")));
+            }
+            let max = check_max_tokens(b.max_tokens, "max_tokens", default)?;
+            let system = b.system.map(|content| ChatMessage { role: "system".into(), content: Some(content), name: None });
+            let prompt = count_chat_prompt(enc, &system.into_iter().chain(b.messages).collect::<Vec<_>>());
+            (b.model.into_owned(), prompt, max, b.stream.unwrap_or(false), true)
+        }
+    };
+    let openai_stream = stream && matches!(api, Api::Chat | Api::Completions);
+    let strip_usage_chunk = openai_stream && !client_wants_usage;
+    let body = if strip_usage_chunk { with_usage_requested(&body)? } else { body };
+    Ok(Parsed { model, prompt_tokens, max_completion_tokens: max_completion, stream, body, strip_usage_chunk })
+}
+
+/// Rewrites a streaming body to ask for the final usage chunk, keeping every other
+/// field as it was.
+fn with_usage_requested(body: &Bytes) -> Result<Bytes, ApiError> {
+    let mut value: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|e| json_error(&e))?;
+    let options = value
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    match options {
+        serde_json::Value::Object(map) => {
+            map.insert("include_usage".into(), serde_json::Value::Bool(true));
+        }
+        _ => return Err(ApiError::bad_request("`stream_options` must be an object", Some("stream_options"))),
+    }
+    serde_json::to_vec(&value).map(Bytes::from).map_err(|e| json_error(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SETTINGS: ParseSettings = ParseSettings { default_max_tokens: 4096 };
+
+    fn chat(body: &str) -> Result<Parsed, ApiError> {
+        parse(Api::Chat, Bytes::from(body.to_owned()), SETTINGS, |_| Ok(Encoding::Cl100kBase))
+    }
+
+    #[test]
+    fn chat_counts_prompt_and_multiplies_max_tokens_by_n() {
+        let p = chat(r#"{"model":"gpt-4","messages":[{"role":"user","content":"Hello!"}],"max_tokens":10,"n":3,"x_unknown":{"a":1}}"#).unwrap();
+        assert_eq!(p.prompt_tokens, 3 + 1 + 2 + 3);
+        assert_eq!(p.max_completion_tokens, 30);
+        assert!(!p.stream && !p.strip_usage_chunk);
+        assert!(std::str::from_utf8(&p.body).unwrap().contains("x_unknown"), "original bytes forwarded");
+    }
+
+    #[test]
+    fn stream_without_include_usage_is_rewritten_and_keeps_unknown_fields() {
+        let p = chat(r#"{"model":"m","messages":[],"stream":true,"zz":[1,2]}"#).unwrap();
+        assert!(p.stream && p.strip_usage_chunk);
+        let v: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["zz"], serde_json::json!([1, 2]));
+        let q = chat(r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
+        assert!(!q.strip_usage_chunk);
+    }
+
+    #[test]
+    fn bad_inputs_are_400_with_param() {
+        let e = chat(r#"{"messages":[]}"#).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("model")));
+        let e = chat(r#"{"model":"m","messages":[],"max_tokens":-5}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e = chat(r#"{"model":"m","messages":[],"max_tokens":99999999999}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert_eq!(chat(r#"{"model":"m","messages":"hi"}"#).unwrap_err().status, 400);
+        assert_eq!(chat("{not json").unwrap_err().status, 400);
+        let invalid_utf8 = Bytes::from_static(b"{\"model\":\"\xff\xfe\",\"messages\":[]}");
+        let e = parse(Api::Chat, invalid_utf8, SETTINGS, |_| Ok(Encoding::Cl100kBase)).unwrap_err();
+        assert_eq!(e.status, 400);
+    }
+
+    #[test]
+    fn messages_require_max_tokens_and_count_system() {
+        let body = |s: &str| Bytes::from(s.to_owned());
+        let e = parse(Api::Messages, body(r#"{"model":"c","messages":[]}"#), SETTINGS, |_| Ok(Encoding::Cl100kBase))
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let p = parse(
+            Api::Messages,
+            body(r#"{"model":"c","system":"Be brief.","messages":[{"role":"user","content":"Hi"}],"max_tokens":7}"#),
+            SETTINGS,
+            |_| Ok(Encoding::Cl100kBase),
+        )
+        .unwrap();
+        assert_eq!(p.max_completion_tokens, 7);
+        assert!(p.prompt_tokens > 3 + 3 + 3);
+    }
+
+    #[test]
+    fn embeddings_count_every_input_and_reserve_no_completion() {
+        let p = parse(
+            Api::Embeddings,
+            Bytes::from_static(br#"{"model":"text-embedding-3-small","input":["a b","c"]}"#),
+            SETTINGS,
+            |_| Ok(Encoding::Cl100kBase),
+        )
+        .unwrap();
+        assert_eq!((p.prompt_tokens, p.max_completion_tokens), (3, 0));
+    }
+}

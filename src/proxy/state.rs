@@ -1,0 +1,218 @@
+//! Everything a request handler needs, built once from the config: tenants by key
+//! hash, upstreams, routes, the actor registry, the HTTP client, metrics and bounds.
+
+use super::error::ApiError;
+use crate::actor::estimate::AdaptivePolicy;
+use crate::actor::registry::ActorDefaults;
+use crate::actor::{Registry, ScopeId, ScopeSpec};
+use crate::actor::clock::Clock;
+use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key_hash};
+use crate::limiter::{Ceiling, LimitSpec};
+use crate::ops::metrics::Metrics;
+use crate::tokens::Encoding;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// A tenant as the request path sees it.
+#[derive(Debug)]
+pub struct Tenant {
+    /// Configured id.
+    pub id: Arc<str>,
+    /// Its actor's scope.
+    pub scope: ScopeId,
+    /// Queue wait cap (and default).
+    pub max_wait: Duration,
+}
+
+/// An upstream as the request path sees it.
+#[derive(Debug)]
+pub struct Upstream {
+    /// Configured id.
+    pub id: Arc<str>,
+    /// API flavour.
+    pub kind: UpstreamKind,
+    /// Base URL without trailing slash.
+    pub base_url: String,
+    /// Provider key.
+    pub api_key: Option<String>,
+    /// Time to response headers.
+    pub timeout: Duration,
+    /// Longest silence inside a stream.
+    pub stream_idle_timeout: Duration,
+    /// Its actor's scope.
+    pub scope: ScopeId,
+}
+
+/// A model route.
+#[derive(Debug)]
+pub struct Route {
+    patterns: Vec<String>,
+    /// Upstreams in preference order.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// Encoding override.
+    pub encoding: Option<Encoding>,
+}
+
+impl Route {
+    fn matches(&self, model: &str) -> bool {
+        self.patterns.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => model.starts_with(prefix),
+            None => p == model,
+        })
+    }
+
+    /// Exact model names (for `/v1/models`).
+    pub fn exact_models(&self) -> impl Iterator<Item = &str> {
+        self.patterns.iter().filter(|p| !p.ends_with('*')).map(String::as_str)
+    }
+}
+
+/// Shared state of the proxy.
+pub struct AppState {
+    /// The validated config.
+    pub config: Config,
+    /// Tenants by SHA-256 of their API keys.
+    pub tenants: HashMap<String, Arc<Tenant>>,
+    /// Routes in config order.
+    pub routes: Vec<Route>,
+    /// Limiter actors.
+    pub registry: Registry,
+    /// Pooled upstream client.
+    pub http: reqwest::Client,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Node-wide bound on requests in flight.
+    pub in_flight: Arc<Semaphore>,
+    /// Encoding for models tiktoken does not know.
+    pub default_encoding: Encoding,
+    /// Set when shutdown starts (readyz turns 503).
+    pub draining: AtomicBool,
+    /// Seeds per-request RNGs (backoff jitter) from one configured stream.
+    pub rng_counter: AtomicU64,
+}
+
+fn limit_spec(capacity: Option<u64>, quota: &Quota, config: &Config) -> Option<LimitSpec> {
+    let capacity = capacity?;
+    Some(LimitSpec {
+        capacity,
+        window_ns: u64::try_from(config.limits.window.as_nanos()).unwrap_or(u64::MAX),
+        algorithm: quota.algorithm.unwrap_or(config.limits.algorithm),
+        buckets: config.limits.buckets,
+        burst: quota.burst.unwrap_or(capacity).min(capacity),
+    })
+}
+
+fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) -> ScopeSpec {
+    ScopeSpec {
+        requests: limit_spec(quota.rpm, quota, config),
+        tokens: limit_spec(quota.tpm, quota, config),
+        concurrency: quota.concurrency,
+        adaptive,
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl AppState {
+    /// Builds the state from a validated config.
+    pub fn new(config: Config) -> Result<AppState, ApiError> {
+        let metrics = Arc::new(Metrics::new(config.server.metrics_tenant_labels));
+        let adaptive = (config.estimation.completion == CompletionPolicy::Adaptive).then_some(AdaptivePolicy {
+            headroom: config.estimation.adaptive_headroom,
+            min_samples: config.estimation.adaptive_min_samples,
+        });
+        let mut specs = HashMap::new();
+        let mut tenants = HashMap::new();
+        for t in &config.tenants {
+            let scope = ScopeId::tenant(&t.id);
+            specs.insert(scope.clone(), scope_spec(&t.quota, &config, adaptive));
+            let tenant = Arc::new(Tenant {
+                id: t.id.as_str().into(),
+                scope,
+                max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
+            });
+            for hash in &t.api_key_hashes {
+                tenants.insert(normalize_key_hash(hash), tenant.clone());
+            }
+        }
+        let mut upstreams = HashMap::new();
+        for u in &config.upstreams {
+            let scope = ScopeId::upstream(&u.id);
+            specs.insert(scope.clone(), scope_spec(&u.quota, &config, None));
+            upstreams.insert(u.id.clone(), Arc::new(Upstream {
+                id: u.id.as_str().into(),
+                kind: u.kind,
+                base_url: u.base_url.trim_end_matches('/').to_owned(),
+                api_key: u.api_key.clone(),
+                timeout: u.timeout,
+                stream_idle_timeout: u.stream_idle_timeout,
+                scope,
+            }));
+        }
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| Route {
+                patterns: r.models.clone(),
+                // validate() guarantees every id exists.
+                upstreams: r.upstreams.iter().filter_map(|id| upstreams.get(id).cloned()).collect(),
+                encoding: r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok()),
+            })
+            .collect();
+        let defaults = ActorDefaults {
+            batch_ceiling: Ceiling::from_share(config.limits.batch_share),
+            aging_ns: nanos(config.limits.batch_aging),
+            max_queue: config.limits.max_queue,
+            idle_timeout_ns: nanos(config.limits.idle_timeout),
+        };
+        let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone())
+            .map_err(|(scope, e)| ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}")))?;
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| ApiError::bad_gateway(format!("cannot build HTTP client: {e}")))?;
+        let default_encoding = Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
+        default_encoding.warm_up();
+        Ok(AppState {
+            in_flight: Arc::new(Semaphore::new(config.server.max_in_flight)),
+            config,
+            tenants,
+            routes,
+            registry,
+            http,
+            metrics,
+            default_encoding,
+            draining: AtomicBool::new(false),
+            rng_counter: AtomicU64::new(0),
+        })
+    }
+
+    /// The tenant owning `api_key`.
+    pub fn tenant_for_key(&self, api_key: &str) -> Option<&Arc<Tenant>> {
+        self.tenants.get(&crate::config::hash_api_key(api_key))
+    }
+
+    /// The first route serving `model`.
+    pub fn route_for(&self, model: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.matches(model))
+    }
+
+    /// Encoding for `model` on `route`.
+    pub fn encoding_for(&self, route: &Route, model: &str) -> Encoding {
+        route.encoding.or_else(|| Encoding::for_openai_model(model)).unwrap_or(self.default_encoding)
+    }
+
+    /// Is the completion policy adaptive?
+    pub fn adaptive(&self) -> bool {
+        self.config.estimation.completion == CompletionPolicy::Adaptive
+    }
+}
+

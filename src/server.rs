@@ -1,0 +1,123 @@
+//! Running a node: bind, serve the app with TCP_NODELAY on every accepted socket
+//! (design.md section 13: without it, keep-alive responses stall ~40 ms), optionally
+//! start the built-in mock upstream, and drain on shutdown: stop accepting, let
+//! in-flight requests finish for up to `server.shutdown_grace`, then stop.
+
+use crate::config::Config;
+use crate::proxy::{AppState, app};
+use axum::serve::ListenerExt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Why a node could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The state could not be built.
+    #[error("{0}")]
+    State(String),
+    /// Serving failed.
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running node's addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    /// Proxy address.
+    pub proxy: SocketAddr,
+    /// Built-in mock upstream address, if started.
+    pub mock: Option<SocketAddr>,
+}
+
+/// Binds `config.server.listen` (and the built-in mock's address, if configured).
+pub async fn bind(config: &Config) -> Result<(TcpListener, Option<TcpListener>), ServeError> {
+    let listen = config.server.listen;
+    let proxy = TcpListener::bind(listen).await.map_err(|source| ServeError::Bind { addr: listen, source })?;
+    let mock = match &config.builtin_mock {
+        Some(mock) => Some(
+            TcpListener::bind(mock.listen)
+                .await
+                .map_err(|source| ServeError::Bind { addr: mock.listen, source })?,
+        ),
+        None => None,
+    };
+    Ok((proxy, mock))
+}
+
+/// Serves a node on `listener` until `shutdown` resolves, then drains. `on_ready`
+/// receives the bound addresses once serving.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    mock_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce(Bound),
+) -> Result<(), ServeError> {
+    let grace = config.server.shutdown_grace;
+    // `stop` fires when shutdown starts; `mock_stop` once the proxy has drained, so
+    // requests still in flight can reach the built-in mock.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (mock_stop_tx, mock_stop_rx) = watch::channel(false);
+    let mock = match (mock_listener, &config.builtin_mock) {
+        (Some(mock_listener), Some(mock_config)) => {
+            let addr = mock_listener.local_addr()?;
+            let mock_config = crate::mock::MockConfig {
+                rpm: mock_config.quota.rpm.unwrap_or(0),
+                tpm: mock_config.quota.tpm.unwrap_or(0),
+                concurrency: mock_config.quota.concurrency.unwrap_or(0),
+                latency_ms: mock_config.latency_ms,
+                ..crate::mock::MockConfig::default()
+            };
+            let mut rx = mock_stop_rx;
+            let stopped = async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            };
+            tokio::spawn(async move {
+                if let Err(e) = crate::mock::serve(mock_listener, mock_config, stopped).await {
+                    tracing::error!(error = %e, "built-in mock upstream failed");
+                }
+            });
+            Some(addr)
+        }
+        _ => None,
+    };
+    let state = Arc::new(AppState::new(config).map_err(|e| ServeError::State(e.message))?);
+    let proxy = listener.local_addr()?;
+    on_ready(Bound { proxy, mock });
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
+    let draining = state.clone();
+    let mut drained_rx = stop_rx.clone();
+    let signal = async move {
+        shutdown.await;
+        draining.draining.store(true, Ordering::Relaxed);
+        tracing::info!("shutting down: draining in-flight requests");
+        let _ = stop_tx.send(true);
+    };
+    let serve = axum::serve(listener, app(state)).with_graceful_shutdown(signal);
+    let overrun = async move {
+        let _ = drained_rx.wait_for(|stop| *stop).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = serve => result?,
+        () = overrun => tracing::warn!(grace_secs = grace.as_secs(), "shutdown grace expired with requests still in flight"),
+    }
+    let _ = mock_stop_tx.send(true);
+    Ok(())
+}

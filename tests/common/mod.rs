@@ -1,0 +1,140 @@
+//! Test harness: a real tollgate node on port 0 in front of real mock upstreams.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tollgate::config::Config;
+use tollgate::mock::{MockConfig, MockHandle};
+
+pub const KEY: &str = "sk-test";
+pub const ADMIN: &str = "admin-test-token";
+
+/// A running node.
+pub struct Node {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Node {
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+
+    /// `/admin/keys/{key}` as JSON.
+    pub async fn key(&self, key: &str) -> serde_json::Value {
+        let response = reqwest::Client::new()
+            .get(format!("http://{}/admin/keys/{key}", self.addr))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        json(response).await
+    }
+
+    /// Waits until the tenant has no request in flight (or panics after 5 s).
+    pub async fn wait_idle(&self, tenant: &str) -> serde_json::Value {
+        for _ in 0..100 {
+            let status = self.key(&format!("tenant:{tenant}")).await;
+            if status["concurrency"]["in_flight"] == 0 {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("tenant {tenant} still has requests in flight");
+    }
+}
+
+/// The key's hash line for configs.
+pub fn key_hash() -> String {
+    format!("sha256:{}", tollgate::config::hash_api_key(KEY))
+}
+
+/// Starts a node from TOML (`{MOCK}`, `{MOCK2}`, `{HASH}` are substituted).
+pub async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
+    let mut text = toml.replace("{HASH}", &key_hash()).replace("{ADMIN}", ADMIN);
+    for (i, mock) in mocks.iter().enumerate() {
+        let name = if i == 0 { "{MOCK}".to_owned() } else { format!("{{MOCK{}}}", i + 1) };
+        text = text.replace(&name, &mock.base_url());
+    }
+    let text = format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n{text}");
+    let config = Config::from_toml(&text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop_rx.await;
+        };
+        tollgate::server::run(config, listener, None, shutdown, |_| {}).await.unwrap();
+    });
+    Node { addr, stop: Some(stop_tx), task }
+}
+
+/// A mock with `f` applied to its default config.
+pub async fn mock(f: impl FnOnce(&mut MockConfig)) -> MockHandle {
+    let mut config = MockConfig::default();
+    f(&mut config);
+    tollgate::mock::spawn(config).await.unwrap()
+}
+
+/// One upstream, one catch-all route, one tenant with `tenant_limits` lines.
+pub fn single(tenant_limits: &str) -> String {
+    format!(
+        r#"
+[[upstreams]]
+id = "mock"
+kind = "openai"
+base_url = "{{MOCK}}"
+
+[[upstreams]]
+id = "mock-anthropic"
+kind = "anthropic"
+base_url = "{{MOCK}}"
+
+[[routes]]
+models = ["claude-*"]
+upstreams = ["mock-anthropic"]
+
+[[routes]]
+models = ["*"]
+upstreams = ["mock"]
+
+[[tenants]]
+id = "t"
+api_key_hashes = ["{{HASH}}"]
+{tenant_limits}
+"#
+    )
+}
+
+/// POSTs JSON with the test key.
+pub async fn post(node: &Node, path: &str, body: serde_json::Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}{path}", node.url()))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+pub fn chat_body(content: &str, max_tokens: u64) -> serde_json::Value {
+    serde_json::json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
+}
+
+/// A response body as JSON.
+pub async fn json(response: reqwest::Response) -> serde_json::Value {
+    let bytes = response.bytes().await.unwrap();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}

@@ -1,0 +1,155 @@
+//! The bad-input list of issue 2: each gets the right status in the OpenAI error
+//! shape, the node keeps serving, and no reservation or slot leaks.
+
+mod common;
+
+use axum::Router;
+use axum::routing::post as axum_post;
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+async fn raw(node: &Node, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = reqwest::Client::new().post(format!("{}{path}", node.url())).body(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+async fn expect_error(response: reqwest::Response, status: u16) -> serde_json::Value {
+    assert_eq!(response.status(), status);
+    let body = json(response).await;
+    let error = &body["error"];
+    assert!(error["message"].is_string() && error.get("type").is_some() && error.get("param").is_some() && error.get("code").is_some(), "{body}");
+    body
+}
+
+#[tokio::test]
+async fn client_mistakes_get_openai_errors_and_leak_nothing() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&format!("{}\n[server]\n", single("rpm = 1000\ntpm = 100000\nconcurrency = 4")).replace("\n[server]\n", ""), &[&upstream]).await;
+    let auth = [("authorization", "Bearer sk-test"), ("content-type", "application/json")];
+    let cases: Vec<(Vec<u8>, Vec<(&str, &str)>, u16, Option<&str>)> = vec![
+        (b"{not json".to_vec(), auth.to_vec(), 400, None),
+        (br#"{"model": 5, "messages": []}"#.to_vec(), auth.to_vec(), 400, None),
+        (br#"{"messages": []}"#.to_vec(), auth.to_vec(), 400, Some("model")),
+        (br#"{"model": "gpt-4o"}"#.to_vec(), auth.to_vec(), 400, Some("messages")),
+        (br#"{"model":"gpt-4o","messages":[],"max_tokens":-1}"#.to_vec(), auth.to_vec(), 400, Some("max_tokens")),
+        (br#"{"model":"gpt-4o","messages":[],"max_tokens":1e30}"#.to_vec(), auth.to_vec(), 400, None),
+        (br#"{"model":"gpt-4o","messages":[],"max_tokens":99999999}"#.to_vec(), auth.to_vec(), 400, Some("max_tokens")),
+        (b"{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(), auth.to_vec(), 400, None),
+        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), vec![], 401, None),
+        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), vec![("authorization", "Bearer sk-wrong")], 401, None),
+        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), [auth.as_slice(), &[("x-tollgate-priority", "urgent")]].concat(), 400, Some("x-tollgate-priority")),
+        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), [auth.as_slice(), &[("x-tollgate-max-wait-ms", "-3")]].concat(), 400, Some("x-tollgate-max-wait-ms")),
+    ];
+    for (body, headers, status, param) in cases {
+        let label = String::from_utf8_lossy(&body).into_owned();
+        let response = raw(&node, "/chat/completions", body, &headers).await;
+        assert_eq!(response.status(), status, "{label}");
+        let body = expect_error(response, status).await;
+        if let Some(param) = param {
+            assert_eq!(body["error"]["param"], param, "{label}");
+        }
+    }
+    // Unknown model: 404 model_not_found.
+    let unknown = json!({"model": "claude-nope", "messages": []});
+    let body = expect_error(post(&node, "/chat/completions", unknown, &[]).await, 404).await;
+    assert_eq!(body["error"]["code"], "model_not_found");
+    // Body over the limit: 413.
+    let huge = vec![b' '; 5 * 1024 * 1024];
+    expect_error(raw(&node, "/chat/completions", huge, &auth).await, 413).await;
+    // Anthropic callers get Anthropic's shape.
+    let response = raw(&node, "/messages", br#"{"model":"claude-x","messages":[]}"#.to_vec(), &auth).await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(json(response).await["error"]["type"], "invalid_request_error");
+    // Nothing was charged or held by any of it, and the node still serves.
+    let status = node.key("tenant:t").await;
+    assert_eq!((status["requests"]["used"].as_u64(), status["tokens"]["used"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(post(&node, "/chat/completions", chat_body("still here?", 5), &[]).await.status(), 200);
+    assert_eq!(upstream.stats().admitted, 1);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// An upstream that misbehaves in the ways a real one can.
+async fn bad_upstream() -> std::net::SocketAddr {
+    let app = Router::new()
+        .route("/hang/chat/completions", axum_post(|| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            "never"
+        }))
+        .route("/garbage/chat/completions", axum_post(|| async { "this is not json" }))
+        .route("/cut/chat/completions", axum_post(|| async {
+            let first = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n".to_owned();
+            let stream = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(first), Err(std::io::Error::other("cut"))]);
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(axum::body::Body::from_stream(stream))
+                .unwrap()
+        }))
+        .route("/error/chat/completions", axum_post(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "boom") }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn upstream_that_hangs_cuts_or_lies_gets_5xx_and_leaks_nothing() {
+    let addr = bad_upstream().await;
+    let toml = format!(
+        r#"
+[retry]
+max_attempts = 2
+backoff_base = "10ms"
+backoff_max = "20ms"
+
+{}
+
+[[routes]]
+models = ["hang"]
+upstreams = ["hang"]
+[[routes]]
+models = ["garbage"]
+upstreams = ["garbage"]
+[[routes]]
+models = ["cut"]
+upstreams = ["cut"]
+[[routes]]
+models = ["error"]
+upstreams = ["error"]
+
+[[tenants]]
+id = "t"
+api_key_hashes = ["{{HASH}}"]
+rpm = 1000
+tpm = 1000000
+concurrency = 2
+"#,
+        ["hang", "garbage", "cut", "error"]
+            .map(|name| format!(
+                "[[upstreams]]\nid = \"{name}\"\nkind = \"openai\"\nbase_url = \"http://{addr}/{name}\"\ntimeout = \"300ms\"\nstream_idle_timeout = \"300ms\"\n"
+            ))
+            .join("\n")
+    );
+    let node = node(&toml, &[]).await;
+    let call = |model: &str, stream: bool| {
+        json!({"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "stream": stream})
+    };
+    expect_error(post(&node, "/chat/completions", call("hang", false), &[]).await, 504).await;
+    expect_error(post(&node, "/chat/completions", call("garbage", false), &[]).await, 502).await;
+    expect_error(post(&node, "/chat/completions", call("error", false), &[]).await, 502).await;
+    // A stream cut mid-way: the client sees the bytes so far, then a broken body.
+    let response = post(&node, "/chat/completions", call("cut", true), &[]).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.bytes().await.is_err(), "the client must see the stream break");
+    let status = node.wait_idle("t").await;
+    assert_eq!(status["concurrency"]["in_flight"], 0);
+    // Failed attempts refunded the tenant's tokens except where usage is unknown
+    // (the hung request and the cut stream keep their reservation: conservative).
+    let used = status["tokens"]["used"].as_u64().unwrap();
+    assert!(used > 0 && used <= 2 * (5 + 20), "{status}");
+    node.stop().await;
+}

@@ -1,0 +1,237 @@
+//! Limits, queues, settlement and routing, judged by the node's answers, its admin
+//! figures and the mock upstream's own counters.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn tenant_429_has_retry_headers_and_openai_body() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&single("rpm = 2\nmax_wait = \"0s\""), &[&upstream]).await;
+    for _ in 0..2 {
+        let ok = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+        assert_eq!(ok.status(), 200);
+        assert_eq!(ok.headers()["x-ratelimit-limit-requests"], "2");
+        assert!(ok.headers().contains_key("x-ratelimit-reset-requests"));
+    }
+    let refused = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(refused.status(), 429);
+    let retry_ms: u64 = refused.headers()["retry-after-ms"].to_str().unwrap().parse().unwrap();
+    let retry_s: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry_ms > 0 && retry_ms <= 60_000 && retry_s * 1000 >= retry_ms);
+    assert_eq!(refused.headers()["x-ratelimit-remaining-requests"], "0");
+    let body = json(refused).await;
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    assert!(body["error"]["message"].as_str().unwrap().contains("requests"));
+    // Refusals never reached the upstream.
+    assert_eq!(upstream.stats().admitted, 2);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn batch_lane_is_capped_at_its_share_and_interactive_keeps_the_rest() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&format!("{}\n[limits]\nbatch_share = 0.5\n", single("rpm = 10\nmax_wait = \"0s\"")), &[&upstream]).await;
+    let batch = [("x-tollgate-priority", "batch")];
+    for _ in 0..5 {
+        assert_eq!(post(&node, "/chat/completions", chat_body("b", 5), &batch).await.status(), 200);
+    }
+    assert_eq!(post(&node, "/chat/completions", chat_body("b", 5), &batch).await.status(), 429);
+    for _ in 0..5 {
+        assert_eq!(post(&node, "/chat/completions", chat_body("i", 5), &[]).await.status(), 200);
+    }
+    assert_eq!(post(&node, "/chat/completions", chat_body("i", 5), &[]).await.status(), 429);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn queued_interactive_is_served_before_queued_batch() {
+    let upstream = mock(|m| m.latency_ms = 300).await;
+    let node = node(&single("concurrency = 1\nmax_wait = \"10s\""), &[&upstream]).await;
+    let node = std::sync::Arc::new(node);
+    let send = |lane: &'static str, delay_ms: u64| {
+        let node = node.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            let response = post(&node, "/chat/completions", chat_body(lane, 5), &[("x-tollgate-priority", lane)]).await;
+            assert_eq!(response.status(), 200);
+            Instant::now()
+        })
+    };
+    let first = send("interactive", 0);
+    let batch = send("batch", 50);
+    let interactive = send("interactive", 100);
+    let (_first, batch_done, interactive_done) = (first.await.unwrap(), batch.await.unwrap(), interactive.await.unwrap());
+    assert!(interactive_done < batch_done, "interactive arrived later but must be served first");
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn settlement_refunds_the_unused_estimate_and_matches_the_mock() {
+    let upstream = mock(|m| {
+        m.completion_min_tokens = 3;
+        m.completion_max_tokens = 10;
+    })
+    .await;
+    let node = node(&single("tpm = 5000"), &[&upstream]).await;
+    let response = post(&node, "/chat/completions", chat_body("Count to three.", 1000), &[]).await;
+    // At admission the whole max_tokens estimate was reserved ...
+    let remaining_at_admission: u64 = response.headers()["x-ratelimit-remaining-tokens"].to_str().unwrap().parse().unwrap();
+    let body = json(response).await;
+    let prompt = body["usage"]["prompt_tokens"].as_u64().unwrap();
+    let completion = body["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(remaining_at_admission, 5000 - prompt - 1000);
+    // ... and settlement refunded what the completion did not use.
+    let status = node.wait_idle("t").await;
+    assert_eq!(status["tokens"]["used"], prompt + completion);
+    let stats = upstream.stats();
+    assert_eq!(stats.prompt_tokens + stats.completion_tokens, prompt + completion);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn adaptive_policy_reserves_less_than_max_tokens_once_it_has_seen_completions() {
+    let upstream = mock(|m| {
+        m.completion_min_tokens = 10;
+        m.completion_max_tokens = 10;
+    })
+    .await;
+    let toml = format!("{}\n[estimation]\ncompletion = \"adaptive\"\nadaptive_min_samples = 5\n", single("tpm = 1000000"));
+    let node = node(&toml, &[&upstream]).await;
+    let reserved = |r: &reqwest::Response, used_before: u64| {
+        let remaining: u64 = r.headers()["x-ratelimit-remaining-tokens"].to_str().unwrap().parse().unwrap();
+        1_000_000 - remaining - used_before
+    };
+    let mut used = 0;
+    for i in 0..6 {
+        let response = post(&node, "/chat/completions", chat_body("hello", 2000), &[]).await;
+        let this = reserved(&response, used);
+        let body = json(response).await;
+        let prompt = body["usage"]["prompt_tokens"].as_u64().unwrap();
+        if i < 5 {
+            assert_eq!(this, prompt + 2000, "max_tokens until 5 samples");
+        } else {
+            // p95 of 10-token completions x 1.2 = 12.
+            assert_eq!(this, prompt + 12, "adaptive estimate after 5 samples");
+        }
+        used = node.wait_idle("t").await["tokens"]["used"].as_u64().unwrap();
+    }
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn token_estimates_equal_the_mock_counts_for_openai_models() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&single("tpm = 1000000"), &[&upstream]).await;
+    let bodies = [
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Explain GCRA in one line."}], "max_tokens": 5}),
+        json!({"model": "gpt-4", "messages": [{"role": "user", "name": "ann", "content": [{"type": "text", "text": "Ünïcode and emoji 🚦 too"}]}], "max_tokens": 5}),
+        json!({"model": "gpt-3.5-turbo", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "max_tokens": 5}),
+    ];
+    for body in bodies {
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let settings = tollgate::proxy::request::ParseSettings { default_max_tokens: 10 };
+        let model = body["model"].as_str().unwrap();
+        let encoding = tollgate::tokens::Encoding::for_openai_model(model).unwrap();
+        let parsed = tollgate::proxy::request::parse(tollgate::proxy::request::Api::Chat, bytes, settings, |_| Ok(encoding)).unwrap();
+        let response = json(post(&node, "/chat/completions", body.clone(), &[]).await).await;
+        assert_eq!(parsed.prompt_tokens, response["usage"]["prompt_tokens"].as_u64().unwrap(), "{body}");
+    }
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn upstream_429_cools_it_down_and_falls_back() {
+    // The primary's real quota (1 request/window) is unknown to the gateway.
+    let primary = mock(|m| m.rpm = 1).await;
+    let fallback = mock(|_| {}).await;
+    let toml = r#"
+[[upstreams]]
+id = "primary"
+kind = "openai"
+base_url = "{MOCK}"
+
+[[upstreams]]
+id = "fallback"
+kind = "openai"
+base_url = "{MOCK2}"
+
+[[routes]]
+models = ["*"]
+upstreams = ["primary", "fallback"]
+
+[[tenants]]
+id = "t"
+api_key_hashes = ["{HASH}"]
+"#;
+    let node = node(toml, &[&primary, &fallback]).await;
+    for _ in 0..3 {
+        assert_eq!(post(&node, "/chat/completions", chat_body("hi", 5), &[]).await.status(), 200);
+    }
+    // One 429 from the primary; it then cools down, so the rest go to the fallback.
+    assert_eq!((primary.stats().admitted, primary.stats().refused_requests), (1, 1));
+    assert_eq!(fallback.stats().admitted, 2);
+    let status = node.key("upstream:primary").await;
+    assert!(status["cooling_ms"].as_u64().unwrap() > 0);
+    node.stop().await;
+    primary.shutdown().await.unwrap();
+    fallback.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_stream_frees_the_slot() {
+    let upstream = mock(|m| {
+        m.inter_token_ms = 50;
+        m.completion_min_tokens = 100;
+        m.completion_max_tokens = 100;
+    })
+    .await;
+    let node = node(&single("concurrency = 1\nmax_wait = \"0s\""), &[&upstream]).await;
+    let mut body = chat_body("stream please", 100);
+    body["stream"] = json!(true);
+    let mut response = post(&node, "/chat/completions", body.clone(), &[]).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.chunk().await.unwrap().is_some());
+    // The only slot is taken: a second request fails fast.
+    assert_eq!(post(&node, "/chat/completions", chat_body("x", 5), &[]).await.status(), 429);
+    drop(response);
+    let status = node.wait_idle("t").await;
+    assert_eq!(status["concurrency"]["in_flight"], 0);
+    assert_eq!(post(&node, "/chat/completions", chat_body("x", 5), &[]).await.status(), 200);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn anthropic_messages_stream_and_not_settle_from_reported_usage() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&single("tpm = 100000"), &[&upstream]).await;
+    for stream in [false, true] {
+        let body = json!({"model": "claude-3-5-haiku", "max_tokens": 20, "stream": stream,
+            "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]});
+        let response = post(&node, "/messages", body, &[("anthropic-version", "2023-06-01")]).await;
+        assert_eq!(response.status(), 200);
+        let text = String::from_utf8(response.bytes().await.unwrap().to_vec()).unwrap();
+        if stream {
+            assert!(text.contains("event: message_start") && text.contains("event: message_stop"));
+        } else {
+            let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(body["usage"]["output_tokens"].as_u64().unwrap() <= 20);
+        }
+        node.wait_idle("t").await;
+    }
+    let stats = upstream.stats();
+    let status = node.key("tenant:t").await;
+    assert_eq!(status["tokens"]["used"], stats.prompt_tokens + stats.completion_tokens);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
