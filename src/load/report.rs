@@ -405,3 +405,137 @@ pub fn write_json(summary: &Summary, path: &Path) -> anyhow::Result<()> {
     }
     std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::load::record::Sample;
+    use crate::load::usage::Usage;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    fn summary(argv: &[&str], rec: &Recorder, elapsed: Duration) -> Summary {
+        let args = Cli::try_parse_from(std::iter::once("load").chain(argv.iter().copied()));
+        let args = args.unwrap().load;
+        Summary::new(&args, &args.validate().unwrap(), rec, elapsed)
+    }
+
+    /// 1000 ok requests of 1..=1000 ms, 1000 rate limited, 2000 dropped, 4 s.
+    fn recorder() -> Recorder {
+        let mut rec = Recorder::default();
+        let usage = Usage {
+            prompt: Some(3),
+            completion: Some(2),
+        };
+        for ms in 1..=1000 {
+            let latency = Duration::from_millis(ms);
+            rec.record(&Sample {
+                outcome: Outcome::Ok,
+                latency,
+                ttfb: None,
+                usage,
+            });
+            let limited = Sample {
+                outcome: Outcome::RateLimited,
+                latency,
+                ttfb: None,
+                usage,
+            };
+            rec.record(&limited);
+        }
+        rec.record_dropped(2000);
+        rec.record_backoff(Duration::from_millis(1500));
+        rec
+    }
+
+    #[test]
+    fn percentiles_rates_and_token_sums() {
+        let s = summary(&["--rate", "1000"], &recorder(), Duration::from_secs(4));
+        let p = s.latency_ms.unwrap();
+        assert_eq!(p.count, 1000);
+        // hdrhistogram keeps 3 significant figures: within 0.1 % of the exact rank.
+        for (got, want) in [
+            (p.p50, 500.0),
+            (p.p90, 900.0),
+            (p.p99, 990.0),
+            (p.p999, 999.0),
+        ] {
+            assert!((got - want).abs() <= want * 0.001, "{got} vs {want}");
+        }
+        assert!(
+            (p.max - 1000.0).abs() <= 1.0 && (p.mean - 500.5).abs() <= 1.0,
+            "{p:?}"
+        );
+        assert_eq!(s.outcomes.total, 4000);
+        assert_eq!(s.outcomes.sent(), 2000);
+        assert_eq!(s.throughput.requests_per_s, 500.0);
+        assert_eq!(s.throughput.ok_per_s, 250.0);
+        assert_eq!(
+            (s.tokens.prompt, s.tokens.completion, s.tokens.total),
+            (3000, 2000, 5000)
+        );
+        assert_eq!(s.throughput.tokens_per_s, 1250.0);
+        assert_eq!(s.throughput.completion_tokens_per_s, 500.0);
+        assert_eq!((s.backoff.waits, s.backoff.total_s), (1, 1.5));
+        assert!(s.ttfb_ms.is_none());
+    }
+
+    #[test]
+    fn table_lists_every_outcome_with_aligned_columns() {
+        let s = summary(&["--rate", "1000"], &recorder(), Duration::from_secs(4));
+        let table = render_table(&s);
+        assert!(
+            table.contains("open loop, 1000 req/s target, at most 1024 in flight"),
+            "{table}"
+        );
+        for outcome in Outcome::ALL {
+            assert!(table.contains(outcome.name()), "{table}");
+        }
+        let line = |prefix: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("{prefix}"))
+        };
+        assert!(line("ok ").ends_with("25.00%"), "{table}");
+        assert!(line("dropped").ends_with("50.00%"), "{table}");
+        assert!(line("total").ends_with("100.00%"), "{table}");
+        // Numbers right-align: every outcome row has the same width.
+        let widths: Vec<usize> = Outcome::ALL.iter().map(|o| line(o.name()).len()).collect();
+        assert!(widths.windows(2).all(|w| w[0] == w[1]), "{table}");
+        let header = line("latency (ms)");
+        assert!(header.contains("p99.9"));
+        let ok_row = table
+            .lines()
+            .skip_while(|l| !l.starts_with("latency"))
+            .nth(1)
+            .unwrap();
+        assert!(ok_row.starts_with("ok "), "{table}");
+        assert_eq!(ok_row.len(), header.len(), "{table}");
+        assert!(
+            line("retry-after backoff").contains("1.50s in 1 waits"),
+            "{table}"
+        );
+        assert!(!table.contains("ttfb"), "no ttfb row without --stream");
+    }
+
+    #[test]
+    fn empty_run_renders_without_dividing_by_zero() {
+        let s = summary(
+            &["--requests", "1", "--stream"],
+            &Recorder::default(),
+            Duration::ZERO,
+        );
+        assert_eq!(s.throughput.requests_per_s, 0.0);
+        let table = render_table(&s);
+        assert!(table.contains("ttfb"), "{table}");
+        assert!(table.contains("stop after 1 requests"), "{table}");
+        assert!(!table.contains("NaN"), "{table}");
+    }
+}
