@@ -17,10 +17,18 @@
 //!
 //! Batch lanes use a [`Ceiling`] below the full capacity, so they can never take the
 //! headroom interactive traffic relies on.
+//!
+//! Time is expected to be monotonic per limiter; an earlier `now` than the newest one
+//! a reservation was made at is treated as that newest instant.
+//!
+//! The algorithms, their promises and proof sketches: `docs/design/limiter.md`.
 
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
+
+#[cfg(test)]
+mod testkit;
 
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +68,55 @@ pub struct LimitSpec {
     pub burst: u64,
 }
 
+impl LimitSpec {
+    /// Bucket count used by [`LimitSpec::new`] (a bucket per second for a minute window).
+    pub const DEFAULT_BUCKETS: u32 = 60;
+    /// Upper bound on `buckets`, so a sliding window's ring (at most `2 * buckets + 1`
+    /// slots of 16 bytes) stays small.
+    pub const MAX_BUCKETS: u32 = 4096;
+
+    /// A spec with [`LimitSpec::DEFAULT_BUCKETS`] buckets and `burst = capacity`.
+    pub fn new(capacity: u64, window_ns: Nanos, algorithm: Algorithm) -> LimitSpec {
+        LimitSpec {
+            capacity,
+            window_ns,
+            algorithm,
+            buckets: Self::DEFAULT_BUCKETS,
+            burst: capacity,
+        }
+    }
+
+    /// Checks the fields `self.algorithm` uses; [`Limiter::try_new`] accepts exactly the
+    /// specs this accepts.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_for(self.algorithm)
+    }
+
+    /// Checks the fields `algorithm` uses (the others are ignored).
+    pub(crate) fn validate_for(&self, algorithm: Algorithm) -> Result<(), SpecError> {
+        if self.capacity == 0 {
+            return Err(SpecError::ZeroCapacity);
+        }
+        if self.window_ns == 0 {
+            return Err(SpecError::WindowTooShort);
+        }
+        match algorithm {
+            Algorithm::SlidingWindow if self.buckets > Self::MAX_BUCKETS => {
+                Err(SpecError::TooManyBuckets)
+            }
+            Algorithm::SlidingWindow
+                if self.buckets == 0 || self.window_ns / u64::from(self.buckets) == 0 =>
+            {
+                Err(SpecError::WindowTooShort)
+            }
+            Algorithm::TokenBucket if self.burst == 0 || self.burst > self.capacity => {
+                Err(SpecError::BadBurst)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Why a [`LimitSpec`] is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
@@ -72,9 +129,17 @@ pub enum SpecError {
     /// burst is zero or above capacity.
     #[error("burst must be between 1 and the capacity")]
     BadBurst,
+    /// more buckets than [`LimitSpec::MAX_BUCKETS`] (memory bound).
+    #[error("buckets must be at most {}", LimitSpec::MAX_BUCKETS)]
+    TooManyBuckets,
 }
 
 /// A fraction of capacity a lane may use, in parts per million.
+///
+/// Every algorithm admits a cost only if the lane's usage after it stays within
+/// `ceiling.of(capacity)` (`ceiling.of(burst)` for token-bucket), so a batch lane at 60%
+/// always leaves 40% for interactive traffic. A ceiling that rounds to 0 admits nothing
+/// ([`Denial::Never`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ceiling(u32);
 
@@ -89,7 +154,19 @@ impl Ceiling {
 
     /// `capacity` scaled to this ceiling, rounded down.
     pub fn of(self, capacity: u64) -> u64 {
+        // The share is <= 1_000_000 ppm, so the quotient is <= capacity and fits.
         ((u128::from(capacity) * u128::from(self.0)) / 1_000_000) as u64
+    }
+
+    /// The share in parts per million (0..=1_000_000).
+    pub fn ppm(self) -> u32 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Ceiling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:04}%", self.0 / 10_000, self.0 % 10_000)
     }
 }
 
@@ -103,12 +180,33 @@ pub enum Denial {
     Never,
 }
 
+impl Denial {
+    /// The wait in nanoseconds, or `None` for [`Denial::Never`].
+    pub fn retry_after_ns(self) -> Option<Nanos> {
+        match self {
+            Denial::RetryAfter(ns) => Some(ns),
+            Denial::Never => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Denial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Denial::RetryAfter(ns) => write!(f, "retry after {ns} ns"),
+            Denial::Never => f.write_str("cost exceeds the ceiling; never admissible"),
+        }
+    }
+}
+
 /// Proof of a charge, needed to settle it. Not `Clone`: it is settled exactly once.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reservation {
     /// Cost charged by [`Limiter::reserve`].
     pub cost: u64,
-    /// Algorithm-specific slot the cost was charged to (bucket index, log sequence).
+    /// Algorithm-specific slot the cost was charged to: the absolute bucket index
+    /// (sliding-window), the entry's sequence number (sliding-log), or the charge
+    /// counter after this cost (token-bucket).
     pub slot: u64,
 }
 
@@ -125,11 +223,15 @@ pub struct Settlement {
 }
 
 /// Figures for the `x-ratelimit-*` headers and the admin API.
+///
+/// For token-bucket the figures are relative to the burst: `capacity` is the burst,
+/// `used` the burst consumed (rounded up) and `remaining` exactly the largest cost
+/// admissible right now under [`Ceiling::FULL`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The limit's capacity per window.
+    /// The limit's capacity per window (token-bucket: the burst).
     pub capacity: u64,
-    /// Cost currently counted against the window.
+    /// Cost currently counted against the window; may exceed `capacity` after debts.
     pub used: u64,
     /// `capacity - used`, saturating.
     pub remaining: u64,
@@ -138,7 +240,7 @@ pub struct Snapshot {
 }
 
 /// One limit instance: the algorithm's state. Static dispatch over the three kinds.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limiter {
     /// See [`sliding_window::SlidingWindow`].
     SlidingWindow(sliding_window::SlidingWindow),
@@ -178,7 +280,12 @@ impl Limiter {
     }
 
     /// Charges `cost` at `now` if it fits under `ceiling`.
-    pub fn reserve(&mut self, now: Nanos, cost: u64, ceiling: Ceiling) -> Result<Reservation, Denial> {
+    pub fn reserve(
+        &mut self,
+        now: Nanos,
+        cost: u64,
+        ceiling: Ceiling,
+    ) -> Result<Reservation, Denial> {
         dispatch!(self, l => l.reserve(now, cost, ceiling))
     }
 
@@ -201,5 +308,10 @@ impl Limiter {
     /// The limit's capacity per window.
     pub fn capacity(&self) -> u64 {
         dispatch!(self, l => l.spec().capacity)
+    }
+
+    /// The validated spec this limiter enforces.
+    pub fn spec(&self) -> &LimitSpec {
+        dispatch!(self, l => l.spec())
     }
 }

@@ -1,0 +1,170 @@
+//! The one shared state of a running mock: config, the limit log behind a short std
+//! `Mutex` (held for one decision, never across an await), atomic counters, the log
+//! sender, and the request sequence that keys the completion draws.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::http::{HeaderMap, header};
+use tokio::time::Instant;
+
+use super::completion::{self, Completion};
+use super::config::MockConfig;
+use super::error::ApiError;
+use super::limits::{Limits, SlidingLog};
+use super::log::{Api, LogSender};
+use super::stats::{Counters, MockStats};
+
+/// The shared state of one mock upstream; build it with [`MockState::start`] and pass
+/// it to [`app`](super::app).
+#[derive(Debug)]
+pub struct MockState {
+    pub(super) config: MockConfig,
+    pub(super) limits: Mutex<SlidingLog>,
+    pub(super) counters: Counters,
+    pub(super) log: Option<LogSender>,
+    seq: AtomicU64,
+    started: Instant,
+    pub(super) started_unix_ms: u64,
+}
+
+/// What an admitted request is charged.
+#[derive(Debug)]
+pub(crate) struct Charge<'a> {
+    pub(crate) api: Api,
+    pub(crate) model: &'a str,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) completion_tokens: u64,
+    pub(crate) stream: bool,
+}
+
+/// A concurrency slot, released on drop.
+#[derive(Debug)]
+pub(crate) struct Slot(pub(super) Arc<MockState>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An admitted request: its slot and the `x-ratelimit-*` headers to send.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    pub(crate) slot: Slot,
+    pub(crate) headers: HeaderMap,
+}
+
+impl MockState {
+    /// Validates `config`, opens the log (if any) and warms up the tokenizers.
+    pub async fn start(config: MockConfig) -> std::io::Result<Arc<MockState>> {
+        config
+            .validate()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let log = match &config.log_path {
+            Some(path) => Some(LogSender::open(path).await?),
+            None => None,
+        };
+        let warm = tokio::task::spawn_blocking(|| {
+            crate::tokens::Encoding::Cl100kBase.warm_up();
+            crate::tokens::Encoding::O200kBase.warm_up();
+        });
+        warm.await.map_err(std::io::Error::other)?;
+        let limits = Limits {
+            rpm: config.rpm,
+            tpm: config.tpm,
+            concurrency: config.concurrency,
+            window_ms: config.window_ms,
+        };
+        let started_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Ok(Arc::new(MockState {
+            config,
+            limits: Mutex::new(SlidingLog::new(limits)),
+            counters: Counters::default(),
+            log,
+            seq: AtomicU64::new(0),
+            started: Instant::now(),
+            started_unix_ms,
+        }))
+    }
+
+    /// The configuration this mock runs with.
+    pub fn config(&self) -> &MockConfig {
+        &self.config
+    }
+
+    /// A snapshot of the counters and window peaks.
+    pub fn stats(&self) -> MockStats {
+        let (limits, peaks) = {
+            let log = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
+            (log.limits(), log.peaks())
+        };
+        self.counters.snapshot(limits, peaks)
+    }
+
+    /// Flushes and closes the log; call once the server has stopped.
+    pub async fn close(&self) -> std::io::Result<()> {
+        match &self.log {
+            Some(log) => log.close().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Milliseconds since start on the mock's monotonic clock.
+    pub(super) fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Unix seconds, for `created` fields.
+    pub(crate) fn unix_secs(&self) -> u64 {
+        (self.started_unix_ms + self.now_ms()) / 1000
+    }
+
+    /// 401 unless the request carries the configured key (Bearer or `x-api-key`).
+    pub(crate) fn check_auth(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.config.api_key else { return Ok(()) };
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::Unauthorized)
+        }
+    }
+
+    /// 404 when `--models` is set and does not list `model`.
+    pub(crate) fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        let models = &self.config.models;
+        if models.is_empty() || models.iter().any(|m| m == model) {
+            Ok(())
+        } else {
+            Err(ApiError::ModelNotFound(model.to_owned()))
+        }
+    }
+
+    /// Numbers the next valid request and draws its completion, capped by
+    /// `max_tokens`: `(sequence number, completion)`.
+    pub(crate) fn draw(&self, max_tokens: Option<u64>) -> (u64, Completion) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let (min, max) = (self.config.completion_min_tokens, self.config.completion_max_tokens);
+        (seq, completion::draw(self.config.seed, seq, min, max, max_tokens))
+    }
+
+    /// Waits the configured time to first byte, plus the whole generation time when
+    /// the response is not streamed.
+    pub(crate) async fn first_byte_delay(&self, stream: bool, completion_tokens: u64) {
+        let mut ms = self.config.latency_ms;
+        if !stream {
+            ms = ms.saturating_add(self.config.inter_token_ms.saturating_mul(completion_tokens));
+        }
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+}
