@@ -9,7 +9,11 @@ use tollgate::config::{Config, LogFormat, hash_api_key};
 use tollgate::server::{self, Bound};
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "A clustered gateway for LLM APIs: shared RPM/TPM/concurrency limits with written promises.")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A clustered gateway for LLM APIs: shared RPM/TPM/concurrency limits with written promises."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -42,7 +46,9 @@ enum Command {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -85,15 +91,26 @@ fn demo_banner(config: &Config, bound: Bound) {
         limit(tenant.quota.rpm),
         limit(tenant.quota.tpm),
         limit(tenant.quota.concurrency),
-        tenant.max_wait.unwrap_or(tollgate::config::defaults::MAX_WAIT),
+        tenant
+            .max_wait
+            .unwrap_or(tollgate::config::defaults::MAX_WAIT),
     );
-    println!("  admin token   admin-demo   (curl -H 'Authorization: Bearer admin-demo' http://{}/admin/keys/tenant:demo)", bound.proxy);
+    println!(
+        "  admin token   admin-demo   (curl -H 'Authorization: Bearer admin-demo' http://{}/admin/keys/tenant:demo)",
+        bound.proxy
+    );
     println!("  metrics       http://{}/metrics", bound.proxy);
     println!();
     println!("Try it:");
-    println!("  curl {url}/chat/completions -H 'Authorization: Bearer sk-demo' -H 'Content-Type: application/json' \\");
-    println!("    -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":50}}'");
-    println!("  tollgate load --url {url} --api-key sk-demo --concurrency 4 --duration 70s   # see queueing, then 429s");
+    println!(
+        "  curl {url}/chat/completions -H 'Authorization: Bearer sk-demo' -H 'Content-Type: application/json' \\"
+    );
+    println!(
+        "    -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":50}}'"
+    );
+    println!(
+        "  tollgate load --url {url} --api-key sk-demo --concurrency 4 --duration 70s   # see queueing, then 429s"
+    );
     println!("Ctrl-C stops it.");
 }
 
@@ -124,7 +141,9 @@ fn hash_key(key: Option<String>) -> anyhow::Result<()> {
                 eprintln!("API key (then Enter, Ctrl-D):");
             }
             let mut text = String::new();
-            std::io::stdin().read_to_string(&mut text).context("reading the key from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("reading the key from stdin")?;
             text.trim().to_owned()
         }
     };
@@ -141,9 +160,15 @@ async fn main() -> anyhow::Result<()> {
         Command::MockUpstream(args) => {
             init_logging(LogFormat::Text);
             let listen = args.listen;
-            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-            println!("mock upstream on http://{}/v1 (stats at /stats)", listener.local_addr()?);
-            tollgate::mock::serve(listener, args.into_config(), shutdown_signal()).await?;
+            let config = args.into_config().context("mock-upstream options")?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            println!(
+                "mock upstream on http://{}/v1 (stats at /stats)",
+                listener.local_addr()?
+            );
+            tollgate::mock::serve(listener, config, shutdown_signal()).await?;
             Ok(())
         }
         Command::CheckConfig { file } => match Config::load(&file) {
@@ -172,7 +197,8 @@ async fn main() -> anyhow::Result<()> {
                 if path.as_os_str() == "-" {
                     println!("{text}");
                 } else {
-                    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+                    std::fs::write(&path, text)
+                        .with_context(|| format!("writing {}", path.display()))?;
                 }
             }
             Ok(())

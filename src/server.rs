@@ -44,13 +44,23 @@ pub struct Bound {
 /// Binds `config.server.listen` (and the built-in mock's address, if configured).
 pub async fn bind(config: &Config) -> Result<(TcpListener, Option<TcpListener>), ServeError> {
     let listen = config.server.listen;
-    let proxy = TcpListener::bind(listen).await.map_err(|source| ServeError::Bind { addr: listen, source })?;
+    let proxy = TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: listen,
+            source,
+        })?;
     let mock = match &config.builtin_mock {
-        Some(mock) => Some(
-            TcpListener::bind(mock.listen)
-                .await
-                .map_err(|source| ServeError::Bind { addr: mock.listen, source })?,
-        ),
+        Some(mock) => {
+            Some(
+                TcpListener::bind(mock.listen)
+                    .await
+                    .map_err(|source| ServeError::Bind {
+                        addr: mock.listen,
+                        source,
+                    })?,
+            )
+        }
         None => None,
     };
     Ok((proxy, mock))

@@ -201,8 +201,14 @@ mod tests {
         assert_eq!(enc.count_text(""), 0);
         assert!(Encoding::parse("chars-per-token:0").is_err());
         assert!(Encoding::parse("p51k").is_err());
-        assert_eq!(Encoding::for_openai_model("gpt-4o-mini"), Some(Encoding::O200kBase));
-        assert_eq!(Encoding::for_openai_model("gpt-4"), Some(Encoding::Cl100kBase));
+        assert_eq!(
+            Encoding::for_openai_model("gpt-4o-mini"),
+            Some(Encoding::O200kBase)
+        );
+        assert_eq!(
+            Encoding::for_openai_model("gpt-4"),
+            Some(Encoding::Cl100kBase)
+        );
         assert_eq!(Encoding::for_openai_model("claude-3-5-sonnet"), None);
     }
 }

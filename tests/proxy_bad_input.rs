@@ -9,8 +9,15 @@ use common::*;
 use serde_json::json;
 use std::time::Duration;
 
-async fn raw(node: &Node, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut req = reqwest::Client::new().post(format!("{}{path}", node.url())).body(body);
+async fn raw(
+    node: &Node,
+    path: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}{path}", node.url()))
+        .body(body);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -21,28 +28,101 @@ async fn expect_error(response: reqwest::Response, status: u16) -> serde_json::V
     assert_eq!(response.status(), status);
     let body = json(response).await;
     let error = &body["error"];
-    assert!(error["message"].is_string() && error.get("type").is_some() && error.get("param").is_some() && error.get("code").is_some(), "{body}");
+    assert!(
+        error["message"].is_string()
+            && error.get("type").is_some()
+            && error.get("param").is_some()
+            && error.get("code").is_some(),
+        "{body}"
+    );
     body
 }
 
 #[tokio::test]
 async fn client_mistakes_get_openai_errors_and_leak_nothing() {
     let upstream = mock(|_| {}).await;
-    let node = node(&format!("{}\n[server]\n", single("rpm = 1000\ntpm = 100000\nconcurrency = 4")).replace("\n[server]\n", ""), &[&upstream]).await;
-    let auth = [("authorization", "Bearer sk-test"), ("content-type", "application/json")];
+    let node = node(
+        &format!(
+            "{}\n[server]\n",
+            single("rpm = 1000\ntpm = 100000\nconcurrency = 4")
+        )
+        .replace("\n[server]\n", ""),
+        &[&upstream],
+    )
+    .await;
+    let auth = [
+        ("authorization", "Bearer sk-test"),
+        ("content-type", "application/json"),
+    ];
     let cases: Vec<(Vec<u8>, Vec<(&str, &str)>, u16, Option<&str>)> = vec![
         (b"{not json".to_vec(), auth.to_vec(), 400, None),
-        (br#"{"model": 5, "messages": []}"#.to_vec(), auth.to_vec(), 400, None),
-        (br#"{"messages": []}"#.to_vec(), auth.to_vec(), 400, Some("model")),
-        (br#"{"model": "gpt-4o"}"#.to_vec(), auth.to_vec(), 400, Some("messages")),
-        (br#"{"model":"gpt-4o","messages":[],"max_tokens":-1}"#.to_vec(), auth.to_vec(), 400, Some("max_tokens")),
-        (br#"{"model":"gpt-4o","messages":[],"max_tokens":1e30}"#.to_vec(), auth.to_vec(), 400, None),
-        (br#"{"model":"gpt-4o","messages":[],"max_tokens":99999999}"#.to_vec(), auth.to_vec(), 400, Some("max_tokens")),
-        (b"{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(), auth.to_vec(), 400, None),
-        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), vec![], 401, None),
-        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), vec![("authorization", "Bearer sk-wrong")], 401, None),
-        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), [auth.as_slice(), &[("x-tollgate-priority", "urgent")]].concat(), 400, Some("x-tollgate-priority")),
-        (br#"{"model":"gpt-4o","messages":[]}"#.to_vec(), [auth.as_slice(), &[("x-tollgate-max-wait-ms", "-3")]].concat(), 400, Some("x-tollgate-max-wait-ms")),
+        (
+            br#"{"model": 5, "messages": []}"#.to_vec(),
+            auth.to_vec(),
+            400,
+            None,
+        ),
+        (
+            br#"{"messages": []}"#.to_vec(),
+            auth.to_vec(),
+            400,
+            Some("model"),
+        ),
+        (
+            br#"{"model": "gpt-4o"}"#.to_vec(),
+            auth.to_vec(),
+            400,
+            Some("messages"),
+        ),
+        (
+            br#"{"model":"gpt-4o","messages":[],"max_tokens":-1}"#.to_vec(),
+            auth.to_vec(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            br#"{"model":"gpt-4o","messages":[],"max_tokens":1e30}"#.to_vec(),
+            auth.to_vec(),
+            400,
+            None,
+        ),
+        (
+            br#"{"model":"gpt-4o","messages":[],"max_tokens":99999999}"#.to_vec(),
+            auth.to_vec(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            b"{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}"
+                .to_vec(),
+            auth.to_vec(),
+            400,
+            None,
+        ),
+        (
+            br#"{"model":"gpt-4o","messages":[]}"#.to_vec(),
+            vec![],
+            401,
+            None,
+        ),
+        (
+            br#"{"model":"gpt-4o","messages":[]}"#.to_vec(),
+            vec![("authorization", "Bearer sk-wrong")],
+            401,
+            None,
+        ),
+        (
+            br#"{"model":"gpt-4o","messages":[]}"#.to_vec(),
+            [auth.as_slice(), &[("x-tollgate-priority", "urgent")]].concat(),
+            400,
+            Some("x-tollgate-priority"),
+        ),
+        (
+            br#"{"model":"gpt-4o","messages":[]}"#.to_vec(),
+            [auth.as_slice(), &[("x-tollgate-max-wait-ms", "-3")]].concat(),
+            400,
+            Some("x-tollgate-max-wait-ms"),
+        ),
     ];
     for (body, headers, status, param) in cases {
         let label = String::from_utf8_lossy(&body).into_owned();
@@ -61,13 +141,33 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
     let huge = vec![b' '; 5 * 1024 * 1024];
     expect_error(raw(&node, "/chat/completions", huge, &auth).await, 413).await;
     // Anthropic callers get Anthropic's shape.
-    let response = raw(&node, "/messages", br#"{"model":"claude-x","messages":[]}"#.to_vec(), &auth).await;
+    let response = raw(
+        &node,
+        "/messages",
+        br#"{"model":"claude-x","messages":[]}"#.to_vec(),
+        &auth,
+    )
+    .await;
     assert_eq!(response.status(), 400);
-    assert_eq!(json(response).await["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        json(response).await["error"]["type"],
+        "invalid_request_error"
+    );
     // Nothing was charged or held by any of it, and the node still serves.
     let status = node.key("tenant:t").await;
-    assert_eq!((status["requests"]["used"].as_u64(), status["tokens"]["used"].as_u64()), (Some(0), Some(0)));
-    assert_eq!(post(&node, "/chat/completions", chat_body("still here?", 5), &[]).await.status(), 200);
+    assert_eq!(
+        (
+            status["requests"]["used"].as_u64(),
+            status["tokens"]["used"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    assert_eq!(
+        post(&node, "/chat/completions", chat_body("still here?", 5), &[])
+            .await
+            .status(),
+        200
+    );
     assert_eq!(upstream.stats().admitted, 1);
     node.stop().await;
     upstream.shutdown().await.unwrap();
@@ -76,20 +176,47 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
 /// An upstream that misbehaves in the ways a real one can.
 async fn bad_upstream() -> std::net::SocketAddr {
     let app = Router::new()
-        .route("/hang/chat/completions", axum_post(|| async {
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            "never"
-        }))
-        .route("/garbage/chat/completions", axum_post(|| async { "this is not json" }))
-        .route("/cut/chat/completions", axum_post(|| async {
-            let first = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n".to_owned();
-            let stream = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(first), Err(std::io::Error::other("cut"))]);
-            axum::response::Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(axum::body::Body::from_stream(stream))
-                .unwrap()
-        }))
-        .route("/error/chat/completions", axum_post(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "boom") }));
+        .route(
+            "/hang/chat/completions",
+            axum_post(|| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                "never"
+            }),
+        )
+        .route(
+            "/garbage/chat/completions",
+            axum_post(|| async { "this is not json" }),
+        )
+        .route(
+            "/cut/chat/completions",
+            axum_post(|| async {
+                let first =
+                    "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n"
+                        .to_owned();
+                // Headers and one event go out, then the connection dies.
+                let stream = futures_util::stream::unfold(0, move |step| {
+                    let first = first.clone();
+                    async move {
+                        match step {
+                            0 => Some((Ok::<_, std::io::Error>(first), 1)),
+                            1 => {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                Some((Err(std::io::Error::other("cut")), 2))
+                            }
+                            _ => None,
+                        }
+                    }
+                });
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from_stream(stream))
+                    .unwrap()
+            }),
+        )
+        .route(
+            "/error/chat/completions",
+            axum_post(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "boom") }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -135,16 +262,29 @@ concurrency = 2
             .join("\n")
     );
     let node = node(&toml, &[]).await;
-    let call = |model: &str, stream: bool| {
-        json!({"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "stream": stream})
-    };
-    expect_error(post(&node, "/chat/completions", call("hang", false), &[]).await, 504).await;
-    expect_error(post(&node, "/chat/completions", call("garbage", false), &[]).await, 502).await;
-    expect_error(post(&node, "/chat/completions", call("error", false), &[]).await, 502).await;
+    let call = |model: &str, stream: bool| json!({"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "stream": stream});
+    expect_error(
+        post(&node, "/chat/completions", call("hang", false), &[]).await,
+        504,
+    )
+    .await;
+    expect_error(
+        post(&node, "/chat/completions", call("garbage", false), &[]).await,
+        502,
+    )
+    .await;
+    expect_error(
+        post(&node, "/chat/completions", call("error", false), &[]).await,
+        502,
+    )
+    .await;
     // A stream cut mid-way: the client sees the bytes so far, then a broken body.
     let response = post(&node, "/chat/completions", call("cut", true), &[]).await;
     assert_eq!(response.status(), 200);
-    assert!(response.bytes().await.is_err(), "the client must see the stream break");
+    assert!(
+        response.bytes().await.is_err(),
+        "the client must see the stream break"
+    );
     let status = node.wait_idle("t").await;
     assert_eq!(status["concurrency"]["in_flight"], 0);
     // Failed attempts refunded the tenant's tokens except where usage is unknown

@@ -14,7 +14,9 @@ pub struct Clock {
 impl Clock {
     /// A clock whose epoch is now.
     pub fn start() -> Clock {
-        Clock { origin: Instant::now() }
+        Clock {
+            origin: Instant::now(),
+        }
     }
 
     /// Nanoseconds since the origin.

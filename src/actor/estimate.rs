@@ -58,12 +58,19 @@ impl CompletionStats {
     pub fn record(&mut self, model: &Arc<str>, completion: u64) {
         self.tick += 1;
         if !self.models.contains_key(model) && self.models.len() >= MAX_MODELS {
-            let oldest = self.models.iter().min_by_key(|(_, s)| s.last_update).map(|(m, _)| m.clone());
+            let oldest = self
+                .models
+                .iter()
+                .min_by_key(|(_, s)| s.last_update)
+                .map(|(m, _)| m.clone());
             if let Some(oldest) = oldest {
                 self.models.remove(&oldest);
             }
         }
-        self.models.entry(model.clone()).or_default().record(completion, self.tick);
+        self.models
+            .entry(model.clone())
+            .or_default()
+            .record(completion, self.tick);
     }
 
     /// Completion tokens to reserve for a request allowing `max_tokens`.
@@ -82,7 +89,10 @@ impl CompletionStats {
 mod tests {
     use super::*;
 
-    const POLICY: AdaptivePolicy = AdaptivePolicy { headroom: 1.2, min_samples: 20 };
+    const POLICY: AdaptivePolicy = AdaptivePolicy {
+        headroom: 1.2,
+        min_samples: 20,
+    };
 
     #[test]
     fn max_tokens_until_enough_samples_then_p95_times_headroom() {
@@ -98,7 +108,11 @@ mod tests {
         // 100 samples: 19 in 100..=118, 81 in 100..=109; p95 is 114 -> x1.2 = 136.8.
         let estimate = stats.estimate("m", 4096, POLICY);
         assert!((120..=143).contains(&estimate), "{estimate}");
-        assert_eq!(stats.estimate("m", 50, POLICY), 50, "never above max_tokens");
+        assert_eq!(
+            stats.estimate("m", 50, POLICY),
+            50,
+            "never above max_tokens"
+        );
         assert_eq!(stats.estimate("other", 300, POLICY), 300);
     }
 

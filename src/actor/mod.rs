@@ -91,12 +91,18 @@ pub struct ScopeId {
 impl ScopeId {
     /// A tenant scope.
     pub fn tenant(id: &str) -> ScopeId {
-        ScopeId { kind: ScopeKind::Tenant, id: id.into() }
+        ScopeId {
+            kind: ScopeKind::Tenant,
+            id: id.into(),
+        }
     }
 
     /// An upstream scope.
     pub fn upstream(id: &str) -> ScopeId {
-        ScopeId { kind: ScopeKind::Upstream, id: id.into() }
+        ScopeId {
+            kind: ScopeKind::Upstream,
+            id: id.into(),
+        }
     }
 }
 

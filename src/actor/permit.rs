@@ -44,7 +44,10 @@ impl Permit {
             self.settled = true;
             // The actor outlives every permit (it cannot retire with permits in
             // flight), so this send fails only when the runtime is shutting down.
-            let _ = self.releases.send(Release { permit_id: self.permit_id, how });
+            let _ = self.releases.send(Release {
+                permit_id: self.permit_id,
+                how,
+            });
         }
     }
 }

@@ -36,7 +36,12 @@ pub struct WaitQueue<T> {
 impl<T> WaitQueue<T> {
     /// Empty queues holding at most `max_len` waiters in total.
     pub fn new(aging_ns: Nanos, max_len: usize) -> WaitQueue<T> {
-        WaitQueue { interactive: VecDeque::new(), batch: VecDeque::new(), aging_ns, max_len }
+        WaitQueue {
+            interactive: VecDeque::new(),
+            batch: VecDeque::new(),
+            aging_ns,
+            max_len,
+        }
     }
 
     fn lane_mut(&mut self, lane: Lane) -> &mut VecDeque<Waiter<T>> {
@@ -107,7 +112,8 @@ impl<T> WaitQueue<T> {
         for lane in [Lane::Interactive, Lane::Batch] {
             let queue = self.lane_mut(lane);
             if queue.iter().any(&mut drop_it) {
-                let (gone, kept): (VecDeque<_>, VecDeque<_>) = queue.drain(..).partition(|w| drop_it(w));
+                let (gone, kept): (VecDeque<_>, VecDeque<_>) =
+                    queue.drain(..).partition(|w| drop_it(w));
                 *queue = kept;
                 removed.extend(gone);
             }
@@ -117,7 +123,11 @@ impl<T> WaitQueue<T> {
 
     /// The earliest deadline of any waiter.
     pub fn earliest_deadline(&self) -> Option<Nanos> {
-        self.interactive.iter().chain(self.batch.iter()).map(|w| w.deadline_ns).min()
+        self.interactive
+            .iter()
+            .chain(self.batch.iter())
+            .map(|w| w.deadline_ns)
+            .min()
     }
 }
 
@@ -126,7 +136,13 @@ mod tests {
     use super::*;
 
     fn waiter(lane: Lane, at: Nanos, id: u32) -> Waiter<u32> {
-        Waiter { lane, enqueued_ns: at, deadline_ns: at + 1_000, tokens: 1, payload: id }
+        Waiter {
+            lane,
+            enqueued_ns: at,
+            deadline_ns: at + 1_000,
+            tokens: 1,
+            payload: id,
+        }
     }
 
     #[test]
@@ -158,7 +174,10 @@ mod tests {
             q.push(waiter(Lane::Interactive, i, i as u32)).unwrap();
         }
         let gone = q.remove_where(|w| w.payload % 2 == 1);
-        assert_eq!(gone.iter().map(|w| w.payload).collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(
+            gone.iter().map(|w| w.payload).collect::<Vec<_>>(),
+            vec![1, 3]
+        );
         assert_eq!(q.pop(Lane::Interactive).map(|w| w.payload), Some(0));
         assert_eq!(q.pop(Lane::Interactive).map(|w| w.payload), Some(2));
         assert_eq!(q.earliest_deadline(), Some(1_004));

@@ -10,7 +10,7 @@
 use super::clock::Clock;
 use super::estimate::AdaptivePolicy;
 use super::scope::{ScopeLimits, ScopeStatus};
-use super::task::{AcquireRequest, ActorSettings, Actor, Command, Grant, Refusal, Release};
+use super::task::{AcquireRequest, Actor, ActorSettings, Command, Grant, Refusal, Release};
 use super::{ScopeId, ScopeKind};
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
 use crate::ops::metrics::Metrics;
@@ -95,7 +95,9 @@ pub struct Registry {
 fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<ScopeId, ActorHandle>> {
     // A panic while holding a shard lock cannot leave the map inconsistent (each
     // critical section is one insert/remove), so a poisoned lock is still usable.
-    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Registry {
@@ -149,7 +151,10 @@ impl Registry {
         if let Some(handle) = shard.get(scope) {
             return Ok(handle.clone());
         }
-        let spec = self.specs.get(scope).ok_or_else(|| RegistryError::UnknownScope(scope.to_string()))?;
+        let spec = self
+            .specs
+            .get(scope)
+            .ok_or_else(|| RegistryError::UnknownScope(scope.to_string()))?;
         let handle = self.spawn(scope, spec, index);
         shard.insert(scope.clone(), handle.clone());
         Ok(handle)
@@ -158,7 +163,12 @@ impl Registry {
     fn spawn(&self, scope: &ScopeId, spec: &ScopeSpec, shard_index: usize) -> ActorHandle {
         // Specs were validated in `new`, so building limiters cannot fail here.
         let build = |s: Option<LimitSpec>| s.and_then(|s| Limiter::try_new(s).ok());
-        let limits = ScopeLimits::new(build(spec.requests), build(spec.tokens), spec.concurrency, self.defaults.batch_ceiling);
+        let limits = ScopeLimits::new(
+            build(spec.requests),
+            build(spec.tokens),
+            spec.concurrency,
+            self.defaults.batch_ceiling,
+        );
         let settings = ActorSettings {
             scope: scope.clone(),
             adaptive: spec.adaptive,
@@ -166,30 +176,47 @@ impl Registry {
             clock: self.clock,
             metrics: self.metrics.clone(),
         };
-        let generation = self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let generation = self
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (commands_tx, commands_rx) = mpsc::channel(MAILBOX);
         let (releases_tx, releases_rx) = mpsc::unbounded_channel();
         let shards = self.shards.clone();
         let key = scope.clone();
-        let retire = Box::new(move |commands: &mpsc::Receiver<Command>, releases: &mpsc::UnboundedReceiver<Release>| {
-            let mut shard = lock(&shards[shard_index]);
-            if !commands.is_empty() || !releases.is_empty() {
-                return false;
-            }
-            if shard.get(&key).is_some_and(|h| h.generation == generation) {
-                shard.remove(&key);
-            }
-            true
-        });
-        let actor = Actor::new(settings, limits, self.defaults.aging_ns, self.defaults.max_queue);
+        let retire = Box::new(
+            move |commands: &mpsc::Receiver<Command>,
+                  releases: &mpsc::UnboundedReceiver<Release>| {
+                let mut shard = lock(&shards[shard_index]);
+                if !commands.is_empty() || !releases.is_empty() {
+                    return false;
+                }
+                if shard.get(&key).is_some_and(|h| h.generation == generation) {
+                    shard.remove(&key);
+                }
+                true
+            },
+        );
+        let actor = Actor::new(
+            settings,
+            limits,
+            self.defaults.aging_ns,
+            self.defaults.max_queue,
+        );
         self.metrics.actor_spawned(scope.kind);
         tokio::spawn(actor.run(commands_rx, releases_rx, retire));
-        ActorHandle { commands: commands_tx, releases: releases_tx, generation }
+        ActorHandle {
+            commands: commands_tx,
+            releases: releases_tx,
+            generation,
+        }
     }
 
     fn forget(&self, scope: &ScopeId, stale: &ActorHandle) {
         let mut shard = lock(&self.shards[self.shard_index(scope)]);
-        if shard.get(scope).is_some_and(|h| h.generation == stale.generation) {
+        if shard
+            .get(scope)
+            .is_some_and(|h| h.generation == stale.generation)
+        {
             shard.remove(scope);
         }
     }
@@ -204,7 +231,12 @@ impl Registry {
         for _ in 0..ATTEMPTS {
             let handle = self.handle(scope)?;
             let (tx, rx) = oneshot::channel();
-            if handle.commands.send(Command::Acquire(make(tx))).await.is_err() {
+            if handle
+                .commands
+                .send(Command::Acquire(make(tx)))
+                .await
+                .is_err()
+            {
                 self.forget(scope, &handle);
                 continue;
             }

@@ -93,7 +93,12 @@ pub struct WindowStatus {
 
 impl From<Snapshot> for WindowStatus {
     fn from(s: Snapshot) -> Self {
-        WindowStatus { limit: s.capacity, used: s.used, remaining: s.remaining, reset_ns: s.reset_after_ns }
+        WindowStatus {
+            limit: s.capacity,
+            used: s.used,
+            remaining: s.remaining,
+            reset_ns: s.reset_after_ns,
+        }
     }
 }
 
@@ -105,7 +110,14 @@ impl ScopeLimits {
         concurrency: Option<u64>,
         batch_ceiling: Ceiling,
     ) -> ScopeLimits {
-        ScopeLimits { requests, tokens, concurrency, in_flight: 0, batch_ceiling, cooling_until_ns: 0 }
+        ScopeLimits {
+            requests,
+            tokens,
+            concurrency,
+            in_flight: 0,
+            batch_ceiling,
+            cooling_until_ns: 0,
+        }
     }
 
     fn ceiling(&self, lane: Lane) -> Ceiling {
@@ -124,7 +136,13 @@ impl ScopeLimits {
     /// Would `tokens` be admitted now in `lane`? With `busy_above`, also refuse when
     /// any dimension is already at or above that fraction (routing skips busy
     /// upstreams while a fallback exists).
-    pub fn check(&self, now: Nanos, tokens: u64, lane: Lane, busy_above: Option<Ceiling>) -> Result<(), Blocked> {
+    pub fn check(
+        &self,
+        now: Nanos,
+        tokens: u64,
+        lane: Lane,
+        busy_above: Option<Ceiling>,
+    ) -> Result<(), Blocked> {
         let mut worst: Option<Blocked> = None;
         let mut note = |b: Blocked| {
             worst = Some(match worst {
@@ -133,7 +151,11 @@ impl ScopeLimits {
             })
         };
         if self.cooling_until_ns > now {
-            note(Blocked { dimension: Dimension::Cooldown, retry_after_ns: self.cooling_until_ns - now, never: false });
+            note(Blocked {
+                dimension: Dimension::Cooldown,
+                retry_after_ns: self.cooling_until_ns - now,
+                never: false,
+            });
         }
         let ceiling = self.ceiling(lane);
         for (limiter, cost, dimension) in [
@@ -144,13 +166,25 @@ impl ScopeLimits {
             if let Some(busy) = busy_above {
                 let snapshot = limiter.snapshot(now);
                 if snapshot.used >= busy.of(snapshot.capacity) {
-                    note(Blocked { dimension, retry_after_ns: snapshot.reset_after_ns.max(1), never: false });
+                    note(Blocked {
+                        dimension,
+                        retry_after_ns: snapshot.reset_after_ns.max(1),
+                        never: false,
+                    });
                 }
             }
             match limiter.check(now, cost, ceiling) {
                 Ok(()) => {}
-                Err(Denial::RetryAfter(ns)) => note(Blocked { dimension, retry_after_ns: ns, never: false }),
-                Err(Denial::Never) => note(Blocked { dimension, retry_after_ns: 0, never: true }),
+                Err(Denial::RetryAfter(ns)) => note(Blocked {
+                    dimension,
+                    retry_after_ns: ns,
+                    never: false,
+                }),
+                Err(Denial::Never) => note(Blocked {
+                    dimension,
+                    retry_after_ns: 0,
+                    never: true,
+                }),
             }
         }
         if let Some(cap) = self.concurrency_cap(lane) {
@@ -167,18 +201,34 @@ impl ScopeLimits {
     }
 
     /// Charges every dimension, or none.
-    pub fn admit(&mut self, now: Nanos, tokens: u64, lane: Lane, busy_above: Option<Ceiling>) -> Result<Charge, Blocked> {
+    pub fn admit(
+        &mut self,
+        now: Nanos,
+        tokens: u64,
+        lane: Lane,
+        busy_above: Option<Ceiling>,
+    ) -> Result<Charge, Blocked> {
         self.check(now, tokens, lane, busy_above)?;
         let ceiling = self.ceiling(lane);
         // check() just proved each reservation fits; a failure here would be a bug in
         // the limiter's check/reserve agreement, so it is asserted, not handled.
-        let requests = self.requests.as_mut().and_then(|l| l.reserve(now, 1, ceiling).ok());
-        let token_res = self.tokens.as_mut().and_then(|l| l.reserve(now, tokens, ceiling).ok());
+        let requests = self
+            .requests
+            .as_mut()
+            .and_then(|l| l.reserve(now, 1, ceiling).ok());
+        let token_res = self
+            .tokens
+            .as_mut()
+            .and_then(|l| l.reserve(now, tokens, ceiling).ok());
         debug_assert_eq!(requests.is_some(), self.requests.is_some());
         debug_assert_eq!(token_res.is_some(), self.tokens.is_some());
         self.in_flight += 1;
         let tokens_reserved = token_res.as_ref().map_or(0, |r| r.cost);
-        Ok(Charge { requests, tokens: token_res, tokens_reserved })
+        Ok(Charge {
+            requests,
+            tokens: token_res,
+            tokens_reserved,
+        })
     }
 
     /// Settles a charge and frees its concurrency slot. Consumes the charge, so each

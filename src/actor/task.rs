@@ -117,7 +117,8 @@ struct Held {
 
 /// Called when the actor wants to retire; returns true if it was unregistered (the
 /// registry checks, under its lock, that no message raced in).
-pub type RetireHook = Box<dyn Fn(&mpsc::Receiver<Command>, &mpsc::UnboundedReceiver<Release>) -> bool + Send>;
+pub type RetireHook =
+    Box<dyn Fn(&mpsc::Receiver<Command>, &mpsc::UnboundedReceiver<Release>) -> bool + Send>;
 
 /// Settings fixed at spawn.
 pub struct ActorSettings {
@@ -148,7 +149,12 @@ pub struct Actor {
 
 impl Actor {
     /// A fresh actor with queues of at most `max_queue` waiters.
-    pub fn new(settings: ActorSettings, limits: ScopeLimits, aging_ns: Nanos, max_queue: usize) -> Actor {
+    pub fn new(
+        settings: ActorSettings,
+        limits: ScopeLimits,
+        aging_ns: Nanos,
+        max_queue: usize,
+    ) -> Actor {
         let now = settings.clock.now_ns();
         Actor {
             limits,
@@ -223,7 +229,8 @@ impl Actor {
     fn on_acquire(&mut self, now: Nanos, request: AcquireRequest) {
         let completion = match self.settings.adaptive {
             Some(policy) if request.adaptive => {
-                self.completions.estimate(&request.model, request.max_completion_tokens, policy)
+                self.completions
+                    .estimate(&request.model, request.max_completion_tokens, policy)
             }
             _ => request.max_completion_tokens,
         };
@@ -249,9 +256,11 @@ impl Actor {
         if let Err(waiter) = self.queue.push(waiter) {
             let blocked = Blocked {
                 dimension: Dimension::Queue,
-                retry_after_ns: self.blocked_until_ns.map_or(super::scope::CONCURRENCY_RETRY_HINT_NS, |b| {
-                    b.saturating_sub(now).max(1)
-                }),
+                retry_after_ns: self
+                    .blocked_until_ns
+                    .map_or(super::scope::CONCURRENCY_RETRY_HINT_NS, |b| {
+                        b.saturating_sub(now).max(1)
+                    }),
                 never: false,
             };
             return self.refuse(now, waiter.payload.reply, blocked);
@@ -280,7 +289,12 @@ impl Actor {
         };
         let reserved = held.charge.tokens_reserved;
         let settled = self.limits.settle(now, held.charge, how);
-        self.settings.metrics.settled(self.settings.scope.kind, reserved, &settled.tokens, release.how);
+        self.settings.metrics.settled(
+            self.settings.scope.kind,
+            reserved,
+            &settled.tokens,
+            release.how,
+        );
     }
 
     /// Admits queued waiters in order while they fit, then expires the rest whose
@@ -312,9 +326,15 @@ impl Actor {
     }
 
     fn try_head(&mut self, now: Nanos, lane: Lane) -> Result<(), Blocked> {
-        let Some(head) = self.queue.head(lane) else { return Ok(()) };
-        let charge = self.limits.admit(now, head.tokens, lane, head.payload.busy_above)?;
-        let Some(waiter) = self.queue.pop(lane) else { return Ok(()) };
+        let Some(head) = self.queue.head(lane) else {
+            return Ok(());
+        };
+        let charge = self
+            .limits
+            .admit(now, head.tokens, lane, head.payload.busy_above)?;
+        let Some(waiter) = self.queue.pop(lane) else {
+            return Ok(());
+        };
         self.grant(now, waiter, charge);
         Ok(())
     }
@@ -332,18 +352,31 @@ impl Actor {
             status: self.status(now),
             waited_ns,
         };
-        debug_assert!(grant.tokens_reserved == 0 || grant.tokens_reserved >= waiter.payload.prompt_tokens);
-        self.permits.insert(permit_id, Held { charge, model: waiter.payload.model });
+        debug_assert!(
+            grant.tokens_reserved == 0 || grant.tokens_reserved >= waiter.payload.prompt_tokens
+        );
+        self.permits.insert(
+            permit_id,
+            Held {
+                charge,
+                model: waiter.payload.model,
+            },
+        );
         if waiter.payload.reply.send(Ok(grant)).is_err() {
             // The caller went away between asking and the answer: nothing was sent
             // upstream, so the charge is undone.
             self.settings.metrics.cancelled(kind);
-            self.on_release(Release { permit_id, how: SettleWith::Cancel });
+            self.on_release(Release {
+                permit_id,
+                how: SettleWith::Cancel,
+            });
         }
     }
 
     fn expire(&mut self, now: Nanos) {
-        let gone = self.queue.remove_where(|w| w.deadline_ns <= now || w.payload.reply.is_closed());
+        let gone = self
+            .queue
+            .remove_where(|w| w.deadline_ns <= now || w.payload.reply.is_closed());
         if gone.is_empty() {
             return;
         }
@@ -359,7 +392,9 @@ impl Actor {
                 .unwrap_or(Blocked {
                     // Blocked only by the waiters ahead of it.
                     dimension: Dimension::Queue,
-                    retry_after_ns: self.blocked_until_ns.map_or(1_000_000, |b| b.saturating_sub(now).max(1)),
+                    retry_after_ns: self
+                        .blocked_until_ns
+                        .map_or(1_000_000, |b| b.saturating_sub(now).max(1)),
                     never: false,
                 });
             self.refuse(now, waiter.payload.reply, blocked);
@@ -371,13 +406,20 @@ impl Actor {
         let depth = self.queue.len();
         if depth != self.reported_depth {
             let delta = depth as i64 - self.reported_depth as i64;
-            self.settings.metrics.queue_moved(self.settings.scope.kind, delta);
+            self.settings
+                .metrics
+                .queue_moved(self.settings.scope.kind, delta);
             self.reported_depth = depth;
         }
     }
 
     fn refuse(&self, now: Nanos, reply: oneshot::Sender<Result<Grant, Refusal>>, blocked: Blocked) {
-        self.settings.metrics.refused(self.settings.scope.kind, blocked.dimension);
-        let _ = reply.send(Err(Refusal { blocked, status: self.status(now) }));
+        self.settings
+            .metrics
+            .refused(self.settings.scope.kind, blocked.dimension);
+        let _ = reply.send(Err(Refusal {
+            blocked,
+            status: self.status(now),
+        }));
     }
 }

@@ -72,7 +72,11 @@ impl Config {
     }
 
     /// As [`Config::from_toml`], with `${NAME}` looked up through `env`.
-    pub fn from_toml_with_env(text: &str, file: &str, env: EnvLookup<'_>) -> Result<Config, ConfigError> {
+    pub fn from_toml_with_env(
+        text: &str,
+        file: &str,
+        env: EnvLookup<'_>,
+    ) -> Result<Config, ConfigError> {
         let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             file: file.to_owned(),
             message: e.to_string().trim_end().to_owned(),
@@ -93,14 +97,15 @@ impl Config {
             reason,
         };
         if let Some(token) = &self.server.admin_token {
-            self.server.admin_token = Some(
-                expand_env(token, env).map_err(|r| invalid("server.admin_token".into(), r))?,
-            );
+            self.server.admin_token =
+                Some(expand_env(token, env).map_err(|r| invalid("server.admin_token".into(), r))?);
         }
         for (i, upstream) in self.upstreams.iter_mut().enumerate() {
             if let Some(key) = &upstream.api_key {
-                upstream.api_key =
-                    Some(expand_env(key, env).map_err(|r| invalid(format!("upstreams[{i}].api_key"), r))?);
+                upstream.api_key = Some(
+                    expand_env(key, env)
+                        .map_err(|r| invalid(format!("upstreams[{i}].api_key"), r))?,
+                );
             }
         }
         Ok(())

@@ -108,7 +108,9 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             // The literal is a valid socket address.
-            listen: defaults::LISTEN.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            listen: defaults::LISTEN
+                .parse()
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
             admin_token: None,
             max_body_bytes: defaults::MAX_BODY_BYTES,
             max_in_flight: defaults::MAX_IN_FLIGHT,

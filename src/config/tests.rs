@@ -19,7 +19,11 @@ tpm = 100
 
 fn invalid(text: &str) -> (String, String) {
     match Config::from_toml(text, "test.toml") {
-        Err(ConfigError::Invalid { file, field, reason }) => {
+        Err(ConfigError::Invalid {
+            file,
+            field,
+            reason,
+        }) => {
             assert_eq!(file, "test.toml");
             (field, reason)
         }
@@ -33,7 +37,10 @@ fn demo_config_is_valid_and_small() {
     let tenant = &demo.tenants[0];
     assert_eq!(tenant.id, "demo");
     assert!(tenant.quota.rpm.is_some_and(|rpm| rpm <= 60));
-    assert_eq!(normalize_key_hash(&tenant.api_key_hashes[0]), hash_api_key("sk-demo"));
+    assert_eq!(
+        normalize_key_hash(&tenant.api_key_hashes[0]),
+        hash_api_key("sk-demo")
+    );
     assert_eq!(demo.server.admin_token.as_deref(), Some("admin-demo"));
 }
 
@@ -61,7 +68,8 @@ fn unknown_field_is_refused_with_file_and_field() {
 
 #[test]
 fn impossible_combinations_name_the_field() {
-    let (field, reason) = invalid(&MINIMAL.replace(r#"upstreams = ["u"]"#, r#"upstreams = ["nope"]"#));
+    let (field, reason) =
+        invalid(&MINIMAL.replace(r#"upstreams = ["u"]"#, r#"upstreams = ["nope"]"#));
     assert_eq!(field, "routes[0].upstreams[0]");
     assert!(reason.contains("nope"));
 
@@ -81,8 +89,13 @@ fn impossible_combinations_name_the_field() {
 #[test]
 fn bad_duration_is_explained() {
     let text = format!("{MINIMAL}\n[limits]\nwindow = \"60\"\n");
-    let message = Config::from_toml(&text, "test.toml").unwrap_err().to_string();
-    assert!(message.contains("window") && message.contains("unit"), "{message}");
+    let message = Config::from_toml(&text, "test.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("window") && message.contains("unit"),
+        "{message}"
+    );
 }
 
 #[test]

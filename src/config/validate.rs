@@ -66,7 +66,10 @@ fn validate_limits(config: &Config) -> Result<(), Violation> {
         return fail("limits.window", "must be at least 1s");
     }
     if limits.buckets == 0 || limits.window / limits.buckets < Duration::from_millis(1) {
-        return fail("limits.buckets", "must be >= 1 with buckets no narrower than 1ms");
+        return fail(
+            "limits.buckets",
+            "must be >= 1 with buckets no narrower than 1ms",
+        );
     }
     if !(limits.batch_share > 0.0 && limits.batch_share <= 1.0) {
         return fail("limits.batch_share", "must be in (0, 1]");
@@ -100,15 +103,25 @@ fn validate_estimation(config: &Config) -> Result<(), Violation> {
 }
 
 fn validate_quota(path: &str, quota: &Quota) -> Result<(), Violation> {
-    for (name, value) in [("rpm", quota.rpm), ("tpm", quota.tpm), ("concurrency", quota.concurrency)] {
+    for (name, value) in [
+        ("rpm", quota.rpm),
+        ("tpm", quota.tpm),
+        ("concurrency", quota.concurrency),
+    ] {
         if value == Some(0) {
-            return fail(format!("{path}.{name}"), "must be at least 1 (omit it for no limit)");
+            return fail(
+                format!("{path}.{name}"),
+                "must be at least 1 (omit it for no limit)",
+            );
         }
     }
     if let Some(burst) = quota.burst {
         let smallest = [quota.rpm, quota.tpm].into_iter().flatten().min();
         if burst == 0 || smallest.is_some_and(|cap| burst > cap) {
-            return fail(format!("{path}.burst"), "must be between 1 and the smallest of rpm and tpm");
+            return fail(
+                format!("{path}.burst"),
+                "must be between 1 and the smallest of rpm and tpm",
+            );
         }
     }
     Ok(())
@@ -121,10 +134,16 @@ fn validate_tenants(config: &Config) -> Result<(), Violation> {
         let path = format!("tenants[{i}]");
         check_id(&format!("{path}.id"), &tenant.id)?;
         if !ids.insert(tenant.id.as_str()) {
-            return fail(format!("{path}.id"), format!("duplicate tenant id {:?}", tenant.id));
+            return fail(
+                format!("{path}.id"),
+                format!("duplicate tenant id {:?}", tenant.id),
+            );
         }
         if tenant.api_key_hashes.is_empty() {
-            return fail(format!("{path}.api_key_hashes"), "needs at least one hash (tollgate hash-key)");
+            return fail(
+                format!("{path}.api_key_hashes"),
+                "needs at least one hash (tollgate hash-key)",
+            );
         }
         for (k, stored) in tenant.api_key_hashes.iter().enumerate() {
             let hash = normalize_key_hash(stored);
@@ -135,12 +154,21 @@ fn validate_tenants(config: &Config) -> Result<(), Violation> {
                 );
             }
             if !hashes.insert(hash) {
-                return fail(format!("{path}.api_key_hashes[{k}]"), "the same key belongs to two tenants");
+                return fail(
+                    format!("{path}.api_key_hashes[{k}]"),
+                    "the same key belongs to two tenants",
+                );
             }
         }
         validate_quota(&path, &tenant.quota)?;
-        if tenant.max_wait.is_some_and(|w| w > config.server.request_timeout) {
-            return fail(format!("{path}.max_wait"), "must not exceed server.request_timeout");
+        if tenant
+            .max_wait
+            .is_some_and(|w| w > config.server.request_timeout)
+        {
+            return fail(
+                format!("{path}.max_wait"),
+                "must not exceed server.request_timeout",
+            );
         }
     }
     Ok(())
@@ -152,11 +180,19 @@ fn validate_upstreams(config: &Config) -> Result<(), Violation> {
         let path = format!("upstreams[{i}]");
         check_id(&format!("{path}.id"), &upstream.id)?;
         if !ids.insert(upstream.id.as_str()) {
-            return fail(format!("{path}.id"), format!("duplicate upstream id {:?}", upstream.id));
+            return fail(
+                format!("{path}.id"),
+                format!("duplicate upstream id {:?}", upstream.id),
+            );
         }
         match reqwest::Url::parse(&upstream.base_url) {
             Ok(url) if matches!(url.scheme(), "http" | "https") => {}
-            _ => return fail(format!("{path}.base_url"), "must be an absolute http(s) URL"),
+            _ => {
+                return fail(
+                    format!("{path}.base_url"),
+                    "must be an absolute http(s) URL",
+                );
+            }
         }
         validate_quota(&path, &upstream.quota)?;
         if upstream.timeout.is_zero() || upstream.stream_idle_timeout.is_zero() {
@@ -171,14 +207,20 @@ fn validate_routes(config: &Config) -> Result<(), Violation> {
     for (i, route) in config.routes.iter().enumerate() {
         let path = format!("routes[{i}]");
         if route.models.is_empty() || route.models.iter().any(|m| m.is_empty()) {
-            return fail(format!("{path}.models"), "needs at least one non-empty model name");
+            return fail(
+                format!("{path}.models"),
+                "needs at least one non-empty model name",
+            );
         }
         if route.upstreams.is_empty() {
             return fail(format!("{path}.upstreams"), "needs at least one upstream");
         }
         for (k, id) in route.upstreams.iter().enumerate() {
             if !known.contains(id.as_str()) {
-                return fail(format!("{path}.upstreams[{k}]"), format!("no upstream with id {id:?}"));
+                return fail(
+                    format!("{path}.upstreams[{k}]"),
+                    format!("no upstream with id {id:?}"),
+                );
             }
         }
         if let Some(enc) = &route.encoding {
@@ -191,7 +233,9 @@ fn validate_routes(config: &Config) -> Result<(), Violation> {
 fn check_id(field: &str, id: &str) -> Result<(), Violation> {
     let ok = !id.is_empty()
         && id.len() <= 64
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
     if ok {
         Ok(())
     } else {

@@ -37,20 +37,31 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.render(),
     )
         .into_response()
 }
 
 fn admin_authorized(state: &AppState, headers: &HeaderMap) -> bool {
-    let Some(token) = state.config.server.admin_token.as_deref() else { return false };
+    let Some(token) = state.config.server.admin_token.as_deref() else {
+        return false;
+    };
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     // Constant-time comparison: the token guards operational data.
-    given.is_some_and(|g| g.len() == token.len() && g.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0)
+    given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    })
 }
 
 fn parse_key(key: &str) -> Option<(ScopeId, Option<&str>)> {
@@ -69,25 +80,39 @@ fn parse_key(key: &str) -> Option<(ScopeId, Option<&str>)> {
     Some((scope, dimension))
 }
 
-async fn key_status(State(state): State<Arc<AppState>>, headers: HeaderMap, Path(key): Path<String>) -> Response {
+async fn key_status(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Response {
     if !admin_authorized(&state, &headers) {
         let mut e = ApiError::unauthorized();
         e.message = "Admin API: send `Authorization: Bearer <server.admin_token>`.".into();
         return e.into_response();
     }
     let not_found = || {
-        let mut e = ApiError::bad_request(format!("No key {key:?}. Keys look like tenant:<id>:<requests|tokens|concurrency> or upstream:<id>."), Some("key"));
+        let mut e = ApiError::bad_request(
+            format!(
+                "No key {key:?}. Keys look like tenant:<id>:<requests|tokens|concurrency> or upstream:<id>."
+            ),
+            Some("key"),
+        );
         e.status = StatusCode::NOT_FOUND;
         e.code = "key_not_found";
         e.into_response()
     };
-    let Some((scope, dimension)) = parse_key(&key) else { return not_found() };
+    let Some((scope, dimension)) = parse_key(&key) else {
+        return not_found();
+    };
     if !state.registry.knows(&scope) {
         return not_found();
     }
     let status = match state.registry.status(&scope).await {
         Ok(status) => status,
-        Err(e) => return ApiError::unavailable(e.to_string(), std::time::Duration::from_secs(1)).into_response(),
+        Err(e) => {
+            return ApiError::unavailable(e.to_string(), std::time::Duration::from_secs(1))
+                .into_response();
+        }
     };
     let queue = json!({"interactive": status.queued[0], "batch": status.queued[1]});
     let window = |w: Option<crate::actor::scope::WindowStatus>| {

@@ -64,18 +64,62 @@ impl Metrics {
             tenant_labels,
         };
         let r = &mut m.registry;
-        r.register("decisions", "Limiter decisions by scope, outcome and reason", m.decisions.clone());
-        r.register("queue_depth", "Requests waiting in limiter queues", m.queue_depth.clone());
-        r.register("queue_wait_seconds", "Time admitted requests waited in a queue", m.queue_wait.clone());
-        r.register("tokens_reserved", "Tokens reserved at admission", m.tokens_reserved.clone());
-        r.register("tokens_settled", "Tokens charged after settlement", m.tokens_settled.clone());
-        r.register("tokens_refunded", "Tokens given back at settlement", m.tokens_refunded.clone());
-        r.register("tokens_debt", "Tokens charged beyond the reservation", m.tokens_debt.clone());
+        r.register(
+            "decisions",
+            "Limiter decisions by scope, outcome and reason",
+            m.decisions.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Requests waiting in limiter queues",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "queue_wait_seconds",
+            "Time admitted requests waited in a queue",
+            m.queue_wait.clone(),
+        );
+        r.register(
+            "tokens_reserved",
+            "Tokens reserved at admission",
+            m.tokens_reserved.clone(),
+        );
+        r.register(
+            "tokens_settled",
+            "Tokens charged after settlement",
+            m.tokens_settled.clone(),
+        );
+        r.register(
+            "tokens_refunded",
+            "Tokens given back at settlement",
+            m.tokens_refunded.clone(),
+        );
+        r.register(
+            "tokens_debt",
+            "Tokens charged beyond the reservation",
+            m.tokens_debt.clone(),
+        );
         r.register("actors_spawned", "Limiter actors started", m.actors.clone());
-        r.register("upstream_latency_seconds", "Upstream time to response headers", m.upstream_latency.clone());
-        r.register("upstream_responses", "Upstream responses by upstream and status class", m.upstream_responses.clone());
-        r.register("requests", "Client requests by API and final status", m.requests.clone());
-        r.register("in_flight_requests", "Client requests being served", m.in_flight.clone());
+        r.register(
+            "upstream_latency_seconds",
+            "Upstream time to response headers",
+            m.upstream_latency.clone(),
+        );
+        r.register(
+            "upstream_responses",
+            "Upstream responses by upstream and status class",
+            m.upstream_responses.clone(),
+        );
+        r.register(
+            "requests",
+            "Client requests by API and final status",
+            m.requests.clone(),
+        );
+        r.register(
+            "in_flight_requests",
+            "Client requests being served",
+            m.in_flight.clone(),
+        );
         m
     }
 
@@ -90,43 +134,75 @@ impl Metrics {
     /// An actor admitted a request.
     pub fn admitted(&self, kind: ScopeKind, lane: Lane, waited_ns: Nanos, tokens: u64) {
         let scope = kind.as_str();
-        self.decisions.get_or_create(&labels([("scope", scope), ("outcome", "admitted"), ("reason", "")])).inc();
+        self.decisions
+            .get_or_create(&labels([
+                ("scope", scope),
+                ("outcome", "admitted"),
+                ("reason", ""),
+            ]))
+            .inc();
         self.queue_wait
             .get_or_create(&labels([("scope", scope), ("lane", lane.as_str())]))
             .observe(waited_ns as f64 / NANOS_PER_SEC as f64);
-        self.tokens_reserved.get_or_create(&labels([("scope", scope)])).inc_by(tokens);
+        self.tokens_reserved
+            .get_or_create(&labels([("scope", scope)]))
+            .inc_by(tokens);
     }
 
     /// An actor refused a request.
     pub fn refused(&self, kind: ScopeKind, dimension: Dimension) {
-        let labels = labels([("scope", kind.as_str()), ("outcome", "refused"), ("reason", dimension.as_str())]);
+        let labels = labels([
+            ("scope", kind.as_str()),
+            ("outcome", "refused"),
+            ("reason", dimension.as_str()),
+        ]);
         self.decisions.get_or_create(&labels).inc();
     }
 
     /// A caller went away while queued or before its grant arrived.
     pub fn cancelled(&self, kind: ScopeKind) {
-        let labels = labels([("scope", kind.as_str()), ("outcome", "cancelled"), ("reason", "")]);
+        let labels = labels([
+            ("scope", kind.as_str()),
+            ("outcome", "cancelled"),
+            ("reason", ""),
+        ]);
         self.decisions.get_or_create(&labels).inc();
     }
 
     /// Queue depth of one actor moved by `delta`.
     pub fn queue_moved(&self, kind: ScopeKind, delta: i64) {
-        self.queue_depth.get_or_create(&labels([("scope", kind.as_str())])).inc_by(delta);
+        self.queue_depth
+            .get_or_create(&labels([("scope", kind.as_str())]))
+            .inc_by(delta);
     }
 
     /// A permit was settled.
-    pub fn settled(&self, kind: ScopeKind, reserved: u64, settlement: &Settlement, how: SettleWith) {
+    pub fn settled(
+        &self,
+        kind: ScopeKind,
+        reserved: u64,
+        settlement: &Settlement,
+        how: SettleWith,
+    ) {
         let scope = labels([("scope", kind.as_str())]);
-        let charged = reserved.saturating_sub(settlement.refunded).saturating_add(settlement.debt);
+        let charged = reserved
+            .saturating_sub(settlement.refunded)
+            .saturating_add(settlement.debt);
         self.tokens_settled.get_or_create(&scope).inc_by(charged);
-        self.tokens_refunded.get_or_create(&scope).inc_by(settlement.refunded);
-        self.tokens_debt.get_or_create(&scope).inc_by(settlement.debt);
+        self.tokens_refunded
+            .get_or_create(&scope)
+            .inc_by(settlement.refunded);
+        self.tokens_debt
+            .get_or_create(&scope)
+            .inc_by(settlement.debt);
         let _ = how;
     }
 
     /// An actor started.
     pub fn actor_spawned(&self, kind: ScopeKind) {
-        self.actors.get_or_create(&labels([("scope", kind.as_str())])).inc();
+        self.actors
+            .get_or_create(&labels([("scope", kind.as_str())]))
+            .inc();
     }
 
     /// An upstream answered (or failed) after `seconds`.
@@ -138,8 +214,12 @@ impl Metrics {
             Some(_) => "5xx",
             None => "error",
         };
-        self.upstream_responses.get_or_create(&labels([("upstream", upstream), ("status", class)])).inc();
-        self.upstream_latency.get_or_create(&labels([("upstream", upstream)])).observe(seconds);
+        self.upstream_responses
+            .get_or_create(&labels([("upstream", upstream), ("status", class)]))
+            .inc();
+        self.upstream_latency
+            .get_or_create(&labels([("upstream", upstream)]))
+            .observe(seconds);
     }
 
     /// A client request finished with `status`.

@@ -45,20 +45,35 @@ pub struct Admitted<'a> {
 enum Attempt {
     Done(Response),
     /// Try again; the tenant permit and the guard come back for the next attempt.
-    Retry { error: ApiError, backoff: bool, tenant: Permit, guard: Box<dyn Send + Sync> },
+    Retry {
+        error: ApiError,
+        backoff: bool,
+        tenant: Permit,
+        guard: Box<dyn Send + Sync>,
+    },
     Fatal(ApiError),
 }
 
 /// Settles the upstream's permit and hands the tenant's back for another attempt.
 fn retry(held: Held, upstream: SettleWith, error: ApiError, backoff: bool) -> Attempt {
     held.upstream.settle(upstream);
-    Attempt::Retry { error, backoff, tenant: held.tenant, guard: held.guard }
+    Attempt::Retry {
+        error,
+        backoff,
+        tenant: held.tenant,
+        guard: held.guard,
+    }
 }
 
 /// Runs attempts until one succeeds or the budget is spent. Owns the tenant permit
 /// and the node's in-flight guard, which end up in the response (streams) or are
 /// settled here.
-pub async fn dispatch(state: &AppState, req: Admitted<'_>, tenant: Permit, guard: Box<dyn Send + Sync>) -> Result<Response, ApiError> {
+pub async fn dispatch(
+    state: &AppState,
+    req: Admitted<'_>,
+    tenant: Permit,
+    guard: Box<dyn Send + Sync>,
+) -> Result<Response, ApiError> {
     let retry = &state.config.retry;
     let mut rng = SmallRng::seed_from_u64(state.rng_counter.fetch_add(1, Ordering::Relaxed));
     let mut tenant = Some(tenant);
@@ -74,17 +89,30 @@ pub async fn dispatch(state: &AppState, req: Admitted<'_>, tenant: Permit, guard
             }
         };
         sent = true;
-        let (Some(tenant_permit), Some(held_guard)) = (tenant.take(), guard.take()) else { break };
-        let held = Held { tenant: tenant_permit, upstream: permit, guard: held_guard };
+        let (Some(tenant_permit), Some(held_guard)) = (tenant.take(), guard.take()) else {
+            break;
+        };
+        let held = Held {
+            tenant: tenant_permit,
+            upstream: permit,
+            guard: held_guard,
+        };
         match attempt_once(state, &req, &upstream, held).await {
             Attempt::Done(response) => return Ok(response),
             Attempt::Fatal(error) => return Err(error),
-            Attempt::Retry { error, backoff, tenant: back, guard: back_guard } => {
+            Attempt::Retry {
+                error,
+                backoff,
+                tenant: back,
+                guard: back_guard,
+            } => {
                 tenant = Some(back);
                 guard = Some(back_guard);
                 last_error = Some(error);
                 if backoff {
-                    let cap = retry.backoff_max.min(retry.backoff_base.saturating_mul(1 << attempt.min(16)));
+                    let cap = retry
+                        .backoff_max
+                        .min(retry.backoff_base.saturating_mul(1 << attempt.min(16)));
                     let sleep = cap.mul_f64(rng.random::<f64>());
                     if Instant::now() + sleep >= req.deadline {
                         break;
@@ -95,12 +123,20 @@ pub async fn dispatch(state: &AppState, req: Admitted<'_>, tenant: Permit, guard
         }
     }
     if let Some(tenant) = tenant {
-        tenant.settle(if sent { SettleWith::RefundTokens } else { SettleWith::Cancel });
+        tenant.settle(if sent {
+            SettleWith::RefundTokens
+        } else {
+            SettleWith::Cancel
+        });
     }
     Err(last_error.unwrap_or_else(|| ApiError::bad_gateway("no upstream attempt could be made")))
 }
 
-fn upstream_request(state: &AppState, req: &Admitted<'_>, upstream: &Upstream) -> reqwest::RequestBuilder {
+fn upstream_request(
+    state: &AppState,
+    req: &Admitted<'_>,
+    upstream: &Upstream,
+) -> reqwest::RequestBuilder {
     let url = format!("{}{}", upstream.base_url, req.api.path());
     let mut builder = state
         .http
@@ -109,7 +145,11 @@ fn upstream_request(state: &AppState, req: &Admitted<'_>, upstream: &Upstream) -
         .body(req.parsed.body.clone());
     match req.api {
         Api::Messages => {
-            let version = req.client_headers.get("anthropic-version").cloned().unwrap_or(HeaderValue::from_static("2023-06-01"));
+            let version = req
+                .client_headers
+                .get("anthropic-version")
+                .cloned()
+                .unwrap_or(HeaderValue::from_static("2023-06-01"));
             builder = builder.header("anthropic-version", version);
             if let Some(beta) = req.client_headers.get("anthropic-beta") {
                 builder = builder.header("anthropic-beta", beta.clone());
@@ -133,7 +173,9 @@ fn upstream_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration
     if let Some(ms) = get("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
         return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
     }
-    get("retry-after").and_then(|v| v.trim().parse::<f64>().ok()).map(|s| Duration::from_secs_f64(s.max(0.0)))
+    get("retry-after")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|s| Duration::from_secs_f64(s.max(0.0)))
 }
 
 async fn attempt_once(
@@ -144,13 +186,17 @@ async fn attempt_once(
 ) -> Attempt {
     let started = Instant::now();
     let headers_by = req.deadline.min(started + upstream.timeout);
-    let sent = tokio::time::timeout_at(headers_by, upstream_request(state, req, upstream).send()).await;
+    let sent =
+        tokio::time::timeout_at(headers_by, upstream_request(state, req, upstream).send()).await;
     let seconds = started.elapsed().as_secs_f64();
     let response = match sent {
         Err(_) => {
             state.metrics.upstream_response(&upstream.id, None, seconds);
             // The provider may have done the work: the upstream keeps its charge.
-            let error = ApiError::gateway_timeout(format!("upstream {} did not answer in time", upstream.id));
+            let error = ApiError::gateway_timeout(format!(
+                "upstream {} did not answer in time",
+                upstream.id
+            ));
             return retry(held, SettleWith::KeepReserved, error, true);
         }
         Ok(Err(e)) => {
@@ -161,12 +207,22 @@ async fn attempt_once(
         Ok(Ok(response)) => response,
     };
     let status = response.status();
-    state.metrics.upstream_response(&upstream.id, Some(status.as_u16()), seconds);
+    state
+        .metrics
+        .upstream_response(&upstream.id, Some(status.as_u16()), seconds);
     if status == StatusCode::TOO_MANY_REQUESTS {
-        let wait = upstream_retry_after(response.headers()).unwrap_or(state.config.retry.cooldown).min(MAX_COOLDOWN);
+        let wait = upstream_retry_after(response.headers())
+            .unwrap_or(state.config.retry.cooldown)
+            .min(MAX_COOLDOWN);
         let clock = state.registry.clock();
-        state.registry.cool_down(&upstream.scope, clock.ns_at(Instant::now() + wait));
-        let error = ApiError::rate_limited(format!("upstream {} is rate limited", upstream.id), wait.max(Duration::from_millis(1)), None);
+        state
+            .registry
+            .cool_down(&upstream.scope, clock.ns_at(Instant::now() + wait));
+        let error = ApiError::rate_limited(
+            format!("upstream {} is rate limited", upstream.id),
+            wait.max(Duration::from_millis(1)),
+            None,
+        );
         return retry(held, SettleWith::RefundTokens, error, false);
     }
     if status.is_server_error() {
@@ -186,14 +242,28 @@ async fn attempt_once(
     }
 }
 
-fn stream_response(response: reqwest::Response, held: Held, req: &Admitted<'_>, upstream: &Upstream) -> Response {
+fn stream_response(
+    response: reqwest::Response,
+    held: Held,
+    req: &Admitted<'_>,
+    upstream: &Upstream,
+) -> Response {
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-    let body = metered(response, held, req.api, req.parsed.strip_usage_chunk, upstream.stream_idle_timeout);
+    let body = metered(
+        response,
+        held,
+        req.api,
+        req.parsed.strip_usage_chunk,
+        upstream.stream_idle_timeout,
+    );
     let mut out = Response::new(Body::from_stream(body));
     *out.status_mut() = status;
     let headers = out.headers_mut();
-    headers.insert(header::CONTENT_TYPE, content_type.unwrap_or(HeaderValue::from_static("text/event-stream")));
+    headers.insert(
+        header::CONTENT_TYPE,
+        content_type.unwrap_or(HeaderValue::from_static("text/event-stream")),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     out
 }
@@ -209,8 +279,16 @@ async fn read_body(
     loop {
         let by = deadline.min(Instant::now() + idle);
         match tokio::time::timeout_at(by, response.chunk()).await {
-            Err(_) => return Err(ApiError::gateway_timeout("upstream stopped sending its response")),
-            Ok(Err(e)) => return Err(ApiError::bad_gateway(format!("upstream response broke off: {e}"))),
+            Err(_) => {
+                return Err(ApiError::gateway_timeout(
+                    "upstream stopped sending its response",
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(ApiError::bad_gateway(format!(
+                    "upstream response broke off: {e}"
+                )));
+            }
             Ok(Ok(None)) => break,
             Ok(Ok(Some(chunk))) => {
                 if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
@@ -223,7 +301,12 @@ async fn read_body(
     Ok((status, content_type, body.freeze()))
 }
 
-fn finish_whole(status: StatusCode, content_type: Option<HeaderValue>, body: bytes::Bytes, held: Held) -> Attempt {
+fn finish_whole(
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: bytes::Bytes,
+    held: Held,
+) -> Attempt {
     let how = if status.is_success() {
         match usage::from_body(&body) {
             Ok(Some(u)) => u.settle_with(),
@@ -231,7 +314,9 @@ fn finish_whole(status: StatusCode, content_type: Option<HeaderValue>, body: byt
             Err(_) => {
                 held.upstream.settle(SettleWith::KeepReserved);
                 held.tenant.settle(SettleWith::RefundTokens);
-                return Attempt::Fatal(ApiError::bad_gateway("upstream answered with a body that is not JSON"));
+                return Attempt::Fatal(ApiError::bad_gateway(
+                    "upstream answered with a body that is not JSON",
+                ));
             }
         }
     } else {
@@ -241,7 +326,9 @@ fn finish_whole(status: StatusCode, content_type: Option<HeaderValue>, body: byt
     held.settle(how);
     let mut out = Response::new(Body::from(body));
     *out.status_mut() = status;
-    out.headers_mut()
-        .insert(header::CONTENT_TYPE, content_type.unwrap_or(HeaderValue::from_static("application/json")));
+    out.headers_mut().insert(
+        header::CONTENT_TYPE,
+        content_type.unwrap_or(HeaderValue::from_static("application/json")),
+    );
     Attempt::Done(out)
 }

@@ -54,7 +54,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, source: Source, message: impl Into<String>) -> ApiError {
+    fn new(
+        status: StatusCode,
+        code: &'static str,
+        source: Source,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             message: message.into(),
@@ -69,7 +74,12 @@ impl ApiError {
 
     /// 400: malformed or invalid request.
     pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> ApiError {
-        let mut e = ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", Source::Client, message);
+        let mut e = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            Source::Client,
+            message,
+        );
         e.param = param.map(str::to_owned);
         e
     }
@@ -98,12 +108,26 @@ impl ApiError {
 
     /// 413: body or cost larger than anything the limits can ever admit.
     pub fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", Source::Client, message)
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            Source::Client,
+            message,
+        )
     }
 
     /// 429 from the gateway's limits.
-    pub fn rate_limited(message: impl Into<String>, retry_after: Duration, headers: Option<RateHeaders>) -> ApiError {
-        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded", Source::Limiter, message);
+    pub fn rate_limited(
+        message: impl Into<String>,
+        retry_after: Duration,
+        headers: Option<RateHeaders>,
+    ) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            Source::Limiter,
+            message,
+        );
         e.retry_after = Some(retry_after);
         e.rate_headers = headers;
         e
@@ -111,19 +135,34 @@ impl ApiError {
 
     /// 502: the upstream failed or answered garbage.
     pub fn bad_gateway(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_GATEWAY, "upstream_error", Source::Upstream, message)
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            Source::Upstream,
+            message,
+        )
     }
 
     /// 503: the gateway cannot take the request now.
     pub fn unavailable(message: impl Into<String>, retry_after: Duration) -> ApiError {
-        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", Source::Internal, message);
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Source::Internal,
+            message,
+        );
         e.retry_after = Some(retry_after);
         e
     }
 
     /// 504: the upstream did not answer in time.
     pub fn gateway_timeout(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", Source::Upstream, message)
+        ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            Source::Upstream,
+            message,
+        )
     }
 
     /// The same error in `flavor`'s body shape.
@@ -175,7 +214,10 @@ impl IntoResponse for ApiError {
         if let Some(wait) = self.retry_after {
             let secs = wait.as_millis().div_ceil(1000).max(1);
             headers.insert("retry-after", HeaderValue::from(secs as u64));
-            headers.insert("retry-after-ms", HeaderValue::from(wait.as_millis().max(1) as u64));
+            headers.insert(
+                "retry-after-ms",
+                HeaderValue::from(wait.as_millis().max(1) as u64),
+            );
         }
         response
     }
@@ -186,13 +228,16 @@ mod tests {
     use super::*;
 
     async fn body_json(response: Response) -> serde_json::Value {
-        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
         serde_json::from_slice(&bytes).unwrap()
     }
 
     #[tokio::test]
     async fn rate_limited_has_openai_shape_and_both_retry_headers() {
-        let response = ApiError::rate_limited("slow down", Duration::from_millis(1500), None).into_response();
+        let response =
+            ApiError::rate_limited("slow down", Duration::from_millis(1500), None).into_response();
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "2");
         assert_eq!(response.headers()["retry-after-ms"], "1500");
@@ -205,7 +250,9 @@ mod tests {
 
     #[tokio::test]
     async fn anthropic_flavor_uses_anthropic_shape() {
-        let response = ApiError::unknown_model("x").with_flavor(Flavor::Anthropic).into_response();
+        let response = ApiError::unknown_model("x")
+            .with_flavor(Flavor::Anthropic)
+            .into_response();
         assert_eq!(response.status(), 404);
         let body = body_json(response).await;
         assert_eq!(body["type"], "error");

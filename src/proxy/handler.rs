@@ -34,7 +34,11 @@ pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
             error.with_flavor(api.flavor()).into_response()
         }
     };
-    state.metrics.request_done(api.as_str(), tenant_id.as_deref(), response.status().as_u16());
+    state.metrics.request_done(
+        api.as_str(),
+        tenant_id.as_deref(),
+        response.status().as_u16(),
+    );
     response
 }
 
@@ -51,13 +55,17 @@ impl Drop for InFlight {
 }
 
 /// The tenant whose key the request carries (`Authorization: Bearer` or `x-api-key`).
-pub fn authenticate<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Arc<Tenant>, ApiError> {
+pub fn authenticate<'a>(
+    state: &'a AppState,
+    headers: &HeaderMap,
+) -> Result<&'a Arc<Tenant>, ApiError> {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let key = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
-    key.and_then(|k| state.tenant_for_key(k.trim())).ok_or_else(ApiError::unauthorized)
+    key.and_then(|k| state.tenant_for_key(k.trim()))
+        .ok_or_else(ApiError::unauthorized)
 }
 
 fn lane(headers: &HeaderMap) -> Result<Lane, ApiError> {
@@ -89,16 +97,26 @@ fn max_wait(headers: &HeaderMap, cap: Duration) -> Result<Duration, ApiError> {
     }
 }
 
-async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<bytes::Bytes, ApiError> {
     let limit = state.config.server.max_body_bytes;
-    let too_large = || ApiError::too_large(format!("Request body exceeds the limit of {limit} bytes."));
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let too_large =
+        || ApiError::too_large(format!("Request body exceeds the limit of {limit} bytes."));
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|len| len > limit) {
         return Err(too_large());
     }
     // The only ways to fail here are the limit and a client that went away; the
     // latter never reads this answer.
-    axum::body::to_bytes(body, limit).await.map_err(|_| too_large())
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large())
 }
 
 fn tenant_refusal(refusal: &Refusal) -> ApiError {
@@ -113,7 +131,10 @@ fn tenant_refusal(refusal: &Refusal) -> ApiError {
     }
     let retry = Duration::from_nanos(refusal.blocked.retry_after_ns).max(Duration::from_millis(1));
     ApiError::rate_limited(
-        format!("Rate limit reached for {dimension}. Retry after {} ms.", retry.as_millis()),
+        format!(
+            "Rate limit reached for {dimension}. Retry after {} ms.",
+            retry.as_millis()
+        ),
         retry,
         headers,
     )
@@ -127,20 +148,26 @@ async fn serve(
     tenant_id: &mut Option<Arc<str>>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let slot = state
-        .in_flight
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| ApiError::unavailable("This node is at its in-flight request limit.", Duration::from_secs(1)))?;
+    let slot = state.in_flight.clone().try_acquire_owned().map_err(|_| {
+        ApiError::unavailable(
+            "This node is at its in-flight request limit.",
+            Duration::from_secs(1),
+        )
+    })?;
     state.metrics.in_flight(1);
-    let guard = InFlight { state: state.clone(), _slot: slot };
+    let guard = InFlight {
+        state: state.clone(),
+        _slot: slot,
+    };
     let tenant = authenticate(state, headers)?;
     *tenant_id = Some(tenant.id.clone());
     let lane = lane(headers)?;
     let max_wait = max_wait(headers, tenant.max_wait)?;
     let bytes = read_body(state, headers, body).await?;
     let route_cell: Cell<Option<&Route>> = Cell::new(None);
-    let settings = ParseSettings { default_max_tokens: state.config.estimation.default_max_tokens };
+    let settings = ParseSettings {
+        default_max_tokens: state.config.estimation.default_max_tokens,
+    };
     let parsed = parse(api, bytes, settings, |model| {
         let route = state
             .route_for(model)
@@ -149,12 +176,24 @@ async fn serve(
         route_cell.set(Some(route));
         Ok(state.encoding_for(route, model))
     })?;
-    let route = route_cell.get().ok_or_else(|| ApiError::unknown_model(&parsed.model))?;
-    let candidates: Vec<_> = route.upstreams.iter().filter(|u| u.kind == api.upstream_kind()).cloned().collect();
+    let route = route_cell
+        .get()
+        .ok_or_else(|| ApiError::unknown_model(&parsed.model))?;
+    let candidates: Vec<_> = route
+        .upstreams
+        .iter()
+        .filter(|u| u.kind == api.upstream_kind())
+        .cloned()
+        .collect();
     let model: Arc<str> = parsed.model.as_str().into();
     let deadline = started + state.config.server.request_timeout;
     let wait_until = (started + max_wait).min(deadline);
-    let max_wait_ns = u64::try_from(wait_until.saturating_duration_since(Instant::now()).as_nanos()).unwrap_or(0);
+    let max_wait_ns = u64::try_from(
+        wait_until
+            .saturating_duration_since(Instant::now())
+            .as_nanos(),
+    )
+    .unwrap_or(0);
     let (answer, handle) = state
         .registry
         .acquire(&tenant.scope, |reply| AcquireRequest {
@@ -178,8 +217,21 @@ async fn serve(
     } else {
         parsed.max_completion_tokens
     };
-    let demand = UpstreamDemand { lane, prompt_tokens: parsed.prompt_tokens, completion_tokens, model, wait_until };
-    let admitted = Admitted { api, parsed: &parsed, candidates: &candidates, demand, deadline, client_headers: headers };
+    let demand = UpstreamDemand {
+        lane,
+        prompt_tokens: parsed.prompt_tokens,
+        completion_tokens,
+        model,
+        wait_until,
+    };
+    let admitted = Admitted {
+        api,
+        parsed: &parsed,
+        candidates: &candidates,
+        demand,
+        deadline,
+        client_headers: headers,
+    };
     match dispatch(state, admitted, permit, Box::new(guard)).await {
         Ok(mut response) => {
             rate_headers.apply(response.headers_mut());

@@ -16,18 +16,34 @@ pub struct RateHeaders {
 impl RateHeaders {
     /// From the tenant scope's figures.
     pub fn from_status(status: &ScopeStatus) -> RateHeaders {
-        RateHeaders { requests: status.requests, tokens: status.tokens }
+        RateHeaders {
+            requests: status.requests,
+            tokens: status.tokens,
+        }
     }
 
     /// Writes the headers of every limited dimension.
     pub fn apply(&self, headers: &mut HeaderMap) {
         for (window, limit, remaining, reset) in [
-            (self.requests, "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
-            (self.tokens, "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+            (
+                self.requests,
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ),
+            (
+                self.tokens,
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ),
         ] {
             let Some(w) = window else { continue };
             headers.insert(HeaderName::from_static(limit), HeaderValue::from(w.limit));
-            headers.insert(HeaderName::from_static(remaining), HeaderValue::from(w.remaining));
+            headers.insert(
+                HeaderName::from_static(remaining),
+                HeaderValue::from(w.remaining),
+            );
             if let Ok(value) = HeaderValue::from_str(&format_reset(w.reset_ns)) {
                 headers.insert(HeaderName::from_static(reset), value);
             }

@@ -30,9 +30,11 @@ use std::sync::Arc;
 
 macro_rules! api_route {
     ($api:expr) => {
-        post(|State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| async move {
-            handler::handle(state, $api, headers, body).await
-        })
+        post(
+            |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| async move {
+                handler::handle(state, $api, headers, body).await
+            },
+        )
     };
 }
 
@@ -63,7 +65,10 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 }
 
 async fn not_found() -> Response {
-    let mut e = error::ApiError::bad_request("Unknown path. tollgate serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/messages.", None);
+    let mut e = error::ApiError::bad_request(
+        "Unknown path. tollgate serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/messages.",
+        None,
+    );
     e.status = axum::http::StatusCode::NOT_FOUND;
     e.code = "not_found";
     e.into_response()

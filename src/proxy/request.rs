@@ -195,7 +195,10 @@ fn check_n(n: Option<i64>) -> Result<u64, ApiError> {
     match n {
         None => Ok(1),
         Some(v) if (1..=MAX_CHOICES).contains(&v) => Ok(v as u64),
-        Some(v) => Err(ApiError::bad_request(format!("`n` must be between 1 and {MAX_CHOICES}, got {v}"), Some("n"))),
+        Some(v) => Err(ApiError::bad_request(
+            format!("`n` must be between 1 and {MAX_CHOICES}, got {v}"),
+            Some("n"),
+        )),
     }
 }
 
@@ -213,19 +216,33 @@ pub fn parse(
             let b: ChatBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
             let enc = encoding_for(&b.model)?;
             let max = match b.max_completion_tokens {
-                Some(_) => check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?,
+                Some(_) => {
+                    check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?
+                }
                 None => check_max_tokens(b.max_tokens, "max_tokens", default)?,
             };
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
             let prompt = count_chat_prompt(enc, &b.messages);
-            (b.model.into_owned(), prompt, max * check_n(b.n)?, b.stream.unwrap_or(false), usage)
+            (
+                b.model.into_owned(),
+                prompt,
+                max * check_n(b.n)?,
+                b.stream.unwrap_or(false),
+                usage,
+            )
         }
         Api::Completions => {
             let b: CompletionsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
             let enc = encoding_for(&b.model)?;
             let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
-            (b.model.into_owned(), b.prompt.count(enc), max, b.stream.unwrap_or(false), usage)
+            (
+                b.model.into_owned(),
+                b.prompt.count(enc),
+                max,
+                b.stream.unwrap_or(false),
+                usage,
+            )
         }
         Api::Embeddings => {
             let b: EmbeddingsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
@@ -236,18 +253,45 @@ pub fn parse(
             let b: MessagesBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
             let enc = encoding_for(&b.model)?;
             if b.max_tokens.is_none() {
-                return Err(ApiError::bad_request("`max_tokens` is required", Some("max_tokens")));
+                return Err(ApiError::bad_request(
+                    "`max_tokens` is required",
+                    Some("max_tokens"),
+                ));
             }
             let max = check_max_tokens(b.max_tokens, "max_tokens", default)?;
-            let system = b.system.map(|content| ChatMessage { role: "system".into(), content: Some(content), name: None });
-            let prompt = count_chat_prompt(enc, &system.into_iter().chain(b.messages).collect::<Vec<_>>());
-            (b.model.into_owned(), prompt, max, b.stream.unwrap_or(false), true)
+            let system = b.system.map(|content| ChatMessage {
+                role: "system".into(),
+                content: Some(content),
+                name: None,
+            });
+            let prompt = count_chat_prompt(
+                enc,
+                &system.into_iter().chain(b.messages).collect::<Vec<_>>(),
+            );
+            (
+                b.model.into_owned(),
+                prompt,
+                max,
+                b.stream.unwrap_or(false),
+                true,
+            )
         }
     };
     let openai_stream = stream && matches!(api, Api::Chat | Api::Completions);
     let strip_usage_chunk = openai_stream && !client_wants_usage;
-    let body = if strip_usage_chunk { with_usage_requested(&body)? } else { body };
-    Ok(Parsed { model, prompt_tokens, max_completion_tokens: max_completion, stream, body, strip_usage_chunk })
+    let body = if strip_usage_chunk {
+        with_usage_requested(&body)?
+    } else {
+        body
+    };
+    Ok(Parsed {
+        model,
+        prompt_tokens,
+        max_completion_tokens: max_completion,
+        stream,
+        body,
+        strip_usage_chunk,
+    })
 }
 
 /// Rewrites a streaming body to ask for the final usage chunk, keeping every other
@@ -262,19 +306,30 @@ fn with_usage_requested(body: &Bytes) -> Result<Bytes, ApiError> {
         serde_json::Value::Object(map) => {
             map.insert("include_usage".into(), serde_json::Value::Bool(true));
         }
-        _ => return Err(ApiError::bad_request("`stream_options` must be an object", Some("stream_options"))),
+        _ => {
+            return Err(ApiError::bad_request(
+                "`stream_options` must be an object",
+                Some("stream_options"),
+            ));
+        }
     }
-    serde_json::to_vec(&value).map(Bytes::from).map_err(|e| json_error(&e))
+    serde_json::to_vec(&value)
+        .map(Bytes::from)
+        .map_err(|e| json_error(&e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const SETTINGS: ParseSettings = ParseSettings { default_max_tokens: 4096 };
+    const SETTINGS: ParseSettings = ParseSettings {
+        default_max_tokens: 4096,
+    };
 
     fn chat(body: &str) -> Result<Parsed, ApiError> {
-        parse(Api::Chat, Bytes::from(body.to_owned()), SETTINGS, |_| Ok(Encoding::Cl100kBase))
+        parse(Api::Chat, Bytes::from(body.to_owned()), SETTINGS, |_| {
+            Ok(Encoding::Cl100kBase)
+        })
     }
 
     #[test]
@@ -283,7 +338,10 @@ mod tests {
         assert_eq!(p.prompt_tokens, 3 + 1 + 2 + 3);
         assert_eq!(p.max_completion_tokens, 30);
         assert!(!p.stream && !p.strip_usage_chunk);
-        assert!(std::str::from_utf8(&p.body).unwrap().contains("x_unknown"), "original bytes forwarded");
+        assert!(
+            std::str::from_utf8(&p.body).unwrap().contains("x_unknown"),
+            "original bytes forwarded"
+        );
     }
 
     #[test]
@@ -293,30 +351,47 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["zz"], serde_json::json!([1, 2]));
-        let q = chat(r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
+        let q = chat(
+            r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
         assert!(!q.strip_usage_chunk);
     }
 
     #[test]
     fn bad_inputs_are_400_with_param() {
         let e = chat(r#"{"messages":[]}"#).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("model")));
+        assert_eq!(
+            (e.status.as_u16(), e.param.as_deref()),
+            (400, Some("model"))
+        );
         let e = chat(r#"{"model":"m","messages":[],"max_tokens":-5}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let e = chat(r#"{"model":"m","messages":[],"max_tokens":99999999999}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        assert_eq!(chat(r#"{"model":"m","messages":"hi"}"#).unwrap_err().status, 400);
+        assert_eq!(
+            chat(r#"{"model":"m","messages":"hi"}"#).unwrap_err().status,
+            400
+        );
         assert_eq!(chat("{not json").unwrap_err().status, 400);
         let invalid_utf8 = Bytes::from_static(b"{\"model\":\"\xff\xfe\",\"messages\":[]}");
-        let e = parse(Api::Chat, invalid_utf8, SETTINGS, |_| Ok(Encoding::Cl100kBase)).unwrap_err();
+        let e = parse(Api::Chat, invalid_utf8, SETTINGS, |_| {
+            Ok(Encoding::Cl100kBase)
+        })
+        .unwrap_err();
         assert_eq!(e.status, 400);
     }
 
     #[test]
     fn messages_require_max_tokens_and_count_system() {
         let body = |s: &str| Bytes::from(s.to_owned());
-        let e = parse(Api::Messages, body(r#"{"model":"c","messages":[]}"#), SETTINGS, |_| Ok(Encoding::Cl100kBase))
-            .unwrap_err();
+        let e = parse(
+            Api::Messages,
+            body(r#"{"model":"c","messages":[]}"#),
+            SETTINGS,
+            |_| Ok(Encoding::Cl100kBase),
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let p = parse(
             Api::Messages,

@@ -75,7 +75,10 @@ pub async fn choose(
             Ok(permit) => return Ok((upstream.clone(), permit)),
             Err(refusal) if refusal.blocked.never => {}
             Err(refusal) => {
-                if soonest.as_ref().is_none_or(|(_, s)| refusal.blocked.retry_after_ns < s.blocked.retry_after_ns) {
+                if soonest
+                    .as_ref()
+                    .is_none_or(|(_, s)| refusal.blocked.retry_after_ns < s.blocked.retry_after_ns)
+                {
                     soonest = Some((upstream, refusal));
                 }
             }
@@ -94,7 +97,10 @@ pub async fn choose(
     }
     match try_one(state, upstream, demand, budget, None).await? {
         Ok(permit) => Ok((upstream.clone(), permit)),
-        Err(refusal) => Err(upstream_busy(&refusal, Duration::from_nanos(refusal.blocked.retry_after_ns))),
+        Err(refusal) => Err(upstream_busy(
+            &refusal,
+            Duration::from_nanos(refusal.blocked.retry_after_ns),
+        )),
     }
 }
 

@@ -2,10 +2,10 @@
 //! hash, upstreams, routes, the actor registry, the HTTP client, metrics and bounds.
 
 use super::error::ApiError;
+use crate::actor::clock::Clock;
 use crate::actor::estimate::AdaptivePolicy;
 use crate::actor::registry::ActorDefaults;
 use crate::actor::{Registry, ScopeId, ScopeSpec};
-use crate::actor::clock::Clock;
 use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key_hash};
 use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::Metrics;
@@ -66,7 +66,10 @@ impl Route {
 
     /// Exact model names (for `/v1/models`).
     pub fn exact_models(&self) -> impl Iterator<Item = &str> {
-        self.patterns.iter().filter(|p| !p.ends_with('*')).map(String::as_str)
+        self.patterns
+            .iter()
+            .filter(|p| !p.ends_with('*'))
+            .map(String::as_str)
     }
 }
 
@@ -122,10 +125,12 @@ impl AppState {
     /// Builds the state from a validated config.
     pub fn new(config: Config) -> Result<AppState, ApiError> {
         let metrics = Arc::new(Metrics::new(config.server.metrics_tenant_labels));
-        let adaptive = (config.estimation.completion == CompletionPolicy::Adaptive).then_some(AdaptivePolicy {
-            headroom: config.estimation.adaptive_headroom,
-            min_samples: config.estimation.adaptive_min_samples,
-        });
+        let adaptive = (config.estimation.completion == CompletionPolicy::Adaptive).then_some(
+            AdaptivePolicy {
+                headroom: config.estimation.adaptive_headroom,
+                min_samples: config.estimation.adaptive_min_samples,
+            },
+        );
         let mut specs = HashMap::new();
         let mut tenants = HashMap::new();
         for t in &config.tenants {
@@ -144,15 +149,18 @@ impl AppState {
         for u in &config.upstreams {
             let scope = ScopeId::upstream(&u.id);
             specs.insert(scope.clone(), scope_spec(&u.quota, &config, None));
-            upstreams.insert(u.id.clone(), Arc::new(Upstream {
-                id: u.id.as_str().into(),
-                kind: u.kind,
-                base_url: u.base_url.trim_end_matches('/').to_owned(),
-                api_key: u.api_key.clone(),
-                timeout: u.timeout,
-                stream_idle_timeout: u.stream_idle_timeout,
-                scope,
-            }));
+            upstreams.insert(
+                u.id.clone(),
+                Arc::new(Upstream {
+                    id: u.id.as_str().into(),
+                    kind: u.kind,
+                    base_url: u.base_url.trim_end_matches('/').to_owned(),
+                    api_key: u.api_key.clone(),
+                    timeout: u.timeout,
+                    stream_idle_timeout: u.stream_idle_timeout,
+                    scope,
+                }),
+            );
         }
         let routes = config
             .routes
@@ -160,7 +168,11 @@ impl AppState {
             .map(|r| Route {
                 patterns: r.models.clone(),
                 // validate() guarantees every id exists.
-                upstreams: r.upstreams.iter().filter_map(|id| upstreams.get(id).cloned()).collect(),
+                upstreams: r
+                    .upstreams
+                    .iter()
+                    .filter_map(|id| upstreams.get(id).cloned())
+                    .collect(),
                 encoding: r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok()),
             })
             .collect();
@@ -170,8 +182,9 @@ impl AppState {
             max_queue: config.limits.max_queue,
             idle_timeout_ns: nanos(config.limits.idle_timeout),
         };
-        let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone())
-            .map_err(|(scope, e)| ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}")))?;
+        let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone()).map_err(
+            |(scope, e)| ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}")),
+        )?;
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(90))
@@ -179,7 +192,8 @@ impl AppState {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| ApiError::bad_gateway(format!("cannot build HTTP client: {e}")))?;
-        let default_encoding = Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
+        let default_encoding =
+            Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
         default_encoding.warm_up();
         Ok(AppState {
             in_flight: Arc::new(Semaphore::new(config.server.max_in_flight)),
@@ -207,7 +221,10 @@ impl AppState {
 
     /// Encoding for `model` on `route`.
     pub fn encoding_for(&self, route: &Route, model: &str) -> Encoding {
-        route.encoding.or_else(|| Encoding::for_openai_model(model)).unwrap_or(self.default_encoding)
+        route
+            .encoding
+            .or_else(|| Encoding::for_openai_model(model))
+            .unwrap_or(self.default_encoding)
     }
 
     /// Is the completion policy adaptive?
@@ -215,4 +232,3 @@ impl AppState {
         self.config.estimation.completion == CompletionPolicy::Adaptive
     }
 }
-

@@ -45,7 +45,8 @@ fn event_end(buffer: &[u8]) -> Option<usize> {
 fn data_lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
     event.split(|b| *b == b'\n').filter_map(|line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        line.strip_prefix(b"data:").map(|d| d.strip_prefix(b" ").unwrap_or(d))
+        line.strip_prefix(b"data:")
+            .map(|d| d.strip_prefix(b" ").unwrap_or(d))
     })
 }
 
@@ -94,7 +95,10 @@ struct State {
 impl State {
     fn finish(&mut self) {
         if let Some(held) = self.held.take() {
-            let how = self.scanner.usage.map_or(SettleWith::KeepReserved, Usage::settle_with);
+            let how = self
+                .scanner
+                .usage
+                .map_or(SettleWith::KeepReserved, Usage::settle_with);
             held.settle(how);
         }
     }
@@ -134,11 +138,17 @@ pub fn metered(
                 Ok(Some(Err(e))) => {
                     // Usage unknown: dropping the permits keeps the reservation.
                     st.held = None;
-                    return Some((Err(std::io::Error::other(format!("upstream stream broke: {e}"))), st));
+                    return Some((
+                        Err(std::io::Error::other(format!("upstream stream broke: {e}"))),
+                        st,
+                    ));
                 }
                 Err(_) => {
                     st.held = None;
-                    return Some((Err(std::io::Error::other("upstream stream went silent")), st));
+                    return Some((
+                        Err(std::io::Error::other("upstream stream went silent")),
+                        st,
+                    ));
                 }
             }
         }
@@ -151,17 +161,30 @@ mod tests {
 
     #[test]
     fn usage_chunk_is_stripped_only_when_asked_and_split_events_are_joined() {
-        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n";
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n";
         let content = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n";
         let all = format!("{content}{usage}data: [DONE]\n\n");
         let (a, b) = all.as_bytes().split_at(10);
         let mut s = SseScanner::default();
         let mut out = s.feed(a, Api::Chat, true).to_vec();
         out.extend_from_slice(&s.feed(b, Api::Chat, true));
-        assert_eq!(String::from_utf8(out).unwrap(), format!("{content}data: [DONE]\n\n"));
-        assert_eq!(s.usage.unwrap().settle_with(), SettleWith::Usage { prompt: 5, completion: 2 });
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("{content}data: [DONE]\n\n")
+        );
+        assert_eq!(
+            s.usage.unwrap().settle_with(),
+            SettleWith::Usage {
+                prompt: 5,
+                completion: 2
+            }
+        );
 
         let mut keep = SseScanner::default();
-        assert_eq!(keep.feed(all.as_bytes(), Api::Chat, false), Bytes::from(all.clone()));
+        assert_eq!(
+            keep.feed(all.as_bytes(), Api::Chat, false),
+            Bytes::from(all.clone())
+        );
     }
 }

@@ -70,7 +70,10 @@ pub fn openai_event(data: &[u8]) -> OpenAiEvent {
         return OpenAiEvent::Other;
     }
     match serde_json::from_slice::<OpenAiChunk>(data) {
-        Ok(OpenAiChunk { usage: Some(usage), choices }) => OpenAiEvent::Usage {
+        Ok(OpenAiChunk {
+            usage: Some(usage),
+            choices,
+        }) => OpenAiEvent::Usage {
             usage,
             usage_only: choices.is_none_or(|c| c.is_empty()),
         },
@@ -89,7 +92,9 @@ struct AnthropicEvent {
 /// Folds an Anthropic SSE data payload into `usage`: `message_start` carries input
 /// tokens, `message_delta` the cumulative output tokens.
 pub fn anthropic_event(data: &[u8], usage: &mut Option<Usage>) {
-    let Ok(event) = serde_json::from_slice::<AnthropicEvent>(data) else { return };
+    let Ok(event) = serde_json::from_slice::<AnthropicEvent>(data) else {
+        return;
+    };
     let seen = usage.get_or_insert_with(Usage::default);
     match event.kind.as_str() {
         "message_start" => {
@@ -119,9 +124,19 @@ mod tests {
         let e = openai_event(br#"{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#);
         assert_eq!(
             e,
-            OpenAiEvent::Usage { usage: Usage { prompt_tokens: 3, completion_tokens: 4, ..Usage::default() }, usage_only: true }
+            OpenAiEvent::Usage {
+                usage: Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 4,
+                    ..Usage::default()
+                },
+                usage_only: true
+            }
         );
-        assert_eq!(openai_event(br#"{"choices":[{"delta":{}}],"usage":null}"#), OpenAiEvent::Other);
+        assert_eq!(
+            openai_event(br#"{"choices":[{"delta":{}}],"usage":null}"#),
+            OpenAiEvent::Other
+        );
         assert_eq!(openai_event(b"[DONE]"), OpenAiEvent::Other);
         assert_eq!(openai_event(b"garbage"), OpenAiEvent::Other);
     }
@@ -130,8 +145,20 @@ mod tests {
     fn anthropic_usage_accumulates_over_events() {
         let mut usage = None;
         anthropic_event(br#"{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}"#, &mut usage);
-        anthropic_event(br#"{"type":"content_block_delta","delta":{"text":"hi"}}"#, &mut usage);
-        anthropic_event(br#"{"type":"message_delta","usage":{"output_tokens":30}}"#, &mut usage);
-        assert_eq!(usage.unwrap().settle_with(), SettleWith::Usage { prompt: 12, completion: 30 });
+        anthropic_event(
+            br#"{"type":"content_block_delta","delta":{"text":"hi"}}"#,
+            &mut usage,
+        );
+        anthropic_event(
+            br#"{"type":"message_delta","usage":{"output_tokens":30}}"#,
+            &mut usage,
+        );
+        assert_eq!(
+            usage.unwrap().settle_with(),
+            SettleWith::Usage {
+                prompt: 12,
+                completion: 30
+            }
+        );
     }
 }

@@ -60,9 +60,15 @@ pub fn key_hash() -> String {
 
 /// Starts a node from TOML (`{MOCK}`, `{MOCK2}`, `{HASH}` are substituted).
 pub async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
-    let mut text = toml.replace("{HASH}", &key_hash()).replace("{ADMIN}", ADMIN);
+    let mut text = toml
+        .replace("{HASH}", &key_hash())
+        .replace("{ADMIN}", ADMIN);
     for (i, mock) in mocks.iter().enumerate() {
-        let name = if i == 0 { "{MOCK}".to_owned() } else { format!("{{MOCK{}}}", i + 1) };
+        let name = if i == 0 {
+            "{MOCK}".to_owned()
+        } else {
+            format!("{{MOCK{}}}", i + 1)
+        };
         text = text.replace(&name, &mock.base_url());
     }
     let text = format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n{text}");
@@ -74,9 +80,15 @@ pub async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
         let shutdown = async move {
             let _ = stop_rx.await;
         };
-        tollgate::server::run(config, listener, None, shutdown, |_| {}).await.unwrap();
+        tollgate::server::run(config, listener, None, shutdown, |_| {})
+            .await
+            .unwrap();
     });
-    Node { addr, stop: Some(stop_tx), task }
+    Node {
+        addr,
+        stop: Some(stop_tx),
+        task,
+    }
 }
 
 /// A mock with `f` applied to its default config.
@@ -117,7 +129,12 @@ api_key_hashes = ["{{HASH}}"]
 }
 
 /// POSTs JSON with the test key.
-pub async fn post(node: &Node, path: &str, body: serde_json::Value, headers: &[(&str, &str)]) -> reqwest::Response {
+pub async fn post(
+    node: &Node,
+    path: &str,
+    body: serde_json::Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
     let mut req = reqwest::Client::new()
         .post(format!("{}{path}", node.url()))
         .bearer_auth(KEY)
@@ -136,5 +153,6 @@ pub fn chat_body(content: &str, max_tokens: u64) -> serde_json::Value {
 /// A response body as JSON.
 pub async fn json(response: reqwest::Response) -> serde_json::Value {
     let bytes = response.bytes().await.unwrap();
-    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
 }
