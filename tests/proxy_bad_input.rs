@@ -1,6 +1,8 @@
 //! The bad-input list of issue 2: each gets the right status in the OpenAI error
 //! shape, the node keeps serving, and no reservation or slot leaks.
 
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
 mod common;
 
 use axum::Router;
@@ -8,6 +10,9 @@ use axum::routing::post as axum_post;
 use common::*;
 use serde_json::json;
 use std::time::Duration;
+
+/// (body, headers, expected status, expected `param`).
+type Case<'a> = (Vec<u8>, Vec<(&'a str, &'a str)>, u16, Option<&'a str>);
 
 async fn raw(
     node: &Node,
@@ -54,7 +59,7 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
         ("authorization", "Bearer sk-test"),
         ("content-type", "application/json"),
     ];
-    let cases: Vec<(Vec<u8>, Vec<(&str, &str)>, u16, Option<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         (b"{not json".to_vec(), auth.to_vec(), 400, None),
         (
             br#"{"model": 5, "messages": []}"#.to_vec(),

@@ -1,6 +1,8 @@
 //! Limits, queues, settlement and routing, judged by the node's answers, its admin
 //! figures and the mock upstream's own counters.
 
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

@@ -1,6 +1,8 @@
 //! End to end through a real OpenAI client library (async-openai): the node in front
 //! of the real mock upstream, streaming and not.
 
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
 mod common;
 
 use async_openai::Client;

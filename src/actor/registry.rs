@@ -15,7 +15,7 @@ use super::{ScopeId, ScopeKind};
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
 use crate::ops::metrics::Metrics;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot};
 
@@ -135,9 +135,7 @@ impl Registry {
     }
 
     fn shard_index(&self, scope: &ScopeId) -> usize {
-        let mut h = self.hasher.build_hasher();
-        scope.hash(&mut h);
-        (h.finish() as usize) % SHARDS
+        (self.hasher.hash_one(scope) as usize) % SHARDS
     }
 
     /// Live actors (for tests and the admin API).

@@ -47,8 +47,8 @@ pub struct ApiError {
     pub source: Source,
     /// Wait hint for 429/503.
     pub retry_after: Option<Duration>,
-    /// Rate-limit headers to attach.
-    pub rate_headers: Option<RateHeaders>,
+    /// Rate-limit headers to attach (boxed: keeps `Result<_, ApiError>` small).
+    pub rate_headers: Option<Box<RateHeaders>>,
     /// Body shape.
     pub flavor: Flavor,
 }
@@ -129,7 +129,7 @@ impl ApiError {
             message,
         );
         e.retry_after = Some(retry_after);
-        e.rate_headers = headers;
+        e.rate_headers = headers.map(Box::new);
         e
     }
 

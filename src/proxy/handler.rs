@@ -126,7 +126,7 @@ fn tenant_refusal(refusal: &Refusal) -> ApiError {
         let mut e = ApiError::too_large(format!(
             "The request's estimated cost exceeds the tenant's {dimension} limit per window; lower max_tokens or the prompt."
         ));
-        e.rate_headers = headers;
+        e.rate_headers = headers.map(Box::new);
         return e;
     }
     let retry = Duration::from_nanos(refusal.blocked.retry_after_ns).max(Duration::from_millis(1));
@@ -238,7 +238,7 @@ async fn serve(
             Ok(response)
         }
         Err(mut error) => {
-            error.rate_headers = Some(rate_headers);
+            error.rate_headers = Some(Box::new(rate_headers));
             Err(error)
         }
     }

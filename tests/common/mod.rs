@@ -1,5 +1,5 @@
 //! Test harness: a real tollgate node on port 0 in front of real mock upstreams.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
 use std::net::SocketAddr;
 use std::time::Duration;
