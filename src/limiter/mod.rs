@@ -5,10 +5,12 @@
 //!
 //! - [`sliding_window`]: bucketed window (default). Conservative: a bucket counts in
 //!   full until its *end* leaves the window, so no window of length W ever holds more
-//!   than the ceiling. O(1) per decision.
+//!   than the ceiling. Amortised O(1) per admission; a denial walks at most the
+//!   ring (`buckets + 1` slots) to compute the exact retry-after.
 //! - [`token_bucket`]: GCRA with a burst. In any interval of length d it admits at most
 //!   `burst + capacity * d / W`.
-//! - [`sliding_log`]: an exact per-event log. Costly; kept for comparison.
+//! - [`sliding_log`]: an exact per-event log. Costly (24 bytes per admission in the
+//!   window, at most [`sliding_log::MAX_LOG_ENTRIES`]); kept for comparison.
 //!
 //! Two-phase use: [`Limiter::reserve`] charges an estimate and returns a
 //! [`Reservation`]; [`Limiter::settle`] later corrects it to the real cost (a refund

@@ -23,8 +23,8 @@ pub const MAX_LOG_ENTRIES: usize = 65_536;
 struct Entry {
     time_ns: Nanos,
     cost: u64,
-    /// Strictly increasing and at least `time_ns`, so a dropped log's ids cannot
-    /// collide with a new one's (see `docs/design/limiter.md`).
+    /// Strictly increasing and at least `time_ns`, so a dropped log's seqs cannot
+    /// collide with a new one's (see `is_at_rest`).
     seq: u64,
 }
 
@@ -143,10 +143,12 @@ impl SlidingLog {
         }
     }
 
-    /// True when no entry is left in the window at `now`.
+    /// True when no entry is left in the window at `now` and every seq handed out is
+    /// below `now`, so a new log's seqs (at least its reservation times) can never
+    /// match this one's.
     pub fn is_at_rest(&self, now: Nanos) -> bool {
         let now = now.max(self.latest_ns);
-        self.entries.back().is_none_or(|e| self.leaves_at(e) <= now)
+        self.next_seq <= now && self.entries.back().is_none_or(|e| self.leaves_at(e) <= now)
     }
 
     /// Admission decision given the cost `used` and entry count `live` in the window.
@@ -337,6 +339,24 @@ mod tests {
         let b = l.reserve(1_000, 1, Ceiling::FULL).unwrap();
         let c = l.reserve(5_000, 1, Ceiling::FULL).unwrap();
         assert_eq!((a.slot, b.slot, c.slot), (1_000, 1_001, 5_000));
+    }
+
+    #[test]
+    fn seqs_of_a_dropped_log_never_match_a_new_one() {
+        let mut l = SlidingLog::try_new(LimitSpec::new(10, 2, Algorithm::SlidingLog)).unwrap();
+        let open: Vec<_> = (0..3)
+            .map(|_| l.reserve(0, 1, Ceiling::FULL).unwrap())
+            .collect();
+        // The entries left at 2, but seq 2 was handed out: not at rest before 3.
+        assert!(!l.is_at_rest(2));
+        assert!(l.is_at_rest(3));
+        let mut fresh = SlidingLog::try_new(*l.spec()).unwrap();
+        fresh.reserve(3, 1, Ceiling::FULL).unwrap();
+        let before = fresh.clone();
+        for r in open {
+            assert_eq!(fresh.settle(3, r, 0).expired, 1);
+        }
+        assert_eq!(fresh, before);
     }
 
     #[test]

@@ -138,6 +138,7 @@ pub(crate) fn run(
             }
         }
         check_snapshot(limiter, now)?;
+        check_rest(limiter, now, &records)?;
         oracle(limiter, now, &records)?;
     }
     Ok(records)
@@ -207,6 +208,33 @@ fn settle(
     } else {
         Outcome::Applied(actual)
     };
+    Ok(())
+}
+
+/// At rest, every open reservation settles as expired, both here and in a new
+/// instance that has since admitted traffic (so the owner may drop this one).
+fn check_rest(limiter: &Limiter, now: Nanos, records: &[Record]) -> Result<(), TestCaseError> {
+    if !limiter.is_at_rest(now) {
+        return Ok(());
+    }
+    let mut fresh =
+        Limiter::try_new(*limiter.spec()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let _ = fresh.reserve(now, 1, Ceiling::FULL);
+    for r in records.iter().filter(|r| r.outcome == Outcome::Open) {
+        let slot = r.reservation.as_ref().map_or(0, |res| res.slot);
+        for target in [&mut limiter.clone(), &mut fresh.clone()] {
+            let forged = Reservation {
+                cost: r.reserved,
+                slot,
+            };
+            let out = target.settle(now, forged, r.reserved * 2 + 1);
+            prop_assert_eq!(
+                out.expired,
+                r.reserved + 1,
+                "open reservation live after rest"
+            );
+        }
+    }
     Ok(())
 }
 

@@ -23,8 +23,8 @@ pub struct TokenBucket {
     /// Newest `now` a reservation was made at; earlier times are clamped to it.
     last_arrival_ns: Nanos,
     /// Cost charged so far (reservations and debts, never reduced by refunds),
-    /// re-anchored to at least `now` in ns whenever the bucket restarts from rest so
-    /// that slots of a dropped instance do not collide with a new one's.
+    /// re-anchored to at least `now` in ns whenever the bucket restarts from rest, so
+    /// slots are time-anchored (see `is_at_rest`).
     charged: u64,
     /// `charged` when the bucket last restarted from rest: older slots are expired.
     epoch: u64,
@@ -69,7 +69,8 @@ impl TokenBucket {
         let now = now.max(self.last_arrival_ns);
         let tat = self.decide(now, cost, ceiling)?;
         if self.tat <= self.scaled(now) {
-            // Restart from rest: everything charged before has drained.
+            // Restart from rest: everything charged before has drained. Anchoring to `now`
+            // keeps slots of an instance dropped at rest below this one's.
             self.charged = self.charged.saturating_add(1).max(now);
             self.epoch = self.charged;
         }
@@ -99,7 +100,10 @@ impl TokenBucket {
         if actual <= reservation.cost {
             out.refunded = reservation.cost - actual;
             let later = self.charged - slot;
-            let floor = (self.scaled(self.last_arrival_ns) + self.units(later)).min(self.tat);
+            let floor = self
+                .scaled(self.last_arrival_ns)
+                .saturating_add(self.units(later));
+            let floor = floor.min(self.tat);
             self.tat = self.tat.saturating_sub(self.units(out.refunded)).max(floor);
         } else {
             out.debt = actual - reservation.cost;
@@ -128,9 +132,12 @@ impl TokenBucket {
         }
     }
 
-    /// True when the bucket is full (TAT not after `now`).
+    /// True when the bucket is full (TAT not after `now`) and every slot handed out is
+    /// below `now` in ns, so a new instance's slots (anchored at or after its first
+    /// reservation time) can never collide with this one's.
     pub fn is_at_rest(&self, now: Nanos) -> bool {
-        self.tat <= self.scaled(now.max(self.last_arrival_ns))
+        let now = now.max(self.last_arrival_ns);
+        self.tat <= self.scaled(now) && (self.charged == 0 || self.charged < now)
     }
 
     /// The TAT after admitting `cost` at `now`, or why not.
@@ -314,6 +321,27 @@ mod tests {
             }
         );
         assert_eq!(b, before);
+    }
+
+    #[test]
+    fn slots_of_a_dropped_instance_expire_in_a_new_one() {
+        let mut b = bucket();
+        let open = b.reserve(0, 1, Ceiling::FULL).unwrap();
+        // Refunds let the charge counter run ahead of the clock...
+        for _ in 0..20 {
+            let r = b.reserve(0, 3, Ceiling::FULL).unwrap();
+            b.settle(0, r, 0);
+        }
+        assert!(b.tat <= 10 * 10 && b.charged > 60);
+        // ...so rest waits until the clock has passed every slot handed out.
+        assert!(!b.is_at_rest(b.charged));
+        let dropped_at = b.charged + 1;
+        assert!(b.is_at_rest(dropped_at));
+        let mut fresh = bucket();
+        fresh.reserve(dropped_at, 4, Ceiling::FULL).unwrap();
+        let before = fresh.clone();
+        assert_eq!(fresh.settle(dropped_at, open, 0).expired, 1);
+        assert_eq!(fresh, before);
     }
 
     #[test]
