@@ -20,7 +20,9 @@ impl MockState {
     /// Decides `charge` against the limits, counts and logs the decision.
     pub(crate) async fn admit(self: &Arc<Self>, charge: Charge<'_>) -> Result<Admission, ApiError> {
         let now_ms = self.now_ms();
-        let cost = charge.prompt_tokens.saturating_add(charge.completion_tokens);
+        let cost = charge
+            .prompt_tokens
+            .saturating_add(charge.completion_tokens);
         let (decision, limits) = {
             let mut log = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
             let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
@@ -28,17 +30,27 @@ impl MockState {
             if let Decision::Admitted(_) = decision {
                 // Under the lock, so concurrency checks never race each other.
                 let now_in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-                self.counters.max_in_flight.fetch_max(now_in_flight, Ordering::Relaxed);
+                self.counters
+                    .max_in_flight
+                    .fetch_max(now_in_flight, Ordering::Relaxed);
             }
             (decision, log.limits())
         };
         let result = match decision {
             Decision::Admitted(usage) => {
-                self.counters.admitted(charge.prompt_tokens, charge.completion_tokens);
+                self.counters
+                    .admitted(charge.prompt_tokens, charge.completion_tokens);
                 let slot = Slot(Arc::clone(self));
-                Ok(Admission { slot, headers: rate_limit_headers(limits, usage) })
+                Ok(Admission {
+                    slot,
+                    headers: rate_limit_headers(limits, usage),
+                })
             }
-            Decision::Refused { kind, retry_after_ms, usage } => {
+            Decision::Refused {
+                kind,
+                retry_after_ms,
+                usage,
+            } => {
                 let limited = rate_limited(&charge, limits, kind, retry_after_ms, usage);
                 Err(ApiError::RateLimited(Box::new(limited)))
             }
@@ -51,7 +63,11 @@ impl MockState {
             ts_ms: self.started_unix_ms + now_ms,
             api: charge.api,
             model: Some(charge.model.to_owned()),
-            outcome: if reason.is_some() { Outcome::Refused } else { Outcome::Admitted },
+            outcome: if reason.is_some() {
+                Outcome::Refused
+            } else {
+                Outcome::Admitted
+            },
             reason,
             prompt_tokens: charge.prompt_tokens,
             completion_tokens: charge.completion_tokens,
@@ -98,7 +114,9 @@ fn rate_limited(
     usage: WindowUsage,
 ) -> RateLimited {
     let model = charge.model;
-    let cost = charge.prompt_tokens.saturating_add(charge.completion_tokens);
+    let cost = charge
+        .prompt_tokens
+        .saturating_add(charge.completion_tokens);
     let org = "in organization org-tollgate-mock";
     let (message, retry_after_ms) = match (kind, retry_after_ms) {
         (LimitKind::Concurrency, _) => (
@@ -136,5 +154,10 @@ fn rate_limited(
             limits.window_ms,
         ),
     };
-    RateLimited { kind, message, retry_after_ms, headers: rate_limit_headers(limits, usage) }
+    RateLimited {
+        kind,
+        message,
+        retry_after_ms,
+        headers: rate_limit_headers(limits, usage),
+    }
 }

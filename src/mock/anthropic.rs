@@ -47,7 +47,11 @@ async fn messages_response(
     let max_tokens = request::max_tokens(&[("max_tokens", req.max_tokens)])?
         .ok_or_else(|| ApiError::Invalid("max_tokens: Field required".into()))?;
     request::non_empty("messages", req.messages.len())?;
-    if let Some(bad) = req.messages.iter().find(|m| m.role != "user" && m.role != "assistant") {
+    if let Some(bad) = req
+        .messages
+        .iter()
+        .find(|m| m.role != "user" && m.role != "assistant")
+    {
         return Err(ApiError::Invalid(format!(
             "messages: Unexpected role \"{}\". Allowed roles are \"user\" or \"assistant\".",
             bad.role
@@ -72,7 +76,14 @@ async fn messages_response(
         return Ok(json_response(to_json(&body), headers));
     }
     let mut sse = SseBuilder::default();
-    message_stream(&mut sse, &id, &req.model, input_tokens, completion, mock.config().inter_token_ms);
+    message_stream(
+        &mut sse,
+        &id,
+        &req.model,
+        input_tokens,
+        completion,
+        mock.config().inter_token_ms,
+    );
     Ok(sse.into_response(headers, slot))
 }
 
@@ -85,17 +96,30 @@ fn count_input<'a>(
     let encoding = completion::encoding_for(model);
     let mut all = Vec::with_capacity(messages.len() + 1);
     if let Some(system) = system {
-        all.push(ChatMessage { role: Cow::Borrowed("system"), content: Some(system), name: None });
+        all.push(ChatMessage {
+            role: Cow::Borrowed("system"),
+            content: Some(system),
+            name: None,
+        });
     }
     all.extend(messages);
     count_chat_prompt(encoding, &all)
 }
 
 fn stop_reason(completion: Completion) -> &'static str {
-    if completion.hit_max_tokens { "max_tokens" } else { "end_turn" }
+    if completion.hit_max_tokens {
+        "max_tokens"
+    } else {
+        "end_turn"
+    }
 }
 
-fn message_json(id: &str, model: &str, input_tokens: u64, completion: Completion) -> serde_json::Value {
+fn message_json(
+    id: &str,
+    model: &str,
+    input_tokens: u64,
+    completion: Completion,
+) -> serde_json::Value {
     json!({
         "id": id,
         "type": "message",
@@ -130,7 +154,10 @@ fn message_stream(
             "delta": {"type": "text_delta", "text": completion::text(group)}});
         sse.event(Some("content_block_delta"), &delta);
     }
-    sse.event(Some("content_block_stop"), &json!({"type": "content_block_stop", "index": 0}));
+    sse.event(
+        Some("content_block_stop"),
+        &json!({"type": "content_block_stop", "index": 0}),
+    );
     let delta = json!({"type": "message_delta",
         "delta": {"stop_reason": stop_reason(completion), "stop_sequence": null},
         "usage": {"output_tokens": completion.tokens}});

@@ -37,8 +37,14 @@ pub fn draw(seed: u64, seq: u64, min: u64, max: u64, max_tokens: Option<u64>) ->
     let mut rng = SmallRng::seed_from_u64(mix(seed ^ mix(seq)));
     let drawn = rng.random_range(min..=max);
     match max_tokens {
-        Some(cap) if drawn >= cap => Completion { tokens: cap, hit_max_tokens: true },
-        _ => Completion { tokens: drawn, hit_max_tokens: false },
+        Some(cap) if drawn >= cap => Completion {
+            tokens: cap,
+            hit_max_tokens: true,
+        },
+        _ => Completion {
+            tokens: drawn,
+            hit_max_tokens: false,
+        },
     }
 }
 
@@ -83,8 +89,12 @@ mod tests {
             (0..100).map(|s| draw(1, s, 0, 1000, None).tokens).collect();
         assert!(distinct.len() > 50, "draws barely vary: {distinct:?}");
         assert_ne!(
-            (0..20).map(|s| draw(1, s, 0, 1000, None).tokens).collect::<Vec<_>>(),
-            (0..20).map(|s| draw(2, s, 0, 1000, None).tokens).collect::<Vec<_>>()
+            (0..20)
+                .map(|s| draw(1, s, 0, 1000, None).tokens)
+                .collect::<Vec<_>>(),
+            (0..20)
+                .map(|s| draw(2, s, 0, 1000, None).tokens)
+                .collect::<Vec<_>>()
         );
     }
 }

@@ -77,7 +77,8 @@ async fn completions_response(
         stream,
     };
     let Admission { slot, headers } = mock.admit(charge).await?;
-    mock.first_byte_delay(stream, completion.tokens * prompts).await;
+    mock.first_byte_delay(stream, completion.tokens * prompts)
+        .await;
     let reply = Reply {
         id: format!("cmpl-mock{seq:012}"),
         created: mock.unix_secs(),
@@ -131,11 +132,21 @@ fn completions_stream(sse: &mut SseBuilder, reply: &Reply<'_>, prompts: u64, int
         for group in token_groups(reply.completion.tokens, inter_token_ms) {
             sse.delay(Duration::from_millis(inter_token_ms.saturating_mul(group)));
             let text = completion::text(group);
-            let choice = TextChoice { text: &text, index, logprobs: None, finish_reason: None };
+            let choice = TextChoice {
+                text: &text,
+                index,
+                logprobs: None,
+                finish_reason: None,
+            };
             emit(sse, &[choice], reply.chunk_usage());
         }
         let finish_reason = Some(reply.finish_reason());
-        let last = TextChoice { text: "", index, logprobs: None, finish_reason };
+        let last = TextChoice {
+            text: "",
+            index,
+            logprobs: None,
+            finish_reason,
+        };
         emit(sse, &[last], reply.chunk_usage());
     }
     if reply.include_usage {

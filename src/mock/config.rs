@@ -255,6 +255,9 @@ mod tests {
         assert!(parse(&["--completion-min=9", "--completion-max=5"]).is_err());
         assert!(parse(&["--window-secs=0"]).is_err());
         assert_eq!("7".parse::<TokenRange>(), Ok(TokenRange { min: 7, max: 7 }));
-        assert_eq!("1..4".parse::<TokenRange>(), Ok(TokenRange { min: 1, max: 4 }));
+        assert_eq!(
+            "1..4".parse::<TokenRange>(),
+            Ok(TokenRange { min: 1, max: 4 })
+        );
     }
 }

@@ -95,19 +95,38 @@ async fn embeddings_response(
         completion_tokens: 0,
         stream: false,
     };
-    let Admission { slot: _slot, headers } = mock.admit(charge).await?;
+    let Admission {
+        slot: _slot,
+        headers,
+    } = mock.admit(charge).await?;
     mock.first_byte_delay(false, 0).await;
     let data = input_seeds(&req.input)
         .into_iter()
         .enumerate()
         .map(|(index, seed)| {
             let floats = unit_vector(seed, dimensions);
-            let embedding = if base64 { Vector::Base64(f32_base64(&floats)) } else { Vector::Floats(floats) };
-            Embedding { object: "embedding", index, embedding }
+            let embedding = if base64 {
+                Vector::Base64(f32_base64(&floats))
+            } else {
+                Vector::Floats(floats)
+            };
+            Embedding {
+                object: "embedding",
+                index,
+                embedding,
+            }
         })
         .collect();
-    let usage = EmbeddingUsage { prompt_tokens, total_tokens: prompt_tokens };
-    let list = EmbeddingList { object: "list", data, model: &req.model, usage };
+    let usage = EmbeddingUsage {
+        prompt_tokens,
+        total_tokens: prompt_tokens,
+    };
+    let list = EmbeddingList {
+        object: "list",
+        data,
+        model: &req.model,
+        usage,
+    };
     Ok(json_response(to_json(&list), headers))
 }
 
@@ -153,7 +172,11 @@ fn f32_base64(floats: &[f32]) -> String {
     let bytes: Vec<u8> = floats.iter().flat_map(|f| f.to_le_bytes()).collect();
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for group in bytes.chunks(3) {
-        let b = [group[0], *group.get(1).unwrap_or(&0), *group.get(2).unwrap_or(&0)];
+        let b = [
+            group[0],
+            *group.get(1).unwrap_or(&0),
+            *group.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= group.len() {

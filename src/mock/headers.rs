@@ -9,7 +9,11 @@ use super::limits::{Limits, WindowUsage};
 /// Formats `ms` like Go's `time.Duration` at millisecond precision, as OpenAI does.
 pub(crate) fn format_duration(ms: u64) -> String {
     if ms < 1000 {
-        return if ms == 0 { "0s".to_owned() } else { format!("{ms}ms") };
+        return if ms == 0 {
+            "0s".to_owned()
+        } else {
+            format!("{ms}ms")
+        };
     }
     let (hours, minutes) = (ms / 3_600_000, ms / 60_000 % 60);
     let (seconds, millis) = (ms / 1000 % 60, ms % 1000);
@@ -31,13 +35,22 @@ pub(crate) fn format_duration(ms: u64) -> String {
 }
 
 /// Adds the three headers of one limit (skipped when the limit is unlimited).
-fn add_trio(headers: &mut HeaderMap, names: [&'static str; 3], limit: u64, used: u64, reset_ms: u64) {
+fn add_trio(
+    headers: &mut HeaderMap,
+    names: [&'static str; 3],
+    limit: u64,
+    used: u64,
+    reset_ms: u64,
+) {
     if limit == 0 {
         return;
     }
     let [limit_name, remaining_name, reset_name] = names.map(HeaderName::from_static);
     headers.insert(limit_name, HeaderValue::from(limit));
-    headers.insert(remaining_name, HeaderValue::from(limit.saturating_sub(used)));
+    headers.insert(
+        remaining_name,
+        HeaderValue::from(limit.saturating_sub(used)),
+    );
     if let Ok(reset) = HeaderValue::from_str(&format_duration(reset_ms)) {
         headers.insert(reset_name, reset);
     }
@@ -58,8 +71,20 @@ pub(crate) fn rate_limit_headers(limits: Limits, usage: WindowUsage) -> HeaderMa
         "x-ratelimit-remaining-tokens",
         "x-ratelimit-reset-tokens",
     ];
-    add_trio(&mut headers, requests, limits.rpm, usage.requests, usage.reset_ms);
-    add_trio(&mut headers, tokens, limits.tpm, usage.tokens, usage.reset_ms);
+    add_trio(
+        &mut headers,
+        requests,
+        limits.rpm,
+        usage.requests,
+        usage.reset_ms,
+    );
+    add_trio(
+        &mut headers,
+        tokens,
+        limits.tpm,
+        usage.tokens,
+        usage.reset_ms,
+    );
     headers
 }
 
@@ -87,8 +112,17 @@ mod tests {
 
     #[test]
     fn unlimited_limits_have_no_headers() {
-        let limits = Limits { rpm: 10, tpm: 0, concurrency: 0, window_ms: 60_000 };
-        let usage = WindowUsage { requests: 4, tokens: 99, reset_ms: 59_000 };
+        let limits = Limits {
+            rpm: 10,
+            tpm: 0,
+            concurrency: 0,
+            window_ms: 60_000,
+        };
+        let usage = WindowUsage {
+            requests: 4,
+            tokens: 99,
+            reset_ms: 59_000,
+        };
         let headers = rate_limit_headers(limits, usage);
         assert_eq!(headers.len(), 3);
         assert_eq!(headers["x-ratelimit-remaining-requests"], "6");

@@ -124,11 +124,17 @@ impl SlidingLog {
         let limits = self.limits;
         if limits.concurrency > 0 && in_flight >= limits.concurrency {
             let kind = LimitKind::Concurrency;
-            return Decision::Refused { kind, retry_after_ms: None, usage };
+            return Decision::Refused {
+                kind,
+                retry_after_ms: None,
+                usage,
+            };
         }
         let mut refusal: Option<(LimitKind, Option<u64>)> = None;
         if limits.rpm > 0 && usage.requests + 1 > limits.rpm {
-            let wait = self.wait_ms(now_ms, usage.requests + 1 - limits.rpm, |e| e.total_requests);
+            let wait = self.wait_ms(now_ms, usage.requests + 1 - limits.rpm, |e| {
+                e.total_requests
+            });
             refusal = Some((LimitKind::Requests, wait));
         }
         if limits.tpm > 0 && usage.tokens.saturating_add(tokens) > limits.tpm {
@@ -144,7 +150,11 @@ impl SlidingLog {
             }
         }
         if let Some((kind, retry_after_ms)) = refusal {
-            return Decision::Refused { kind, retry_after_ms, usage };
+            return Decision::Refused {
+                kind,
+                retry_after_ms,
+                usage,
+            };
         }
         self.charge(now_ms, tokens);
         let usage = self.usage(now_ms);
@@ -170,10 +180,9 @@ impl SlidingLog {
         WindowUsage {
             requests: self.total_requests - self.expired_requests,
             tokens: self.total_tokens - self.expired_tokens,
-            reset_ms: self
-                .entries
-                .back()
-                .map_or(0, |e| (e.at_ms + self.limits.window_ms).saturating_sub(now_ms)),
+            reset_ms: self.entries.back().map_or(0, |e| {
+                (e.at_ms + self.limits.window_ms).saturating_sub(now_ms)
+            }),
         }
     }
 
@@ -214,12 +223,21 @@ mod tests {
     use super::*;
 
     fn log(rpm: u64, tpm: u64, concurrency: u64) -> SlidingLog {
-        SlidingLog::new(Limits { rpm, tpm, concurrency, window_ms: 1000 })
+        SlidingLog::new(Limits {
+            rpm,
+            tpm,
+            concurrency,
+            window_ms: 1000,
+        })
     }
 
     fn refused(d: Decision) -> (LimitKind, Option<u64>) {
         match d {
-            Decision::Refused { kind, retry_after_ms, .. } => (kind, retry_after_ms),
+            Decision::Refused {
+                kind,
+                retry_after_ms,
+                ..
+            } => (kind, retry_after_ms),
             Decision::Admitted(u) => panic!("expected a refusal, got {u:?}"),
         }
     }
@@ -230,11 +248,26 @@ mod tests {
         for t in [0, 10, 20] {
             assert!(matches!(l.try_admit(t, 1, 0), Decision::Admitted(_)));
         }
-        assert_eq!(refused(l.try_admit(500, 1, 0)), (LimitKind::Requests, Some(500)));
+        assert_eq!(
+            refused(l.try_admit(500, 1, 0)),
+            (LimitKind::Requests, Some(500))
+        );
         // One millisecond early is still refused; on time is admitted.
-        assert_eq!(refused(l.try_admit(999, 1, 0)), (LimitKind::Requests, Some(1)));
-        let Decision::Admitted(usage) = l.try_admit(1000, 1, 0) else { panic!() };
-        assert_eq!(usage, WindowUsage { requests: 3, tokens: 3, reset_ms: 1000 });
+        assert_eq!(
+            refused(l.try_admit(999, 1, 0)),
+            (LimitKind::Requests, Some(1))
+        );
+        let Decision::Admitted(usage) = l.try_admit(1000, 1, 0) else {
+            panic!()
+        };
+        assert_eq!(
+            usage,
+            WindowUsage {
+                requests: 3,
+                tokens: 3,
+                reset_ms: 1000
+            }
+        );
         assert_eq!(l.peaks(), (3, 3));
     }
 
@@ -245,11 +278,17 @@ mod tests {
         assert!(matches!(l.try_admit(100, 30, 0), Decision::Admitted(_)));
         assert!(matches!(l.try_admit(200, 30, 0), Decision::Admitted(_)));
         // 90 used; 50 more needs 40 freed: the first two entries, so until 100 + 1000.
-        assert_eq!(refused(l.try_admit(300, 50, 0)), (LimitKind::Tokens, Some(800)));
+        assert_eq!(
+            refused(l.try_admit(300, 50, 0)),
+            (LimitKind::Tokens, Some(800))
+        );
         assert!(matches!(l.try_admit(1099, 50, 0), Decision::Refused { .. }));
         assert!(matches!(l.try_admit(1100, 50, 0), Decision::Admitted(_)));
         // Larger than the limit: never admitted, no retry time.
-        assert_eq!(refused(l.try_admit(5000, 101, 0)), (LimitKind::Tokens, None));
+        assert_eq!(
+            refused(l.try_admit(5000, 101, 0)),
+            (LimitKind::Tokens, None)
+        );
         assert_eq!(l.peaks(), (3, 90));
     }
 
@@ -268,14 +307,20 @@ mod tests {
         assert!(matches!(l.try_admit(500, 80, 0), Decision::Admitted(_)));
         assert!(matches!(l.try_admit(600, 1, 0), Decision::Admitted(_)));
         // Requests free at 1000 (wait 300); 50 tokens need the 80 gone: 1500.
-        assert_eq!(refused(l.try_admit(700, 50, 0)), (LimitKind::Tokens, Some(800)));
+        assert_eq!(
+            refused(l.try_admit(700, 50, 0)),
+            (LimitKind::Tokens, Some(800))
+        );
     }
 
     #[test]
     fn concurrency_is_checked_first_and_same_ms_entries_merge() {
         let mut l = log(0, 0, 2);
         assert!(matches!(l.try_admit(5, 1, 1), Decision::Admitted(_)));
-        assert_eq!(refused(l.try_admit(5, 1, 2)), (LimitKind::Concurrency, None));
+        assert_eq!(
+            refused(l.try_admit(5, 1, 2)),
+            (LimitKind::Concurrency, None)
+        );
         assert!(matches!(l.try_admit(5, 1, 0), Decision::Admitted(_)));
         assert_eq!(l.entries.len(), 1);
         assert_eq!(l.peaks(), (2, 2));

@@ -52,8 +52,12 @@ pub use state::MockState;
 pub use stats::{MockStats, RefusedStats};
 
 /// Models listed by `GET /v1/models` when `--models` is not set (any name is accepted).
-const DEFAULT_MODELS: [&str; 4] =
-    ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small", "claude-sonnet-4-5"];
+const DEFAULT_MODELS: [&str; 4] = [
+    "gpt-4o-mini",
+    "gpt-4o",
+    "text-embedding-3-small",
+    "claude-sonnet-4-5",
+];
 
 /// The mock's routes over `state`, without a socket (tests can call it directly).
 pub fn app(state: Arc<MockState>) -> Router {
@@ -110,7 +114,12 @@ pub async fn spawn(config: MockConfig) -> std::io::Result<MockHandle> {
         let _ = stopped.await;
     };
     let task = tokio::spawn(run(listener, Arc::clone(&state), shutdown));
-    Ok(MockHandle { addr, state, stop, task })
+    Ok(MockHandle {
+        addr,
+        state,
+        stop,
+        task,
+    })
 }
 
 /// A mock running in the background; dropping it shuts the mock down without waiting.

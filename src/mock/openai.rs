@@ -31,7 +31,11 @@ pub(crate) struct Usage {
 
 impl Usage {
     pub(crate) fn new(prompt_tokens: u64, completion_tokens: u64) -> Usage {
-        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
     }
 }
 
@@ -47,7 +51,11 @@ pub(crate) struct Reply<'a> {
 
 impl Reply<'_> {
     pub(crate) fn finish_reason(&self) -> &'static str {
-        if self.completion.hit_max_tokens { "length" } else { "stop" }
+        if self.completion.hit_max_tokens {
+            "length"
+        } else {
+            "stop"
+        }
     }
 
     /// `None` (field omitted) without include_usage, `Some(None)` (`null`) with it.
@@ -58,7 +66,11 @@ impl Reply<'_> {
 
 /// Sizes of the stream's content chunks, in tokens.
 pub(crate) fn token_groups(tokens: u64, inter_token_ms: u64) -> impl Iterator<Item = u64> {
-    let group = if inter_token_ms == 0 { TOKENS_PER_FAST_CHUNK } else { 1 };
+    let group = if inter_token_ms == 0 {
+        TOKENS_PER_FAST_CHUNK
+    } else {
+        1
+    };
     (0..tokens.div_ceil(group)).map(move |i| group.min(tokens - i * group))
 }
 
@@ -135,7 +147,10 @@ async fn chat_response(
 ) -> Result<Response, ApiError> {
     let bytes = request::read_body(mock, headers, body)?;
     let req: ChatRequest = request::parse(&bytes)?;
-    let caps = [("max_tokens", req.max_tokens), ("max_completion_tokens", req.max_completion_tokens)];
+    let caps = [
+        ("max_tokens", req.max_tokens),
+        ("max_completion_tokens", req.max_completion_tokens),
+    ];
     let max_tokens = request::max_tokens(&caps)?;
     let (stream, include_usage) = request::stream_mode(req.stream, req.stream_options)?;
     request::single_choice(req.n)?;
@@ -178,7 +193,11 @@ fn chat_json(reply: &Reply<'_>) -> Vec<u8> {
         system_fingerprint: FINGERPRINT,
         choices: [ChatChoice {
             index: 0,
-            message: AssistantMessage { role: "assistant", content: &content, refusal: None },
+            message: AssistantMessage {
+                role: "assistant",
+                content: &content,
+                refusal: None,
+            },
             logprobs: None,
             finish_reason: reply.finish_reason(),
         }],
@@ -199,21 +218,43 @@ fn chat_stream(sse: &mut SseBuilder, reply: &Reply<'_>, inter_token_ms: u64) {
         };
         sse.event(None, &chunk);
     };
-    let choice = |delta, finish_reason| ChunkChoice { index: 0, delta, logprobs: None, finish_reason };
-    let first = choice(Delta { role: Some("assistant"), content: Some("") }, None);
+    let choice = |delta, finish_reason| ChunkChoice {
+        index: 0,
+        delta,
+        logprobs: None,
+        finish_reason,
+    };
+    let first = choice(
+        Delta {
+            role: Some("assistant"),
+            content: Some(""),
+        },
+        None,
+    );
     emit(sse, &[first], reply.chunk_usage());
     for group in token_groups(reply.completion.tokens, inter_token_ms) {
-        sse.delay(std::time::Duration::from_millis(inter_token_ms.saturating_mul(group)));
+        sse.delay(std::time::Duration::from_millis(
+            inter_token_ms.saturating_mul(group),
+        ));
         let text = completion::text(group);
         let content = ChunkChoice {
             index: 0,
-            delta: Delta { role: None, content: Some(&text) },
+            delta: Delta {
+                role: None,
+                content: Some(&text),
+            },
             logprobs: None,
             finish_reason: None,
         };
         emit(sse, &[content], reply.chunk_usage());
     }
-    let last = choice(Delta { role: None, content: None }, Some(reply.finish_reason()));
+    let last = choice(
+        Delta {
+            role: None,
+            content: None,
+        },
+        Some(reply.finish_reason()),
+    );
     emit(sse, &[last], reply.chunk_usage());
     if reply.include_usage {
         let usage = Usage::new(reply.prompt_tokens, reply.completion.tokens);

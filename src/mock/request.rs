@@ -130,7 +130,9 @@ impl Prompt<'_> {
         };
         non_empty(field, self.len())?;
         if empty_item && !allow_empty_item {
-            return Err(ApiError::Invalid(format!("'{field}' must not contain empty items")));
+            return Err(ApiError::Invalid(format!(
+                "'{field}' must not contain empty items"
+            )));
         }
         Ok(())
     }
@@ -158,7 +160,9 @@ pub(crate) fn parse<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiErr
         ));
     }
     serde_json::from_slice(bytes).map_err(|err| {
-        ApiError::Invalid(format!("We could not parse the JSON body of your request: {err}"))
+        ApiError::Invalid(format!(
+            "We could not parse the JSON body of your request: {err}"
+        ))
     })
 }
 

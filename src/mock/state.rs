@@ -125,7 +125,9 @@ impl MockState {
 
     /// 401 unless the request carries the configured key (Bearer or `x-api-key`).
     pub(crate) fn check_auth(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(key) = &self.config.api_key else { return Ok(()) };
+        let Some(key) = &self.config.api_key else {
+            return Ok(());
+        };
         let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -152,8 +154,14 @@ impl MockState {
     /// `max_tokens`: `(sequence number, completion)`.
     pub(crate) fn draw(&self, max_tokens: Option<u64>) -> (u64, Completion) {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let (min, max) = (self.config.completion_min_tokens, self.config.completion_max_tokens);
-        (seq, completion::draw(self.config.seed, seq, min, max, max_tokens))
+        let (min, max) = (
+            self.config.completion_min_tokens,
+            self.config.completion_max_tokens,
+        );
+        (
+            seq,
+            completion::draw(self.config.seed, seq, min, max, max_tokens),
+        )
     }
 
     /// Waits the configured time to first byte, plus the whole generation time when

@@ -78,7 +78,8 @@ impl Counters {
     pub(crate) fn admitted(&self, prompt: u64, completion: u64) {
         self.admitted.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
-        self.completion_tokens.fetch_add(completion, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(completion, Ordering::Relaxed);
     }
 
     /// A snapshot, completed with the window figures kept under the limit lock.

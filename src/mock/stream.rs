@@ -1,6 +1,7 @@
-//! Response bodies. A stream holds the request's concurrency slot until its last byte
-//! or until the client goes away (the slot lives in the body stream's state); a JSON
-//! body is built whole before the handler returns and drops the slot.
+//! Response bodies. A stream holds the request's concurrency slot until its last chunk
+//! is handed to hyper, or until the client goes away (the slot lives in the body
+//! stream's state and drops with it); a JSON body is built whole before the handler
+//! returns and drops the slot.
 //!
 //! Consecutive frames with no delay between them are merged into one write, so a
 //! stream with zero delays costs one body chunk.
@@ -40,7 +41,10 @@ impl SseBuilder {
         }
         if !self.pending.is_empty() {
             let bytes = self.pending.split().freeze();
-            self.done.push(Chunk { delay: self.pending_delay, bytes });
+            self.done.push(Chunk {
+                delay: self.pending_delay,
+                bytes,
+            });
             self.pending_delay = Duration::ZERO;
         }
         self.pending_delay += delay;
@@ -71,22 +75,34 @@ impl SseBuilder {
     pub(crate) fn into_response(mut self, headers: HeaderMap, slot: Slot) -> Response {
         if !self.pending.is_empty() || !self.pending_delay.is_zero() {
             let bytes = self.pending.split().freeze();
-            self.done.push(Chunk { delay: self.pending_delay, bytes });
+            self.done.push(Chunk {
+                delay: self.pending_delay,
+                bytes,
+            });
         }
         let body = chunked_body(self.done, slot);
         let mut response = with_headers(body, headers);
         let response_headers = response.headers_mut();
-        response_headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        response_headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
         response_headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         response
     }
 }
 
 fn chunked_body(chunks: Vec<Chunk>, slot: Slot) -> Body {
-    let stream = futures_util::stream::unfold((chunks.into_iter(), slot), |(mut rest, slot)| async move {
+    let state = (chunks.into_iter(), Some(slot));
+    let stream = futures_util::stream::unfold(state, |(mut rest, mut slot)| async move {
         let chunk = rest.next()?;
         if !chunk.delay.is_zero() {
             tokio::time::sleep(chunk.delay).await;
+        }
+        if rest.len() == 0 {
+            // Release before the last bytes go out, so a client that has read the
+            // whole stream always finds the slot free.
+            slot = None;
         }
         Some((Ok::<_, Infallible>(chunk.bytes), (rest, slot)))
     });
@@ -103,9 +119,10 @@ fn with_headers(body: Body, headers: HeaderMap) -> Response {
 /// until this returns: the whole body is in memory and hyper writes it at once.
 pub(crate) fn json_response(json: Vec<u8>, headers: HeaderMap) -> Response {
     let mut response = with_headers(Body::from(json), headers);
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
