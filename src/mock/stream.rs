@@ -1,6 +1,7 @@
-//! Response bodies. A stream holds the request's concurrency slot until its last byte
-//! or until the client goes away (the slot lives in the body stream's state); a JSON
-//! body is built whole before the handler returns and drops the slot.
+//! Response bodies. A stream holds the request's concurrency slot until its last chunk
+//! is handed to hyper, or until the client goes away (the slot lives in the body
+//! stream's state and drops with it); a JSON body is built whole before the handler
+//! returns and drops the slot.
 //!
 //! Consecutive frames with no delay between them are merged into one write, so a
 //! stream with zero delays costs one body chunk.
@@ -92,14 +93,19 @@ impl SseBuilder {
 }
 
 fn chunked_body(chunks: Vec<Chunk>, slot: Slot) -> Body {
-    let stream =
-        futures_util::stream::unfold((chunks.into_iter(), slot), |(mut rest, slot)| async move {
-            let chunk = rest.next()?;
-            if !chunk.delay.is_zero() {
-                tokio::time::sleep(chunk.delay).await;
-            }
-            Some((Ok::<_, Infallible>(chunk.bytes), (rest, slot)))
-        });
+    let state = (chunks.into_iter(), Some(slot));
+    let stream = futures_util::stream::unfold(state, |(mut rest, mut slot)| async move {
+        let chunk = rest.next()?;
+        if !chunk.delay.is_zero() {
+            tokio::time::sleep(chunk.delay).await;
+        }
+        if rest.len() == 0 {
+            // Release before the last bytes go out, so a client that has read the
+            // whole stream always finds the slot free.
+            slot = None;
+        }
+        Some((Ok::<_, Infallible>(chunk.bytes), (rest, slot)))
+    });
     Body::from_stream(stream)
 }
 
