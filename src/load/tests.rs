@@ -563,6 +563,40 @@ async fn json_summary_parses_back_and_the_table_shows_it() {
     assert!(table.contains("25.00%"), "{table}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_early_and_keeps_what_was_sent() {
+    let started = Instant::now();
+    for argv in [
+        &["--duration", "60s"][..],
+        &["--rate", "50", "--duration", "60s"][..],
+    ] {
+        // Every other answer asks for a 30 s wait, which the stop must cut short.
+        let srv = Srv::new(Duration::ZERO, |n, _| {
+            if n % 2 == 1 {
+                Reply::Limited {
+                    retry_after_ms: 30_000,
+                }
+            } else {
+                Reply::Ok
+            }
+        });
+        let url = serve(srv.clone()).await;
+        let shutdown = tokio::time::sleep(Duration::from_millis(300));
+        let s = run_until(args(&url, argv), shutdown).await.unwrap();
+        assert!(s.interrupted);
+        assert!(s.outcomes.sent() > 0);
+        assert_eq!(s.outcomes.sent(), srv.total());
+        assert!(s.backoff.waits > 0, "{:?}", s.backoff);
+        assert!(render_table(&s).contains("(interrupted)"));
+    }
+    // Two runs of 60 s, each with 30 s retry-after waits, ended in well under 3 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Process CPU time (user + system) from /proc/self/stat, in clock ticks (1/100 s).
 fn cpu_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
