@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::Ctx;
 use super::send::send;
+use super::stop::Stop;
 
 /// When the run stops handing out requests: a deadline, a count, or both.
 #[derive(Debug)]
@@ -35,9 +36,9 @@ impl Budget {
         self.deadline
     }
 
-    /// Claims one request; false once the deadline passed or the count ran out.
-    pub fn take(&self) -> bool {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+    /// Claims one request; false once stopped, the deadline passed or the count ran out.
+    pub fn take(&self, stop: &Stop) -> bool {
+        if stop.is_stopped() || self.deadline.is_some_and(|d| Instant::now() >= d) {
             return false;
         }
         match &self.remaining {
@@ -67,7 +68,7 @@ async fn worker(ctx: Arc<Ctx>, budget: Arc<Budget>, id: usize) {
     let headers = ctx.target.worker_headers(id);
     let mut rng =
         SmallRng::seed_from_u64(ctx.seed ^ (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    while budget.take() {
+    while budget.take(&ctx.stop) {
         let variant = rng.random_range(0..ctx.target.variants());
         let sent = send(
             &ctx.client,
@@ -86,7 +87,7 @@ async fn worker(ctx: Arc<Ctx>, budget: Arc<Budget>, id: usize) {
         let start = Instant::now();
         let until = start + wait;
         let until = budget.deadline().map_or(until, |d| until.min(d));
-        tokio::time::sleep_until(until).await;
+        ctx.stop.sleep_until(until).await;
         let waited = start.elapsed();
         ctx.shards.with(id, |r| r.record_backoff(waited));
     }
@@ -100,18 +101,23 @@ mod tests {
 
     #[test]
     fn count_budget_hands_out_exactly_n() {
-        let budget = Budget::new(None, Some(3));
-        let taken = (0..10).filter(|_| budget.take()).count();
+        let (budget, stop) = (Budget::new(None, Some(3)), Stop::default());
+        let taken = (0..10).filter(|_| budget.take(&stop)).count();
         assert_eq!(taken, 3);
+        let budget = Budget::new(None, Some(3));
+        assert!(budget.take(&stop));
+        stop.stop();
+        assert!(!budget.take(&stop), "a stopped run hands out nothing");
     }
 
     #[tokio::test(start_paused = true)]
     async fn deadline_budget_stops_at_the_deadline() {
         let budget = Budget::new(Some(Instant::now() + Duration::from_secs(1)), None);
-        assert!(budget.take());
+        let stop = Stop::default();
+        assert!(budget.take(&stop));
         tokio::time::sleep(Duration::from_millis(999)).await;
-        assert!(budget.take());
+        assert!(budget.take(&stop));
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(!budget.take());
+        assert!(!budget.take(&stop));
     }
 }

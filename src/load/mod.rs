@@ -15,6 +15,7 @@
 //! - [`retry`]: `retry-after-ms` / `retry-after` parsing, capped.
 //! - `closed`, `open`: the two pacing loops.
 //! - [`record`]: outcomes, histograms, live counters.
+//! - `stop`: ending a run early (Ctrl-C) without losing its summary.
 //! - `progress`: the progress bar.
 //! - [`report`]: the [`Summary`], its table and JSON.
 //!
@@ -33,6 +34,7 @@ pub mod report;
 pub mod request;
 pub mod retry;
 mod send;
+mod stop;
 pub mod usage;
 
 #[cfg(test)]
@@ -66,6 +68,7 @@ struct Ctx {
     seed: u64,
     shards: Shards,
     live: Arc<Live>,
+    stop: stop::Stop,
     /// When sending began; rates and the open-loop schedule count from here.
     start: Instant,
 }
@@ -74,6 +77,16 @@ struct Ctx {
 /// and returns the summary. Printing the table ([`render_table`]) and writing JSON
 /// ([`write_json`]) are left to the caller.
 pub async fn run(args: LoadArgs) -> anyhow::Result<Summary> {
+    run_until(args, std::future::pending()).await
+}
+
+/// Like [`run`], but when `shutdown` completes (e.g. `tokio::signal::ctrl_c()`), stops
+/// sending, lets requests in flight finish (bounded by `--timeout`) and returns the
+/// summary of what was sent, marked [`Summary::interrupted`].
+pub async fn run_until(
+    args: LoadArgs,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<Summary> {
     let plan = args.validate()?;
     let target = Target::new(&args)?;
     let (users, pool) = match plan.mode {
@@ -91,6 +104,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Summary> {
         seed: args.seed,
         shards: Shards::new(users),
         live: Arc::new(Live::default()),
+        stop: stop::Stop::default(),
         start,
     });
     let goal = match (plan.duration, plan.requests) {
@@ -98,11 +112,31 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Summary> {
         (None, n) => Goal::Requests(n.unwrap_or(0)),
     };
     let progress = Progress::start(!args.no_progress, goal, ctx.live.clone(), start);
-    let deadline = plan.duration.map(|d| start + d);
+    let load = drive(ctx.clone(), &plan);
+    tokio::pin!(load);
+    tokio::select! {
+        () = &mut load => {}
+        () = shutdown => {
+            tracing::info!("stopping: waiting for requests in flight");
+            ctx.stop.stop();
+            load.await;
+        }
+    }
+    let elapsed = start.elapsed();
+    progress.finish();
+    let recorded = ctx.shards.merged();
+    let mut summary = Summary::new(&args, &plan, &recorded, elapsed);
+    summary.interrupted = ctx.stop.is_stopped();
+    Ok(summary)
+}
+
+/// Runs the plan's pacing loop to its end.
+async fn drive(ctx: Arc<Ctx>, plan: &Plan) {
+    let deadline = plan.duration.map(|d| ctx.start + d);
     match plan.mode {
         Mode::Closed { workers } => {
             let budget = closed::Budget::new(deadline, plan.requests);
-            closed::run(ctx.clone(), workers, budget).await;
+            closed::run(ctx, workers, budget).await;
         }
         Mode::Open {
             rate_per_s,
@@ -114,13 +148,9 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Summary> {
                 deadline,
                 slots: plan.requests,
             };
-            open::run(ctx.clone(), schedule).await;
+            open::run(ctx, schedule).await;
         }
     }
-    let elapsed = start.elapsed();
-    progress.finish();
-    let recorded = ctx.shards.merged();
-    Ok(Summary::new(&args, &plan, &recorded, elapsed))
 }
 
 fn client(plan: &Plan, pool: usize) -> anyhow::Result<reqwest::Client> {

@@ -67,7 +67,7 @@ pub async fn run(ctx: Arc<Ctx>, schedule: Schedule) {
     let interval_s = 1.0 / schedule.rate_per_s;
     let (mut epoch, mut k, mut slots, mut dropped, mut burst) = (ctx.start, 0u64, 0u64, 0u64, 0u32);
     loop {
-        if schedule.slots.is_some_and(|n| slots >= n) {
+        if ctx.stop.is_stopped() || schedule.slots.is_some_and(|n| slots >= n) {
             break;
         }
         let due = epoch + Duration::from_secs_f64(k as f64 * interval_s);
@@ -76,16 +76,18 @@ pub async fn run(ctx: Arc<Ctx>, schedule: Schedule) {
         }
         if let Some(until) = pause.until(ctx.start).filter(|u| *u > due) {
             let resume = schedule.deadline.map_or(until, |d| until.min(d));
-            tokio::time::sleep_until(resume).await;
-            ctx.shards.with(0, |r| {
-                r.record_backoff(resume.saturating_duration_since(due))
-            });
+            ctx.stop.sleep_until(resume).await;
+            let paused = Instant::now().min(resume).saturating_duration_since(due);
+            ctx.shards.with(0, |r| r.record_backoff(paused));
             (epoch, k) = (resume, 0);
             continue;
         }
         if due > Instant::now() {
-            tokio::time::sleep_until(due).await;
+            ctx.stop.sleep_until(due).await;
             burst = 0;
+            if ctx.stop.is_stopped() {
+                break;
+            }
         } else {
             burst += 1;
             if burst >= SLOTS_PER_YIELD {

@@ -21,6 +21,8 @@ pub struct Summary {
     pub run: RunInfo,
     /// Wall-clock seconds from the first send to the end of the last response.
     pub elapsed_s: f64,
+    /// The run was stopped early (Ctrl-C) before its duration or request count.
+    pub interrupted: bool,
     /// Requests (and dropped slots) per outcome.
     pub outcomes: Outcomes,
     /// Latency of `ok` requests, send to end of body; `None` if there were none.
@@ -216,6 +218,7 @@ impl Summary {
         Summary {
             run: run_info(args, plan),
             elapsed_s: secs,
+            interrupted: false,
             outcomes,
             latency_ms: Percentiles::from_micros(&rec.latency_us),
             ttfb_ms: Percentiles::from_micros(&rec.ttfb_us),
@@ -300,9 +303,10 @@ fn header(out: &mut String, s: &Summary) {
     if let Some(n) = r.requests {
         limits.push(format!("{n} requests"));
     }
+    let stopped = if s.interrupted { " (interrupted)" } else { "" };
     let _ = writeln!(
         out,
-        "{pacing}, stop after {}; ran {:.2}s\n",
+        "{pacing}, stop after {}; ran {:.2}s{stopped}\n",
         limits.join(" or "),
         s.elapsed_s
     );

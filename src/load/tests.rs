@@ -562,3 +562,75 @@ async fn json_summary_parses_back_and_the_table_shows_it() {
     assert!(table.contains("rate_limited"), "{table}");
     assert!(table.contains("25.00%"), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_early_and_keeps_what_was_sent() {
+    let started = Instant::now();
+    for argv in [
+        &["--duration", "60s"][..],
+        &["--rate", "50", "--duration", "60s"][..],
+    ] {
+        // Every other answer asks for a 30 s wait, which the stop must cut short.
+        let srv = Srv::new(Duration::ZERO, |n, _| {
+            if n % 2 == 1 {
+                Reply::Limited {
+                    retry_after_ms: 30_000,
+                }
+            } else {
+                Reply::Ok
+            }
+        });
+        let url = serve(srv.clone()).await;
+        let shutdown = tokio::time::sleep(Duration::from_millis(300));
+        let s = run_until(args(&url, argv), shutdown).await.unwrap();
+        assert!(s.interrupted);
+        assert!(s.outcomes.sent() > 0);
+        assert_eq!(s.outcomes.sent(), srv.total());
+        assert!(s.backoff.waits > 0, "{:?}", s.backoff);
+        assert!(render_table(&s).contains("(interrupted)"));
+    }
+    // Two runs of 60 s, each with 30 s retry-after waits, ended in well under 3 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Process CPU time (user + system) from /proc/self/stat, in clock ticks (1/100 s).
+fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Not a pass/fail test: prints what the generator reaches against a minimal
+/// in-process server, and the CPU the whole process (server included) spent per
+/// request. Run with `cargo test [--release] -p tollgate --lib throughput_probe --
+/// --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement, not a check; slow in debug builds"]
+async fn throughput_probe() {
+    const BODY: &str =
+        r#"{"id":"c","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":5}}"#;
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(|| async { ([("content-type", "application/json")], BODY) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let listener = listener.tap_io(|tcp| tcp.set_nodelay(true).unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    for argv in [
+        &["--concurrency", "64", "--duration", "3s"][..],
+        &["--rate", "5000", "--duration", "3s"][..],
+    ] {
+        let ticks = cpu_ticks();
+        let s = run(args(&url, argv)).await.unwrap();
+        let cpu_us = (cpu_ticks() - ticks) as f64 * 10_000.0;
+        println!("{}", render_table(&s));
+        let per_request = cpu_us / s.outcomes.sent().max(1) as f64;
+        println!("process CPU per request (client + server): {per_request:.1} us\n");
+    }
+}

@@ -127,7 +127,7 @@ impl SseUsage {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
-        if !contains(data, b"\"usage\"") {
+        if !has_usage_object(data) {
             return;
         }
         if let Ok(envelope) = serde_json::from_slice::<Envelope>(data) {
@@ -136,8 +136,23 @@ impl SseUsage {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether `data` has a `"usage": {` key; OpenAI sends `"usage":null` on every chunk
+/// when usage was asked for, and those need no JSON parse. A `"usage"` inside a JSON
+/// string is escaped (`\"usage\"`), so generated text cannot match.
+fn has_usage_object(data: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"usage\"";
+    let skip_ws = |s: &[u8]| -> usize { s.iter().take_while(|b| b.is_ascii_whitespace()).count() };
+    let mut rest = data;
+    while let Some(at) = rest.windows(KEY.len()).position(|w| w == KEY) {
+        rest = &rest[at + KEY.len()..];
+        let after = &rest[skip_ws(rest)..];
+        if let Some(value) = after.strip_prefix(b":")
+            && value[skip_ws(value)..].first() == Some(&b'{')
+        {
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -198,6 +213,20 @@ mod tests {
                 "piece={piece}"
             );
         }
+    }
+
+    #[test]
+    fn only_usage_objects_are_worth_parsing() {
+        assert!(has_usage_object(br#"{"usage":{"prompt_tokens":1}}"#));
+        assert!(has_usage_object(br#"{"a":1, "usage" : { "x": 1}}"#));
+        assert!(has_usage_object(
+            br#"{"usage":null,"message":{"usage":{}}}"#
+        ));
+        assert!(!has_usage_object(br#"{"choices":[],"usage":null}"#));
+        assert!(!has_usage_object(
+            br#"{"delta":{"text":"say \"usage\": {"}}"#
+        ));
+        assert!(!has_usage_object(br#"{"usage""#));
     }
 
     #[test]
