@@ -190,16 +190,14 @@ async fn main() -> anyhow::Result<()> {
         Command::HashKey { key } => hash_key(key),
         Command::Load(args) => {
             let json = args.json.clone();
-            let summary = tollgate::load::run(args).await?;
+            // Ctrl-C stops sending and still prints what was measured.
+            let summary = tollgate::load::run_until(args, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
             println!("{}", tollgate::load::render_table(&summary));
             if let Some(path) = json {
-                let text = serde_json::to_string_pretty(&summary)?;
-                if path.as_os_str() == "-" {
-                    println!("{text}");
-                } else {
-                    std::fs::write(&path, text)
-                        .with_context(|| format!("writing {}", path.display()))?;
-                }
+                tollgate::load::write_json(&summary, &path)?;
             }
             Ok(())
         }
