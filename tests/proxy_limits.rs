@@ -239,12 +239,7 @@ async fn token_estimates_equal_the_mock_counts_for_openai_models() {
     upstream.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn upstream_429_cools_it_down_and_falls_back() {
-    // The primary's real quota (1 request/window) is unknown to the gateway.
-    let primary = mock(|m| m.rpm = 1).await;
-    let fallback = mock(|_| {}).await;
-    let toml = r#"
+const TWO_UPSTREAMS: &str = r#"
 [[upstreams]]
 id = "primary"
 kind = "openai"
@@ -263,7 +258,22 @@ upstreams = ["primary", "fallback"]
 id = "t"
 api_key_hashes = ["{HASH}"]
 "#;
-    let node = node(toml, &[&primary, &fallback]).await;
+
+#[tokio::test]
+async fn upstream_429_cools_it_down_and_falls_back() {
+    // The primary's real quota (1 request/window) is unknown to the gateway, and
+    // someone else already used it.
+    let primary = mock(|m| m.rpm = 1).await;
+    let fallback = mock(|_| {}).await;
+    let direct = reqwest::Client::new()
+        .post(format!("{}/chat/completions", primary.base_url()))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&chat_body("elsewhere", 5)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 200);
+    let node = node(TWO_UPSTREAMS, &[&primary, &fallback]).await;
     for _ in 0..3 {
         assert_eq!(
             post(&node, "/chat/completions", chat_body("hi", 5), &[])
@@ -272,14 +282,40 @@ api_key_hashes = ["{HASH}"]
             200
         );
     }
-    // One 429 from the primary; it then cools down, so the rest go to the fallback.
+    // One 429 from the primary; it then cools down for its retry-after, so the
+    // client never sees it and the rest go straight to the fallback.
     assert_eq!(
         (primary.stats().admitted, primary.stats().refused.requests),
         (1, 1)
     );
-    assert_eq!(fallback.stats().admitted, 2);
+    assert_eq!(fallback.stats().admitted, 3);
     let status = node.key("upstream:primary").await;
-    assert!(status["cooling_ms"].as_u64().unwrap() > 0);
+    assert!(status["cooling_ms"].as_u64().unwrap() > 50_000, "{status}");
+    node.stop().await;
+    primary.shutdown().await.unwrap();
+    fallback.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn provider_remaining_zero_cools_the_upstream_before_any_429() {
+    let primary = mock(|m| m.rpm = 1).await;
+    let fallback = mock(|_| {}).await;
+    let node = node(TWO_UPSTREAMS, &[&primary, &fallback]).await;
+    for _ in 0..3 {
+        assert_eq!(
+            post(&node, "/chat/completions", chat_body("hi", 5), &[])
+                .await
+                .status(),
+            200
+        );
+    }
+    // The primary's answer said x-ratelimit-remaining-requests: 0; the gateway
+    // believed it, so the primary never had to refuse anything.
+    assert_eq!(
+        (primary.stats().admitted, primary.stats().refused.requests),
+        (1, 0)
+    );
+    assert_eq!(fallback.stats().admitted, 2);
     node.stop().await;
     primary.shutdown().await.unwrap();
     fallback.shutdown().await.unwrap();
@@ -349,6 +385,63 @@ async fn anthropic_messages_stream_and_not_settle_from_reported_usage() {
         status["tokens"]["used"],
         stats.prompt_tokens + stats.completion_tokens
     );
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn busy_upstream_at_90_percent_is_skipped_while_a_fallback_exists() {
+    let primary = mock(|_| {}).await;
+    let fallback = mock(|_| {}).await;
+    let toml = TWO_UPSTREAMS.replace("base_url = \"{MOCK}\"", "base_url = \"{MOCK}\"\nrpm = 10");
+    let node = node(&toml, &[&primary, &fallback]).await;
+    for _ in 0..10 {
+        assert_eq!(
+            post(&node, "/chat/completions", chat_body("hi", 5), &[])
+                .await
+                .status(),
+            200
+        );
+    }
+    // Requests 1-9 found the primary below 90% of its 10/min; the 10th found it at
+    // 9/10 and went to the fallback, keeping the last 10% for when nothing else can.
+    assert_eq!(primary.stats().admitted, 9);
+    assert_eq!(fallback.stats().admitted, 1);
+    node.stop().await;
+    primary.shutdown().await.unwrap();
+    fallback.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn nothing_is_charged_to_the_tenant_when_the_upstream_refuses() {
+    let upstream = mock(|_| {}).await;
+    let toml = single("rpm = 100\nmax_wait = \"10s\"").replace(
+        "kind = \"openai\"\nbase_url = \"{MOCK}\"",
+        "kind = \"openai\"\nbase_url = \"{MOCK}\"\nrpm = 1",
+    );
+    let node = node(&toml, &[&upstream]).await;
+    assert_eq!(
+        post(&node, "/chat/completions", chat_body("a", 5), &[])
+            .await
+            .status(),
+        200
+    );
+    // The upstream's 1/min is spent; the client asks not to wait at all.
+    let refused = post(
+        &node,
+        "/chat/completions",
+        chat_body("b", 5),
+        &[("x-tollgate-max-wait-ms", "0")],
+    )
+    .await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after-ms"));
+    let status = node.wait_idle("t").await;
+    assert_eq!(
+        status["requests"]["used"], 1,
+        "the refused request was not charged to the tenant"
+    );
+    assert_eq!(upstream.stats().admitted, 1);
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }

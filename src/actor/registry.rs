@@ -280,3 +280,105 @@ impl Registry {
         self.specs.keys().filter(|s| s.kind == kind).count()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actor::Lane;
+    use crate::actor::permit::{Permit, SettleWith};
+    use crate::limiter::{Algorithm, NANOS_PER_SEC};
+
+    fn registry(idle_secs: u64) -> (Registry, ScopeId) {
+        let scope = ScopeId::tenant("t");
+        let window = |capacity| {
+            Some(LimitSpec::new(
+                capacity,
+                10 * NANOS_PER_SEC,
+                Algorithm::SlidingWindow,
+            ))
+        };
+        let spec = ScopeSpec {
+            requests: window(5),
+            tokens: window(1000),
+            concurrency: Some(2),
+            adaptive: None,
+        };
+        let defaults = ActorDefaults {
+            batch_ceiling: Ceiling::from_share(0.5),
+            aging_ns: NANOS_PER_SEC,
+            max_queue: 4,
+            idle_timeout_ns: idle_secs * NANOS_PER_SEC,
+        };
+        let registry = Registry::new(
+            HashMap::from([(scope.clone(), spec)]),
+            defaults,
+            Clock::start(),
+            Arc::new(Metrics::new(false)),
+        )
+        .unwrap();
+        (registry, scope)
+    }
+
+    async fn acquire(registry: &Registry, scope: &ScopeId) -> Result<Permit, Refusal> {
+        let (answer, handle) = registry
+            .acquire(scope, |reply| AcquireRequest {
+                lane: Lane::Interactive,
+                prompt_tokens: 10,
+                max_completion_tokens: 10,
+                model: "m".into(),
+                adaptive: false,
+                max_wait_ns: 0,
+                busy_above: None,
+                reply,
+            })
+            .await
+            .unwrap();
+        answer.map(|grant| Permit::new(&handle, &grant))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn actors_spawn_lazily_and_retire_only_when_idle_and_at_rest() {
+        let (registry, scope) = registry(20);
+        assert_eq!(
+            registry.live_actors(),
+            0,
+            "nothing spawned before first use"
+        );
+        let permit = acquire(&registry, &scope).await.unwrap();
+        assert_eq!(registry.live_actors(), 1);
+        // Idle time passes while a permit is in flight: the actor must stay.
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert_eq!(registry.live_actors(), 1);
+        permit.settle(SettleWith::Usage {
+            prompt: 10,
+            completion: 5,
+        });
+        // The window (10 s) empties and the idle timeout (20 s) passes: it retires.
+        tokio::time::sleep(std::time::Duration::from_secs(45)).await;
+        assert_eq!(registry.live_actors(), 0);
+        // And comes back fresh, with nothing lost (the state it dropped was at rest).
+        assert!(acquire(&registry, &scope).await.is_ok());
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!(status.requests.unwrap().used, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_permits_settle_once_and_free_their_slot() {
+        let (registry, scope) = registry(20);
+        let a = acquire(&registry, &scope).await.unwrap();
+        let b = acquire(&registry, &scope).await.unwrap();
+        let refused = acquire(&registry, &scope).await.unwrap_err();
+        assert_eq!(
+            refused.blocked.dimension,
+            crate::actor::Dimension::Concurrency
+        );
+        drop(a); // e.g. the client went away mid-stream
+        b.settle(SettleWith::Cancel);
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!(status.in_flight, 0);
+        // The dropped permit kept its reservation (1 request, 20 tokens); the
+        // cancelled one gave everything back, including its request.
+        assert_eq!(status.tokens.unwrap().used, 20);
+        assert_eq!(status.requests.unwrap().used, 1);
+    }
+}

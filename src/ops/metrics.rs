@@ -1,7 +1,11 @@
 //! Prometheus metrics (`prometheus-client`, the official Rust client: atomics, no
 //! global registry). Names follow `tollgate_<thing>_<unit>`. Label sets are bounded:
-//! scope kinds, lanes, dimensions and configured upstream ids; tenant ids only when
-//! `server.metrics_tenant_labels` is on (tenants come from config, so still bounded).
+//! scope kinds, lanes, dimensions, status codes and configured upstream ids; tenant
+//! ids only when `server.metrics_tenant_labels` is on (tenants come from config, so
+//! still bounded).
+//!
+//! Label sets are fixed-size arrays of `&'static str` (or an `Arc<String>` for
+//! upstream ids), so recording on the hot path allocates nothing.
 
 use crate::actor::task::SettleWith;
 use crate::actor::{Dimension, Lane, ScopeKind};
@@ -12,40 +16,42 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 
-type Labels = Vec<(&'static str, String)>;
-
-fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
-    pairs.into_iter().map(|(k, v)| (k, v.to_owned())).collect()
-}
-
-/// Every metric of a node.
-pub struct Metrics {
-    registry: Registry,
-    decisions: Family<Labels, Counter>,
-    queue_depth: Family<Labels, Gauge>,
-    queue_wait: HistogramFamily,
-    tokens_reserved: Family<Labels, Counter>,
-    tokens_settled: Family<Labels, Counter>,
-    tokens_refunded: Family<Labels, Counter>,
-    tokens_debt: Family<Labels, Counter>,
-    actors: Family<Labels, Counter>,
-    upstream_latency: HistogramFamily,
-    upstream_responses: Family<Labels, Counter>,
-    requests: Family<Labels, Counter>,
-    in_flight: Gauge,
-    tenant_labels: bool,
-}
-
-type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+type Static<const N: usize> = [(&'static str, &'static str); N];
+type ByUpstream = [(&'static str, Arc<String>); 1];
+type ByUpstreamStatus = (ByUpstream, Static<1>);
+type ByApiStatus = (Static<1>, [(&'static str, u16); 1]);
+type ByTenant = ([(&'static str, Arc<String>); 1], [(&'static str, u16); 1]);
+type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
 
 /// 1 ms .. ~33 s: queue waits and upstream latencies.
 fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
+/// Every metric of a node.
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<Static<3>, Counter>,
+    queue_depth: Family<Static<1>, Gauge>,
+    queue_wait: HistogramFamily<Static<2>>,
+    tokens_reserved: Family<Static<1>, Counter>,
+    tokens_settled: Family<Static<1>, Counter>,
+    tokens_refunded: Family<Static<1>, Counter>,
+    tokens_debt: Family<Static<1>, Counter>,
+    settlements: Family<Static<2>, Counter>,
+    actors: Family<Static<1>, Counter>,
+    upstream_latency: HistogramFamily<ByUpstream>,
+    upstream_responses: Family<ByUpstreamStatus, Counter>,
+    requests: Family<ByApiStatus, Counter>,
+    tenant_requests: Family<ByTenant, Counter>,
+    in_flight: Gauge,
+    tenant_labels: bool,
+}
+
 impl Metrics {
-    /// A fresh registry; `tenant_labels` adds tenant ids to request counters.
+    /// A fresh registry; `tenant_labels` adds `tollgate_tenant_requests_total`.
     pub fn new(tenant_labels: bool) -> Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("tollgate"),
@@ -56,10 +62,12 @@ impl Metrics {
             tokens_settled: Family::default(),
             tokens_refunded: Family::default(),
             tokens_debt: Family::default(),
+            settlements: Family::default(),
             actors: Family::default(),
             upstream_latency: Family::new_with_constructor(seconds_histogram),
             upstream_responses: Family::default(),
             requests: Family::default(),
+            tenant_requests: Family::default(),
             in_flight: Gauge::default(),
             tenant_labels,
         };
@@ -99,6 +107,11 @@ impl Metrics {
             "Tokens charged beyond the reservation",
             m.tokens_debt.clone(),
         );
+        r.register(
+            "settlements",
+            "Permits settled, by how they ended",
+            m.settlements.clone(),
+        );
         r.register("actors_spawned", "Limiter actors started", m.actors.clone());
         r.register(
             "upstream_latency_seconds",
@@ -115,6 +128,13 @@ impl Metrics {
             "Client requests by API and final status",
             m.requests.clone(),
         );
+        if tenant_labels {
+            r.register(
+                "tenant_requests",
+                "Client requests by tenant and final status",
+                m.tenant_requests.clone(),
+            );
+        }
         r.register(
             "in_flight_requests",
             "Client requests being served",
@@ -135,44 +155,40 @@ impl Metrics {
     pub fn admitted(&self, kind: ScopeKind, lane: Lane, waited_ns: Nanos, tokens: u64) {
         let scope = kind.as_str();
         self.decisions
-            .get_or_create(&labels([
-                ("scope", scope),
-                ("outcome", "admitted"),
-                ("reason", ""),
-            ]))
+            .get_or_create(&[("scope", scope), ("outcome", "admitted"), ("reason", "")])
             .inc();
         self.queue_wait
-            .get_or_create(&labels([("scope", scope), ("lane", lane.as_str())]))
+            .get_or_create(&[("scope", scope), ("lane", lane.as_str())])
             .observe(waited_ns as f64 / NANOS_PER_SEC as f64);
         self.tokens_reserved
-            .get_or_create(&labels([("scope", scope)]))
+            .get_or_create(&[("scope", scope)])
             .inc_by(tokens);
     }
 
     /// An actor refused a request.
     pub fn refused(&self, kind: ScopeKind, dimension: Dimension) {
-        let labels = labels([
+        let labels = [
             ("scope", kind.as_str()),
             ("outcome", "refused"),
             ("reason", dimension.as_str()),
-        ]);
+        ];
         self.decisions.get_or_create(&labels).inc();
     }
 
     /// A caller went away while queued or before its grant arrived.
     pub fn cancelled(&self, kind: ScopeKind) {
-        let labels = labels([
+        let labels = [
             ("scope", kind.as_str()),
             ("outcome", "cancelled"),
             ("reason", ""),
-        ]);
+        ];
         self.decisions.get_or_create(&labels).inc();
     }
 
     /// Queue depth of one actor moved by `delta`.
     pub fn queue_moved(&self, kind: ScopeKind, delta: i64) {
         self.queue_depth
-            .get_or_create(&labels([("scope", kind.as_str())]))
+            .get_or_create(&[("scope", kind.as_str())])
             .inc_by(delta);
     }
 
@@ -184,7 +200,7 @@ impl Metrics {
         settlement: &Settlement,
         how: SettleWith,
     ) {
-        let scope = labels([("scope", kind.as_str())]);
+        let scope = [("scope", kind.as_str())];
         let charged = reserved
             .saturating_sub(settlement.refunded)
             .saturating_add(settlement.debt);
@@ -195,18 +211,24 @@ impl Metrics {
         self.tokens_debt
             .get_or_create(&scope)
             .inc_by(settlement.debt);
-        let _ = how;
+        let how = match how {
+            SettleWith::Usage { .. } => "usage",
+            SettleWith::KeepReserved => "keep_reserved",
+            SettleWith::RefundTokens => "refund_tokens",
+            SettleWith::Cancel => "cancel",
+        };
+        self.settlements
+            .get_or_create(&[("scope", kind.as_str()), ("how", how)])
+            .inc();
     }
 
     /// An actor started.
     pub fn actor_spawned(&self, kind: ScopeKind) {
-        self.actors
-            .get_or_create(&labels([("scope", kind.as_str())]))
-            .inc();
+        self.actors.get_or_create(&[("scope", kind.as_str())]).inc();
     }
 
     /// An upstream answered (or failed) after `seconds`.
-    pub fn upstream_response(&self, upstream: &str, status: Option<u16>, seconds: f64) {
+    pub fn upstream_response(&self, upstream: &Arc<String>, status: Option<u16>, seconds: f64) {
         let class = match status {
             Some(429) => "429",
             Some(s) if s < 300 => "2xx",
@@ -214,22 +236,25 @@ impl Metrics {
             Some(_) => "5xx",
             None => "error",
         };
-        self.upstream_responses
-            .get_or_create(&labels([("upstream", upstream), ("status", class)]))
-            .inc();
+        let labels = ([("upstream", upstream.clone())], [("status", class)]);
+        self.upstream_responses.get_or_create(&labels).inc();
         self.upstream_latency
-            .get_or_create(&labels([("upstream", upstream)]))
+            .get_or_create(&[("upstream", upstream.clone())])
             .observe(seconds);
     }
 
     /// A client request finished with `status`.
-    pub fn request_done(&self, api: &str, tenant: Option<&str>, status: u16) {
-        let status = status.to_string();
-        let mut set = labels([("api", api), ("status", &status)]);
-        if self.tenant_labels {
-            set.push(("tenant", tenant.unwrap_or("").to_owned()));
+    pub fn request_done(&self, api: &'static str, tenant: Option<&Arc<String>>, status: u16) {
+        self.requests
+            .get_or_create(&([("api", api)], [("status", status)]))
+            .inc();
+        if self.tenant_labels
+            && let Some(tenant) = tenant
+        {
+            self.tenant_requests
+                .get_or_create(&([("tenant", tenant.clone())], [("status", status)]))
+                .inc();
         }
-        self.requests.get_or_create(&set).inc();
     }
 
     /// Requests in flight moved by `delta`.

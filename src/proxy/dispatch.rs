@@ -137,10 +137,9 @@ fn upstream_request(
     req: &Admitted<'_>,
     upstream: &Upstream,
 ) -> reqwest::RequestBuilder {
-    let url = format!("{}{}", upstream.base_url, req.api.path());
     let mut builder = state
         .http
-        .post(url)
+        .post(upstream.endpoints[req.api.index()].clone())
         .header(header::CONTENT_TYPE, "application/json")
         .body(req.parsed.body.clone());
     match req.api {
@@ -178,6 +177,31 @@ fn upstream_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration
         .map(|s| Duration::from_secs_f64(s.max(0.0)))
 }
 
+fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
+    let clock = state.registry.clock();
+    state
+        .registry
+        .cool_down(&upstream.scope, clock.ns_at(Instant::now() + wait));
+}
+
+/// If the provider's own `x-ratelimit-remaining-*` says a window is exhausted, how
+/// long until its `x-ratelimit-reset-*`.
+fn provider_exhausted_for(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    [
+        (
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ),
+        ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+    ]
+    .into_iter()
+    .filter(|(remaining, _)| get(remaining).is_some_and(|v| v.trim() == "0"))
+    .filter_map(|(_, reset)| get(reset).and_then(super::headers::parse_reset))
+    .max()
+    .filter(|wait| !wait.is_zero())
+}
+
 async fn attempt_once(
     state: &AppState,
     req: &Admitted<'_>,
@@ -191,7 +215,9 @@ async fn attempt_once(
     let seconds = started.elapsed().as_secs_f64();
     let response = match sent {
         Err(_) => {
-            state.metrics.upstream_response(&upstream.id, None, seconds);
+            state
+                .metrics
+                .upstream_response(&upstream.metric_label, None, seconds);
             // The provider may have done the work: the upstream keeps its charge.
             let error = ApiError::gateway_timeout(format!(
                 "upstream {} did not answer in time",
@@ -200,7 +226,9 @@ async fn attempt_once(
             return retry(held, SettleWith::KeepReserved, error, true);
         }
         Ok(Err(e)) => {
-            state.metrics.upstream_response(&upstream.id, None, seconds);
+            state
+                .metrics
+                .upstream_response(&upstream.metric_label, None, seconds);
             let error = ApiError::bad_gateway(format!("upstream {} failed: {e}", upstream.id));
             return retry(held, SettleWith::RefundTokens, error, true);
         }
@@ -209,15 +237,17 @@ async fn attempt_once(
     let status = response.status();
     state
         .metrics
-        .upstream_response(&upstream.id, Some(status.as_u16()), seconds);
+        .upstream_response(&upstream.metric_label, Some(status.as_u16()), seconds);
+    if let Some(wait) = provider_exhausted_for(response.headers()) {
+        // The provider is the ground truth: when it says a window is used up, stop
+        // sending there until it resets, even if our own figures disagree.
+        cool_down(state, upstream, wait.min(MAX_COOLDOWN));
+    }
     if status == StatusCode::TOO_MANY_REQUESTS {
         let wait = upstream_retry_after(response.headers())
             .unwrap_or(state.config.retry.cooldown)
             .min(MAX_COOLDOWN);
-        let clock = state.registry.clock();
-        state
-            .registry
-            .cool_down(&upstream.scope, clock.ns_at(Instant::now() + wait));
+        cool_down(state, upstream, wait);
         let error = ApiError::rate_limited(
             format!("upstream {} is rate limited", upstream.id),
             wait.max(Duration::from_millis(1)),

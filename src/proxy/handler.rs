@@ -34,11 +34,9 @@ pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
             error.with_flavor(api.flavor()).into_response()
         }
     };
-    state.metrics.request_done(
-        api.as_str(),
-        tenant_id.as_deref(),
-        response.status().as_u16(),
-    );
+    state
+        .metrics
+        .request_done(api.as_str(), tenant_id.as_ref(), response.status().as_u16());
     response
 }
 
@@ -145,7 +143,7 @@ async fn serve(
     api: Api,
     headers: &HeaderMap,
     body: Body,
-    tenant_id: &mut Option<Arc<str>>,
+    tenant_id: &mut Option<Arc<String>>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let slot = state.in_flight.clone().try_acquire_owned().map_err(|_| {
@@ -160,7 +158,7 @@ async fn serve(
         _slot: slot,
     };
     let tenant = authenticate(state, headers)?;
-    *tenant_id = Some(tenant.id.clone());
+    *tenant_id = Some(tenant.metric_label.clone());
     let lane = lane(headers)?;
     let max_wait = max_wait(headers, tenant.max_wait)?;
     let bytes = read_body(state, headers, body).await?;

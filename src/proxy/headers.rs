@@ -72,9 +72,62 @@ pub fn format_reset(ns: u64) -> String {
     }
 }
 
+/// Parses a reset duration as OpenAI writes it (`"20ms"`, `"1.5s"`, `"6m0s"`,
+/// `"1h2m3s"`); `None` for anything else.
+pub fn parse_reset(text: &str) -> Option<std::time::Duration> {
+    let mut rest = text.trim();
+    let mut total_ms = 0f64;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let split = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let (number, tail) = rest.split_at(split);
+        let value: f64 = number.parse().ok()?;
+        let (unit_ms, tail) = if let Some(t) = tail.strip_prefix("ms") {
+            (1.0, t)
+        } else if let Some(t) = tail.strip_prefix('h') {
+            (3_600_000.0, t)
+        } else if let Some(t) = tail.strip_prefix('m') {
+            (60_000.0, t)
+        } else if let Some(t) = tail.strip_prefix('s') {
+            (1000.0, t)
+        } else {
+            return None;
+        };
+        total_ms += value * unit_ms;
+        rest = tail;
+    }
+    total_ms
+        .is_finite()
+        .then(|| std::time::Duration::from_secs_f64(total_ms / 1000.0))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::format_reset;
+    use super::{format_reset, parse_reset};
+    use std::time::Duration;
+
+    #[test]
+    fn resets_parse_back() {
+        for ns in [
+            1_000_000u64,
+            20_000_000,
+            1_000_000_000,
+            1_500_000_000,
+            360_000_000_000,
+            3_723_000_000_000,
+        ] {
+            assert_eq!(
+                parse_reset(&format_reset(ns)),
+                Some(Duration::from_nanos(ns))
+            );
+        }
+        assert_eq!(parse_reset("0s"), Some(Duration::ZERO));
+        assert_eq!(parse_reset(""), None);
+        assert_eq!(parse_reset("soon"), None);
+        assert_eq!(parse_reset("5x"), None);
+    }
 
     #[test]
     fn resets_look_like_openai_s() {

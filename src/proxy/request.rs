@@ -40,6 +40,11 @@ impl Api {
         }
     }
 
+    /// Position in per-API tables (0..4).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Error body shape.
     pub fn flavor(self) -> Flavor {
         match self {

@@ -2,6 +2,7 @@
 //! hash, upstreams, routes, the actor registry, the HTTP client, metrics and bounds.
 
 use super::error::ApiError;
+use super::request::Api;
 use crate::actor::clock::Clock;
 use crate::actor::estimate::AdaptivePolicy;
 use crate::actor::registry::ActorDefaults;
@@ -10,6 +11,7 @@ use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key
 use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::Metrics;
 use crate::tokens::Encoding;
+use sha2::Digest;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -21,6 +23,8 @@ use tokio::sync::Semaphore;
 pub struct Tenant {
     /// Configured id.
     pub id: Arc<str>,
+    /// The id as a metric label value.
+    pub metric_label: Arc<String>,
     /// Its actor's scope.
     pub scope: ScopeId,
     /// Queue wait cap (and default).
@@ -32,10 +36,13 @@ pub struct Tenant {
 pub struct Upstream {
     /// Configured id.
     pub id: Arc<str>,
+    /// The id as a metric label value (shared, so labelling allocates nothing).
+    pub metric_label: Arc<String>,
     /// API flavour.
     pub kind: UpstreamKind,
-    /// Base URL without trailing slash.
-    pub base_url: String,
+    /// Endpoint per API, parsed once (`base_url` + the API's path), indexed by
+    /// [`Api::index`].
+    pub endpoints: [reqwest::Url; 4],
     /// Provider key.
     pub api_key: Option<String>,
     /// Time to response headers.
@@ -77,8 +84,8 @@ impl Route {
 pub struct AppState {
     /// The validated config.
     pub config: Config,
-    /// Tenants by SHA-256 of their API keys.
-    pub tenants: HashMap<String, Arc<Tenant>>,
+    /// Tenants by SHA-256 of their API keys (raw digest: no hex on the hot path).
+    pub tenants: HashMap<[u8; 32], Arc<Tenant>>,
     /// Routes in config order.
     pub routes: Vec<Route>,
     /// Limiter actors.
@@ -117,6 +124,21 @@ fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) 
     }
 }
 
+/// The four endpoints of an upstream; validate() already proved the base URL parses.
+fn endpoints(base_url: &str) -> Result<[reqwest::Url; 4], ApiError> {
+    let base = base_url.trim_end_matches('/');
+    let parse = |api: Api| {
+        reqwest::Url::parse(&format!("{base}{}", api.path()))
+            .map_err(|e| ApiError::bad_gateway(format!("bad upstream URL {base_url:?}: {e}")))
+    };
+    Ok([
+        parse(Api::Chat)?,
+        parse(Api::Completions)?,
+        parse(Api::Embeddings)?,
+        parse(Api::Messages)?,
+    ])
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -138,11 +160,16 @@ impl AppState {
             specs.insert(scope.clone(), scope_spec(&t.quota, &config, adaptive));
             let tenant = Arc::new(Tenant {
                 id: t.id.as_str().into(),
+                metric_label: Arc::new(t.id.clone()),
                 scope,
                 max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
             });
             for hash in &t.api_key_hashes {
-                tenants.insert(normalize_key_hash(hash), tenant.clone());
+                // validate() proved each is 64 hex digits.
+                let mut digest = [0u8; 32];
+                if hex::decode_to_slice(normalize_key_hash(hash), &mut digest).is_ok() {
+                    tenants.insert(digest, tenant.clone());
+                }
             }
         }
         let mut upstreams = HashMap::new();
@@ -153,8 +180,9 @@ impl AppState {
                 u.id.clone(),
                 Arc::new(Upstream {
                     id: u.id.as_str().into(),
+                    metric_label: Arc::new(u.id.clone()),
                     kind: u.kind,
-                    base_url: u.base_url.trim_end_matches('/').to_owned(),
+                    endpoints: endpoints(&u.base_url)?,
                     api_key: u.api_key.clone(),
                     timeout: u.timeout,
                     stream_idle_timeout: u.stream_idle_timeout,
@@ -211,7 +239,8 @@ impl AppState {
 
     /// The tenant owning `api_key`.
     pub fn tenant_for_key(&self, api_key: &str) -> Option<&Arc<Tenant>> {
-        self.tenants.get(&crate::config::hash_api_key(api_key))
+        let digest: [u8; 32] = sha2::Sha256::digest(api_key.as_bytes()).into();
+        self.tenants.get(&digest)
     }
 
     /// The first route serving `model`.

@@ -1,0 +1,114 @@
+//! Actor round trip: admit on a tenant actor through the registry and settle the
+//! permit, the work every proxied request does per scope. Criterion reports the mean;
+//! a second pass records each round trip in an HDR histogram and prints p50/p99/p99.9,
+//! since the target (p99 < 10 us) is about the tail.
+//! Run: `cargo bench --bench actor`.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use hdrhistogram::Histogram;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tollgate::actor::clock::Clock;
+use tollgate::actor::registry::ActorDefaults;
+use tollgate::actor::task::AcquireRequest;
+use tollgate::actor::{Lane, Permit, Registry, ScopeId, ScopeSpec, SettleWith};
+use tollgate::limiter::{Algorithm, Ceiling, LimitSpec, NANOS_PER_SEC};
+use tollgate::ops::metrics::Metrics;
+
+fn registry() -> (Registry, ScopeId) {
+    let scope = ScopeId::tenant("bench");
+    let limit = |capacity| {
+        Some(LimitSpec::new(
+            capacity,
+            60 * NANOS_PER_SEC,
+            Algorithm::SlidingWindow,
+        ))
+    };
+    let spec = ScopeSpec {
+        requests: limit(1 << 40),
+        tokens: limit(1 << 50),
+        concurrency: Some(1 << 20),
+        adaptive: None,
+    };
+    let defaults = ActorDefaults {
+        batch_ceiling: Ceiling::from_share(0.6),
+        aging_ns: 5 * NANOS_PER_SEC,
+        max_queue: 1024,
+        idle_timeout_ns: 120 * NANOS_PER_SEC,
+    };
+    let registry = Registry::new(
+        HashMap::from([(scope.clone(), spec)]),
+        defaults,
+        Clock::start(),
+        Arc::new(Metrics::new(false)),
+    )
+    .expect("valid bench spec");
+    (registry, scope)
+}
+
+async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
+    let (answer, handle) = registry
+        .acquire(scope, |reply| AcquireRequest {
+            lane: Lane::Interactive,
+            prompt_tokens: 100,
+            max_completion_tokens: 200,
+            model: model.clone(),
+            adaptive: false,
+            max_wait_ns: 0,
+            busy_above: None,
+            reply,
+        })
+        .await
+        .expect("actor reachable");
+    let grant = answer.expect("roomy limits admit");
+    Permit::new(&handle, &grant).settle(SettleWith::Usage {
+        prompt: 100,
+        completion: 50,
+    });
+}
+
+fn actor(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (registry, scope) = rt.block_on(async { registry() });
+    let model: Arc<str> = "gpt-4o-mini".into();
+    c.bench_function("actor/acquire+settle round trip", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    round_trip(&registry, &scope, &model).await;
+                }
+                start.elapsed()
+            })
+        })
+    });
+    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+    rt.block_on(async {
+        for _ in 0..200_000 {
+            let start = Instant::now();
+            round_trip(&registry, &scope, &model).await;
+            let _ = histogram.record(start.elapsed().as_nanos() as u64);
+        }
+    });
+    println!(
+        "actor round trip over 200000: p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us",
+        histogram.value_at_quantile(0.5) as f64 / 1000.0,
+        histogram.value_at_quantile(0.99) as f64 / 1000.0,
+        histogram.value_at_quantile(0.999) as f64 / 1000.0,
+    );
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1))
+}
+
+criterion_group! { name = benches; config = config(); targets = actor }
+criterion_main!(benches);
