@@ -69,15 +69,11 @@ async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
     });
 }
 
-fn actor(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+/// Measures on `rt`: criterion's mean, then an HDR pass for the tail.
+fn measure(c: &mut Criterion, name: &str, rt: &tokio::runtime::Runtime) {
     let (registry, scope) = rt.block_on(async { registry() });
     let model: Arc<str> = "gpt-4o-mini".into();
-    c.bench_function("actor/acquire+settle round trip", |b| {
+    c.bench_function(&format!("actor/acquire+settle round trip/{name}"), |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
                 let start = Instant::now();
@@ -97,11 +93,20 @@ fn actor(c: &mut Criterion) {
         }
     });
     println!(
-        "actor round trip over 200000: p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us",
+        "actor round trip ({name}) over 200000: p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us",
         histogram.value_at_quantile(0.5) as f64 / 1000.0,
         histogram.value_at_quantile(0.99) as f64 / 1000.0,
         histogram.value_at_quantile(0.999) as f64 / 1000.0,
     );
+}
+
+fn actor(c: &mut Criterion) {
+    // The actor's own cost: caller and actor on one thread, no cross-thread wake-up.
+    let single = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    measure(c, "current-thread", &single);
+    // As the node runs it: two workers, so a message may wake the other thread.
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    measure(c, "multi-thread-2", &multi);
 }
 
 fn config() -> Criterion {

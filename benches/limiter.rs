@@ -31,14 +31,22 @@ fn roomy(algorithm: Algorithm) -> Limiter {
     Limiter::try_new(spec).expect("valid bench spec")
 }
 
-/// A full limiter (60 per minute, one admission per second for a minute, so every
-/// sliding-window bucket and 60 log entries are live) and the instant it is full at.
+/// A full limiter (60 per minute) and the instant it is full at. The sliding window
+/// fills at one admission per second, so every bucket is live; the exact log fills
+/// at two per second (at one per second the oldest entry would leave exactly as the
+/// next arrives, and it would never fill); the token bucket refills at one per
+/// second, so it is drained by a burst at one instant instead.
 fn full(algorithm: Algorithm) -> (Limiter, Nanos) {
     let mut limiter = Limiter::try_new(LimitSpec::new(60, 60 * NANOS_PER_SEC, algorithm))
         .expect("valid bench spec");
+    let step = match algorithm {
+        Algorithm::SlidingWindow => NANOS_PER_SEC,
+        Algorithm::SlidingLog => NANOS_PER_SEC / 2,
+        Algorithm::TokenBucket => 0,
+    };
     let mut now = 0;
     while limiter.reserve(now, 1, Ceiling::FULL).is_ok() {
-        now += NANOS_PER_SEC;
+        now += step;
     }
     (limiter, now)
 }
