@@ -1,6 +1,16 @@
 //! # tollgate-cluster
 //!
-//! Home of the cluster layer (issue 3): membership over chitchat, CRDT usage
-//! counters, the lease ledger and the sync-mode trait. It holds no code yet, on
-//! purpose: a single node (the `tollgate` crate) does not depend on it, and nothing
-//! here pretends to work before it is built and tested.
+//! The cluster layer (issue 3): how tollgate nodes find each other and share what
+//! they spent, so every tenant and upstream limit holds cluster-wide without Redis.
+//!
+//! - [`membership`]: chitchat (pinned 0.13.0): node id with generation, cluster id,
+//!   seeds re-resolved by DNS, phi-accrual failure detection, node metadata, and the
+//!   replicated per-node key-value state the counters live in.
+//! - [`counter`]: CRDT usage counters: each node's single-writer per-bucket
+//!   consumption per key, published coalesced into a fixed ring of keys; global
+//!   usage is the sum over live members. Pure.
+//! - [`share`]: demand-weighted shares of a capacity that always sum to it. Pure.
+
+pub mod counter;
+pub mod membership;
+pub mod share;
