@@ -31,6 +31,7 @@ fn registry() -> (Registry, ScopeId) {
         tokens: limit(1 << 50),
         concurrency: Some(1 << 20),
         adaptive: None,
+        allowances: Default::default(),
     };
     let defaults = ActorDefaults {
         batch_ceiling: Ceiling::from_share(0.6),
@@ -102,10 +103,17 @@ fn measure(c: &mut Criterion, name: &str, rt: &tokio::runtime::Runtime) {
 
 fn actor(c: &mut Criterion) {
     // The actor's own cost: caller and actor on one thread, no cross-thread wake-up.
-    let single = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     measure(c, "current-thread", &single);
     // As the node runs it: two workers, so a message may wake the other thread.
-    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     measure(c, "multi-thread-2", &multi);
 }
 

@@ -21,7 +21,9 @@ pub struct Clock {
 impl Clock {
     /// A clock whose origin is now, labelled with the current wall-clock time.
     pub fn start() -> Clock {
-        let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
         Clock {
             origin: Instant::now(),
             origin_unix_ns: u64::try_from(unix.as_nanos()).unwrap_or(u64::MAX / 2),
@@ -35,7 +37,8 @@ impl Clock {
 
     /// Nanoseconds since the Unix epoch at `instant` (the origin's for earlier ones).
     pub fn ns_at(&self, instant: Instant) -> Nanos {
-        let since = u64::try_from(instant.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX / 2);
+        let since = u64::try_from(instant.saturating_duration_since(self.origin).as_nanos())
+            .unwrap_or(u64::MAX / 2);
         self.origin_unix_ns.saturating_add(since)
     }
 
@@ -54,7 +57,10 @@ mod tests {
         let clock = Clock::start();
         let t0 = clock.now_ns();
         // Within a minute of the real wall clock (it was read at start).
-        let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
         assert!(t0.abs_diff(unix) < 60_000_000_000);
         tokio::time::advance(Duration::from_millis(1500)).await;
         assert_eq!(clock.now_ns() - t0, 1_500_000_000);

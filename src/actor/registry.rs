@@ -9,7 +9,7 @@
 
 use super::clock::Clock;
 use super::estimate::AdaptivePolicy;
-use super::scope::{ScopeLimits, ScopeStatus};
+use super::scope::{Allowances, ScopeExport, ScopeLimits, ScopeStatus};
 use super::task::{AcquireRequest, Actor, ActorSettings, Command, Grant, Refusal, Release};
 use super::{ScopeId, ScopeKind};
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
@@ -38,6 +38,8 @@ pub struct ScopeSpec {
     pub concurrency: Option<u64>,
     /// Adaptive completion estimation (tenants only).
     pub adaptive: Option<AdaptivePolicy>,
+    /// Cluster allowances (shared with the sync engine; empty on a single node).
+    pub allowances: Allowances,
 }
 
 /// Settings shared by every actor.
@@ -166,7 +168,8 @@ impl Registry {
             build(spec.tokens),
             spec.concurrency,
             self.defaults.batch_ceiling,
-        );
+        )
+        .with_allowances(spec.allowances.clone());
         let settings = ActorSettings {
             scope: scope.clone(),
             adaptive: spec.adaptive,
@@ -262,6 +265,31 @@ impl Registry {
         Err(RegistryError::Unavailable(scope.to_string()))
     }
 
+    /// Local usage of every live actor, for the cluster counters. Actors not running
+    /// are at rest: they have nothing in their windows.
+    pub async fn export_live(&self) -> Vec<(ScopeId, ScopeExport)> {
+        let live: Vec<(ScopeId, ActorHandle)> = self
+            .shards
+            .iter()
+            .flat_map(|s| {
+                lock(s)
+                    .iter()
+                    .map(|(k, h)| (k.clone(), h.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut out = Vec::with_capacity(live.len());
+        for (scope, handle) in live {
+            let (tx, rx) = oneshot::channel();
+            if handle.commands.send(Command::Export(tx)).await.is_ok()
+                && let Ok(export) = rx.await
+            {
+                out.push((scope, export));
+            }
+        }
+        out
+    }
+
     /// Starts a cool-down of `scope` until `until_ns` (best effort: a full mailbox
     /// means the actor is busy and will learn of the 429 from the next one).
     pub fn cool_down(&self, scope: &ScopeId, until_ns: Nanos) {
@@ -302,6 +330,7 @@ mod tests {
             tokens: window(1000),
             concurrency: Some(2),
             adaptive: None,
+            allowances: Allowances::default(),
         };
         let defaults = ActorDefaults {
             batch_ceiling: Ceiling::from_share(0.5),

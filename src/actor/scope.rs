@@ -4,10 +4,51 @@
 use super::{Dimension, Lane};
 use crate::limiter::{Ceiling, Denial, Limiter, Nanos, Reservation, Settlement, Snapshot};
 use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Retry hint when only concurrency blocks: a slot frees when some request ends,
 /// which no clock can predict. The waiter itself wakes on the release, not this.
 pub const CONCURRENCY_RETRY_HINT_NS: Nanos = 1_000_000_000;
+
+/// Retry hint when only a cluster allowance blocks: the allowance is recomputed
+/// every sync interval, so that is when trying again can help.
+pub const ALLOWANCE_RETRY_HINT_NS: Nanos = 250_000_000;
+
+/// The most this node may count for one dimension, as set by the cluster's sync
+/// mode: cost in the local window (requests, tokens) or requests in flight
+/// (concurrency). Written by the sync engine each interval, read by the actor on every
+/// decision: one atomic load, no message on the hot path.
+#[derive(Clone, Debug)]
+pub struct Allowance(Arc<AtomicU64>);
+
+impl Allowance {
+    /// An allowance starting at `value`.
+    pub fn new(value: u64) -> Allowance {
+        Allowance(Arc::new(AtomicU64::new(value)))
+    }
+
+    /// Current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the value (the sync engine).
+    pub fn set(&self, value: u64) {
+        self.0.store(value, Ordering::Relaxed);
+    }
+}
+
+/// Cluster allowances of a scope's dimensions; `None` = local limit only.
+#[derive(Clone, Debug, Default)]
+pub struct Allowances {
+    /// Requests in the local window.
+    pub requests: Option<Allowance>,
+    /// Tokens in the local window.
+    pub tokens: Option<Allowance>,
+    /// Requests in flight on this node.
+    pub concurrency: Option<Allowance>,
+}
 
 /// Why a request cannot be admitted now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +84,17 @@ pub enum Settle {
     Cancel,
 }
 
+/// A scope's local usage, as the cluster counters publish it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScopeExport {
+    /// Request window: bucket width and live `(bucket, cost)` pairs.
+    pub requests: Option<(Nanos, Vec<(u64, u64)>)>,
+    /// Token window: bucket width and live `(bucket, cost)` pairs.
+    pub tokens: Option<(Nanos, Vec<(u64, u64)>)>,
+    /// Requests in flight.
+    pub in_flight: u64,
+}
+
 /// Settlement figures for metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Settled {
@@ -59,6 +111,7 @@ pub struct ScopeLimits {
     in_flight: u64,
     batch_ceiling: Ceiling,
     cooling_until_ns: Nanos,
+    allowances: Allowances,
 }
 
 /// Point-in-time figures of a scope, for headers and the admin API.
@@ -117,6 +170,23 @@ impl ScopeLimits {
             in_flight: 0,
             batch_ceiling,
             cooling_until_ns: 0,
+            allowances: Allowances::default(),
+        }
+    }
+
+    /// The same scope, also bounded by cluster allowances.
+    pub fn with_allowances(mut self, allowances: Allowances) -> ScopeLimits {
+        self.allowances = allowances;
+        self
+    }
+
+    /// What the cluster counters need: live buckets per window dimension and the
+    /// requests in flight.
+    pub fn export(&self, now: Nanos) -> ScopeExport {
+        ScopeExport {
+            requests: self.requests.as_ref().and_then(|l| l.export(now)),
+            tokens: self.tokens.as_ref().and_then(|l| l.export(now)),
+            in_flight: self.in_flight,
         }
     }
 
@@ -186,6 +256,39 @@ impl ScopeLimits {
                     never: true,
                 }),
             }
+        }
+        for (limiter, allowance, cost, dimension) in [
+            (
+                &self.requests,
+                &self.allowances.requests,
+                1,
+                Dimension::Requests,
+            ),
+            (
+                &self.tokens,
+                &self.allowances.tokens,
+                tokens,
+                Dimension::Tokens,
+            ),
+        ] {
+            if let (Some(limiter), Some(allowance)) = (limiter, allowance)
+                && limiter.snapshot(now).used.saturating_add(cost) > allowance.get()
+            {
+                note(Blocked {
+                    dimension,
+                    retry_after_ns: ALLOWANCE_RETRY_HINT_NS,
+                    never: false,
+                });
+            }
+        }
+        if let Some(allowance) = &self.allowances.concurrency
+            && self.in_flight + 1 > allowance.get()
+        {
+            note(Blocked {
+                dimension: Dimension::Concurrency,
+                retry_after_ns: CONCURRENCY_RETRY_HINT_NS,
+                never: false,
+            });
         }
         if let Some(cap) = self.concurrency_cap(lane) {
             let busy = busy_above.is_some_and(|b| self.in_flight >= b.of(cap).max(1));
@@ -281,5 +384,69 @@ impl ScopeLimits {
             queued: [0, 0],
             cooling_ns: self.cooling_until_ns.saturating_sub(now),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Algorithm, LimitSpec, NANOS_PER_SEC};
+
+    fn scope(allowances: Allowances) -> ScopeLimits {
+        let window = |capacity| {
+            Limiter::try_new(LimitSpec::new(
+                capacity,
+                60 * NANOS_PER_SEC,
+                Algorithm::SlidingWindow,
+            ))
+            .ok()
+        };
+        ScopeLimits::new(window(100), window(10_000), Some(10), Ceiling::FULL)
+            .with_allowances(allowances)
+    }
+
+    #[test]
+    fn cluster_allowance_bounds_the_local_window_and_can_move() {
+        let tokens = Allowance::new(500);
+        let mut s = scope(Allowances {
+            tokens: Some(tokens.clone()),
+            ..Allowances::default()
+        });
+        let now = 1_000 * NANOS_PER_SEC;
+        assert!(s.admit(now, 400, Lane::Interactive, None).is_ok());
+        let blocked = s.admit(now, 200, Lane::Interactive, None).unwrap_err();
+        assert_eq!(
+            (blocked.dimension, blocked.never),
+            (Dimension::Tokens, false)
+        );
+        assert_eq!(blocked.retry_after_ns, ALLOWANCE_RETRY_HINT_NS);
+        // The sync engine raises this node's allowance: the same request fits.
+        tokens.set(600);
+        assert!(s.admit(now, 200, Lane::Interactive, None).is_ok());
+    }
+
+    #[test]
+    fn concurrency_allowance_and_export() {
+        let slots = Allowance::new(1);
+        let mut s = scope(Allowances {
+            concurrency: Some(slots),
+            ..Allowances::default()
+        });
+        let now = 1_000 * NANOS_PER_SEC;
+        let charge = s.admit(now, 10, Lane::Interactive, None).unwrap();
+        assert_eq!(
+            s.admit(now, 10, Lane::Interactive, None)
+                .unwrap_err()
+                .dimension,
+            Dimension::Concurrency
+        );
+        let export = s.export(now);
+        assert_eq!(export.in_flight, 1);
+        let (width_ns, buckets) = export.tokens.unwrap();
+        assert_eq!(width_ns, NANOS_PER_SEC);
+        assert_eq!(buckets, vec![(1_000, 10)]);
+        s.settle(now, charge, Settle::Actual(4));
+        assert_eq!(s.export(now).tokens.unwrap().1, vec![(1_000, 4)]);
+        assert_eq!(s.export(now).in_flight, 0);
     }
 }

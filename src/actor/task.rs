@@ -67,6 +67,8 @@ pub enum Command {
     Acquire(AcquireRequest),
     /// Report current figures.
     Status(oneshot::Sender<ScopeStatus>),
+    /// Report local usage for the cluster counters.
+    Export(oneshot::Sender<super::scope::ScopeExport>),
     /// Refuse everything until `until_ns` (the upstream answered 429).
     CoolDown {
         /// End of the cool-down.
@@ -217,6 +219,9 @@ impl Actor {
                 let _ = reply.send(self.status(now));
             }
             Command::CoolDown { until_ns } => self.limits.cool_down(until_ns),
+            Command::Export(reply) => {
+                let _ = reply.send(self.limits.export(now));
+            }
         }
     }
 

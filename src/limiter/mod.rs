@@ -296,6 +296,15 @@ impl Limiter {
         dispatch!(self, l => l.settle(now, reservation, actual))
     }
 
+    /// The live buckets and bucket width, for cluster counters; `None` for algorithms
+    /// without buckets (cluster modes require `sliding-window`).
+    pub fn export(&self, now: Nanos) -> Option<(Nanos, Vec<(u64, u64)>)> {
+        match self {
+            Limiter::SlidingWindow(l) => Some(l.export(now)),
+            _ => None,
+        }
+    }
+
     /// Header and admin figures at `now`.
     pub fn snapshot(&self, now: Nanos) -> Snapshot {
         dispatch!(self, l => l.snapshot(now))

@@ -190,6 +190,13 @@ impl SlidingWindow {
         Err(Denial::RetryAfter(wait.unwrap_or_else(fallback).max(1)))
     }
 
+    /// Buckets that count at `now`, oldest first, as `(absolute bucket index, cost)`,
+    /// and the bucket width: what a node publishes as its share of a cluster-wide
+    /// counter (docs/design/counters.md).
+    pub fn export(&self, now: Nanos) -> (Nanos, Vec<(u64, u64)>) {
+        (self.width_ns, self.live_buckets(now).collect())
+    }
+
     /// Amount counted at `now` without mutating: the total minus buckets retired since.
     fn used_at(&self, now: Nanos) -> u64 {
         let gone: u64 = self.retiring(now).map(|(_, used)| used).sum();

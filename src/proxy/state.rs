@@ -121,6 +121,7 @@ fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) 
         tokens: limit_spec(quota.tpm, quota, config),
         concurrency: quota.concurrency,
         adaptive,
+        allowances: Default::default(),
     }
 }
 
