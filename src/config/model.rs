@@ -78,6 +78,93 @@ pub struct Config {
     /// Start an in-process mock upstream (the demo uses it).
     #[serde(default)]
     pub builtin_mock: Option<BuiltinMockConfig>,
+    /// Join a cluster: share every limit with the other nodes (absent: one node).
+    #[serde(default)]
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// How a node learns what the rest of the cluster spent. Each mode makes a written
+/// promise about the cluster-wide total admitted per window (L = a key's capacity,
+/// N = live nodes); `docs/design/cluster.md` has the arguments.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncMode {
+    /// Each node counts alone. Promise: `full` <= N x L (a baseline, not a limit);
+    /// `split` <= L (each node gets L/N of the live members). Same in a partition.
+    Local,
+    /// Nodes publish per-bucket usage as CRDT counters over gossip; a node may spend
+    /// its demand-weighted share of the global headroom. Promise: <= L x (1 + e), e
+    /// from gossip lag, measured and reported; unreachable members are charged their
+    /// last published usage until the failure detector removes them.
+    #[default]
+    Gossip,
+    /// The key's owner grants lease blocks. Promise: <= L; in a partition <= L + the
+    /// borrowed leases outstanding at the cut. Not available in this build yet.
+    Lease,
+}
+
+/// What `local` mode gives each node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalShare {
+    /// Every node enforces the full capacity (<= N x L cluster-wide).
+    #[default]
+    Full,
+    /// Every node enforces an equal share of the capacity among live members.
+    Split,
+}
+
+/// `[cluster]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Nodes only gossip with nodes of the same cluster id.
+    pub cluster_id: String,
+    /// This node's stable name, unique in the cluster.
+    pub node_id: String,
+    /// UDP address gossip binds.
+    pub gossip_listen: SocketAddr,
+    /// Address peers dial (default: `gossip_listen`).
+    #[serde(default)]
+    pub gossip_advertise: Option<SocketAddr>,
+    /// Seed nodes as `host:port`; DNS names are re-resolved (a Kubernetes headless
+    /// service works).
+    #[serde(default)]
+    pub seeds: Vec<String>,
+    /// Gossip round interval.
+    #[serde(default = "default_gossip_interval", with = "super::duration")]
+    pub gossip_interval: Duration,
+    /// Phi-accrual failure detector threshold (higher = slower, fewer false alarms).
+    #[serde(default = "default_phi_threshold")]
+    pub phi_threshold: f64,
+    /// How long a dead member's state is kept before it is garbage-collected.
+    #[serde(default = "default_dead_node_grace", with = "super::duration")]
+    pub dead_node_grace: Duration,
+    /// Sync mode.
+    #[serde(default)]
+    pub mode: SyncMode,
+    /// `local` mode's share.
+    #[serde(default)]
+    pub local_share: LocalShare,
+    /// How often usage is published (coalesced) and allowances recomputed.
+    #[serde(default = "default_sync_interval", with = "super::duration")]
+    pub sync_interval: Duration,
+}
+
+fn default_gossip_interval() -> Duration {
+    Duration::from_millis(100)
+}
+
+fn default_phi_threshold() -> f64 {
+    8.0
+}
+
+fn default_dead_node_grace() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_sync_interval() -> Duration {
+    Duration::from_millis(200)
 }
 
 /// `[server]`.

@@ -33,6 +33,38 @@ pub fn validate(config: &Config) -> Result<(), Violation> {
     if let Some(mock) = &config.builtin_mock {
         validate_quota("builtin_mock", &mock.quota)?;
     }
+    validate_cluster(config)
+}
+
+fn validate_cluster(config: &Config) -> Result<(), Violation> {
+    let Some(cluster) = &config.cluster else { return Ok(()) };
+    check_id("cluster.cluster_id", &cluster.cluster_id)?;
+    check_id("cluster.node_id", &cluster.node_id)?;
+    if cluster.mode == super::SyncMode::Lease {
+        return fail(
+            "cluster.mode",
+            "`lease` is not available in this build yet; use `gossip` (<= L x (1+e)) or `local`",
+        );
+    }
+    if !(Duration::from_millis(50)..=Duration::from_secs(1)).contains(&cluster.sync_interval) {
+        return fail("cluster.sync_interval", "must be between 50ms and 1s");
+    }
+    if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&cluster.gossip_interval) {
+        return fail("cluster.gossip_interval", "must be between 10ms and 10s");
+    }
+    if !(cluster.phi_threshold > 0.0 && cluster.phi_threshold <= 100.0) {
+        return fail("cluster.phi_threshold", "must be in (0, 100]");
+    }
+    if cluster.dead_node_grace < cluster.gossip_interval * 10 {
+        return fail("cluster.dead_node_grace", "must be at least 10 gossip intervals");
+    }
+    // Cluster counters publish the local window's buckets, which only the bucketed
+    // sliding window has.
+    let sliding = |q: &Quota| q.algorithm.unwrap_or(config.limits.algorithm) == crate::limiter::Algorithm::SlidingWindow;
+    let all_sliding = config.tenants.iter().all(|t| sliding(&t.quota)) && config.upstreams.iter().all(|u| sliding(&u.quota));
+    if !all_sliding {
+        return fail("limits.algorithm", "cluster modes need `sliding-window` for every limit");
+    }
     Ok(())
 }
 
