@@ -1,0 +1,387 @@
+//! [`LocalCounters`]: this node's own consumption per limit key (the single writer).
+//!
+//! Reservations add to the bucket of the reservation, refunds subtract from it (never
+//! below zero), debts add to it. `publish` returns only the key-value pairs that
+//! changed since the last publish, one per slot however many records hit it, and
+//! forgets buckets that left the window (their slot keys are simply overwritten when
+//! the slot is reused). Bounded by `max_keys`; see [`RecordError::Full`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::codec::{
+    KeyError, demand_key, in_flight_key, scalar_value, slot_key, slot_value, validate_limit_key,
+};
+use super::{DEFAULT_MAX_KEYS, MAX_COUNT, Window};
+
+/// What a record did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// The bucket's count changed; the next publish carries it (unless it changes
+    /// back first).
+    Changed,
+    /// Nothing changed (delta 0, a refund on an empty bucket, a clamp at a bound).
+    Unchanged,
+    /// The bucket no longer counts at `now_ms` (or its slot holds a newer bucket that
+    /// still counts, after a clock step back): the correction is dropped, as the local
+    /// limiter reports an expired settlement.
+    Expired,
+}
+
+/// Why a record or a setter was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// The limit key cannot be gossiped.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// `max_keys` limit keys already hold live values; this new key is not published
+    /// (it is still enforced locally). Keys leave once idle: nothing in the window,
+    /// demand and in-flight published as 0.
+    #[error("already tracking {max_keys} limit keys")]
+    Full {
+        /// The bound that was hit.
+        max_keys: usize,
+    },
+}
+
+/// One remembered bucket: its absolute index, its count, and the count last published
+/// for it (0 for a bucket new to its slot: readers hold either nothing or a bucket
+/// that no longer counts there, so they read 0 too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LocalSlot {
+    bucket: u64,
+    count: u64,
+    published: u64,
+}
+
+/// A demand or in-flight value and the value last published (0 before any: readers
+/// read a missing value as 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Scalar {
+    value: u64,
+    published: u64,
+}
+
+impl Scalar {
+    fn set(&mut self, value: u64) {
+        self.value = value.min(MAX_COUNT);
+    }
+
+    /// The value, if readers do not have it yet; they will after this publish.
+    fn take_changed(&mut self) -> Option<u64> {
+        let changed = self.value != self.published;
+        self.published = self.value;
+        changed.then_some(self.value)
+    }
+}
+
+/// Everything this node holds for one limit key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct LocalKey {
+    /// Ring slot -> the bucket living in it. Only slots written since they were last
+    /// forgotten; a missing slot reads as 0 everywhere (its published bucket is stale).
+    slots: BTreeMap<u32, LocalSlot>,
+    demand: Scalar,
+    in_flight: Scalar,
+}
+
+impl LocalKey {
+    /// Nothing to publish and nothing that counts: the key can be forgotten, every
+    /// reader already evaluates its published values to 0.
+    fn is_idle(&self) -> bool {
+        self.slots.is_empty()
+            && self.demand == Scalar::default()
+            && self.in_flight == Scalar::default()
+    }
+}
+
+/// This node's consumption per limit key, published coalesced into a fixed ring of
+/// chitchat keys. Pure: every time is an argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalCounters {
+    window: Window,
+    max_keys: usize,
+    keys: HashMap<String, LocalKey>,
+}
+
+impl LocalCounters {
+    /// Empty counters over `window`, tracking at most `DEFAULT_MAX_KEYS` keys.
+    pub fn new(window: Window) -> Self {
+        Self::with_max_keys(window, DEFAULT_MAX_KEYS)
+    }
+
+    /// Empty counters tracking at most `max_keys` limit keys at once.
+    pub fn with_max_keys(window: Window, max_keys: usize) -> Self {
+        Self {
+            window,
+            max_keys,
+            keys: HashMap::new(),
+        }
+    }
+
+    /// The window the counters are bucketed by.
+    pub fn window(&self) -> &Window {
+        &self.window
+    }
+
+    /// How many limit keys are tracked now (<= `max_keys`).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no limit key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Adds `delta` cost units to bucket `bucket_index` of `limit_key`: positive for a
+    /// reservation or a debt, negative for a refund. The bucket is the reservation's
+    /// (`window.bucket_index(reserved_at_ms)`), not now's. The count is clamped to
+    /// `0..=MAX_COUNT`. A bucket that no longer counts at `now_ms` is `Expired`.
+    pub fn record(
+        &mut self,
+        limit_key: &str,
+        bucket_index: u64,
+        delta: i64,
+        now_ms: u64,
+    ) -> Result<Recorded, RecordError> {
+        validate_limit_key(limit_key)?;
+        let window = self.window;
+        if !window.counts(bucket_index, now_ms) {
+            return Ok(Recorded::Expired);
+        }
+        if delta == 0 {
+            return Ok(Recorded::Unchanged);
+        }
+        let slot = window.slot(bucket_index);
+        let key = self.key_mut(limit_key)?;
+        let fresh = LocalSlot {
+            bucket: bucket_index,
+            count: 0,
+            published: 0,
+        };
+        let entry = key.slots.entry(slot).or_insert(fresh);
+        if entry.bucket != bucket_index {
+            if entry.bucket > bucket_index && window.counts(entry.bucket, now_ms) {
+                return Ok(Recorded::Expired);
+            }
+            // The slot's old bucket left the window: reuse the slot (its key is
+            // overwritten at the next publish if the new bucket is not 0).
+            *entry = fresh;
+        }
+        let wide = i128::from(entry.count) + i128::from(delta);
+        // Clamped into 0..=MAX_COUNT, so the cast is exact.
+        let count = wide.clamp(0, i128::from(MAX_COUNT)) as u64;
+        let recorded = if count == entry.count {
+            Recorded::Unchanged
+        } else {
+            Recorded::Changed
+        };
+        entry.count = count;
+        debug_assert_eq!(window.slot(entry.bucket), slot);
+        debug_assert!(entry.count <= MAX_COUNT);
+        Ok(recorded)
+    }
+
+    /// Sets this node's demand for `limit_key`: cost units asked for in the last
+    /// window, admitted or not (shares are weighted by it). Clamped to `MAX_COUNT`.
+    pub fn set_demand(
+        &mut self,
+        limit_key: &str,
+        demand_per_window: u64,
+    ) -> Result<(), RecordError> {
+        self.key_mut(limit_key)?.demand.set(demand_per_window);
+        Ok(())
+    }
+
+    /// Sets this node's in-flight count for `limit_key` (concurrency limits).
+    /// Clamped to `MAX_COUNT`.
+    pub fn set_in_flight(&mut self, limit_key: &str, in_flight: u64) -> Result<(), RecordError> {
+        self.key_mut(limit_key)?.in_flight.set(in_flight);
+        Ok(())
+    }
+
+    /// This node's usage of `limit_key` at `now_ms`: the sum of its buckets that count.
+    pub fn local_usage(&self, limit_key: &str, now_ms: u64) -> u64 {
+        self.keys.get(limit_key).map_or(0, |key| {
+            key.slots
+                .values()
+                .filter(|s| self.window.counts(s.bucket, now_ms))
+                .fold(0u64, |sum, s| sum.saturating_add(s.count))
+        })
+    }
+
+    /// The key-value pairs that changed since the last publish, sorted by key, one per
+    /// slot however many records hit it. Buckets that left the window at `now_ms` are
+    /// forgotten (not published: every reader already counts them 0), and so are limit
+    /// keys left idle. Every key is <= `MAX_KEY_BYTES`, every value <= `MAX_VALUE_BYTES`.
+    pub fn publish(&mut self, now_ms: u64) -> Vec<(String, String)> {
+        let window = self.window;
+        let mut out = Vec::new();
+        self.keys.retain(|limit_key, key| {
+            key.slots.retain(|&slot, s| {
+                let counts = window.counts(s.bucket, now_ms);
+                if counts && s.count != s.published {
+                    out.push((slot_key(limit_key, slot), slot_value(s.bucket, s.count)));
+                    s.published = s.count;
+                }
+                counts
+            });
+            if let Some(demand) = key.demand.take_changed() {
+                out.push((demand_key(limit_key), scalar_value(demand)));
+            }
+            if let Some(in_flight) = key.in_flight.take_changed() {
+                out.push((in_flight_key(limit_key), scalar_value(in_flight)));
+            }
+            !key.is_idle()
+        });
+        out.sort_unstable();
+        debug_assert!(self.keys.len() <= self.max_keys);
+        out
+    }
+
+    /// The state of `limit_key`, inserted if new and there is room.
+    fn key_mut(&mut self, limit_key: &str) -> Result<&mut LocalKey, RecordError> {
+        let max_keys = self.max_keys;
+        if !self.keys.contains_key(limit_key) {
+            validate_limit_key(limit_key)?;
+            if self.keys.len() >= max_keys {
+                return Err(RecordError::Full { max_keys });
+            }
+            self.keys.insert(limit_key.to_owned(), LocalKey::default());
+        }
+        // Present: found or inserted just above (Full is unreachable here).
+        self.keys
+            .get_mut(limit_key)
+            .ok_or(RecordError::Full { max_keys })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: &str = "tenant:acme:tokens";
+
+    fn counters() -> LocalCounters {
+        LocalCounters::new(Window::try_new(60_000, 60).unwrap())
+    }
+
+    #[test]
+    fn refunds_never_go_below_zero_and_debts_add() {
+        let mut c = counters();
+        let t = 1_000_000;
+        let b = c.window().bucket_index(t);
+        assert_eq!(c.record(K, b, 100, t), Ok(Recorded::Changed));
+        assert_eq!(c.record(K, b, -30, t), Ok(Recorded::Changed));
+        assert_eq!(c.local_usage(K, t), 70);
+        assert_eq!(c.record(K, b, -500, t), Ok(Recorded::Changed));
+        assert_eq!(c.local_usage(K, t), 0);
+        assert_eq!(c.record(K, b, -1, t), Ok(Recorded::Unchanged));
+        assert_eq!(c.record(K, b, 25, t + 5_000), Ok(Recorded::Changed));
+        assert_eq!(c.local_usage(K, t + 5_000), 25);
+        assert_eq!(c.record(K, b, i64::MAX, t), Ok(Recorded::Changed));
+        assert_eq!(c.local_usage(K, t), MAX_COUNT);
+    }
+
+    #[test]
+    fn publish_is_coalesced_and_only_carries_changes() {
+        let mut c = counters();
+        let t = 1_000_000;
+        let b = c.window().bucket_index(t);
+        for _ in 0..100 {
+            c.record(K, b, 3, t).unwrap();
+        }
+        c.record(K, b - 1, 7, t).unwrap();
+        c.set_demand(K, 500).unwrap();
+        let first = c.publish(t);
+        assert_eq!(
+            first,
+            vec![
+                // Bucket 999 lives in slot 999 mod 61 = 23 ("n"), bucket 1000 in 24.
+                ("c:tenant:acme:tokens:n".to_owned(), "rr:7".to_owned()),
+                ("c:tenant:acme:tokens:o".to_owned(), "rs:8c".to_owned()),
+                ("d:tenant:acme:tokens".to_owned(), "dw".to_owned()),
+            ]
+        );
+        assert!(c.publish(t).is_empty(), "nothing changed");
+        c.record(K, b, 1, t).unwrap();
+        c.record(K, b, -1, t).unwrap();
+        c.set_demand(K, 500).unwrap();
+        // Back and forth since the last publish: nothing to say.
+        assert!(c.publish(t).is_empty());
+    }
+
+    #[test]
+    fn slot_reuse_after_a_full_window_overwrites_cleanly() {
+        let mut c = counters();
+        let w = *c.window();
+        let t = 1_000_000;
+        let b = w.bucket_index(t);
+        c.record(K, b, 10, t).unwrap();
+        c.publish(t);
+        let later = t + u64::from(w.ring_slots()) * w.bucket_ms();
+        let b2 = w.bucket_index(later);
+        assert_eq!(w.slot(b2), w.slot(b));
+        // A late refund to the old bucket is expired, and the old bucket is forgotten.
+        assert_eq!(c.record(K, b, -5, later), Ok(Recorded::Expired));
+        assert!(c.publish(later).is_empty());
+        assert!(c.is_empty(), "idle key forgotten");
+        c.record(K, b2, 4, later).unwrap();
+        let out = c.publish(later);
+        assert_eq!(out, vec![(slot_key(K, w.slot(b2)), slot_value(b2, 4))]);
+        assert_eq!(c.local_usage(K, later), 4);
+    }
+
+    #[test]
+    fn a_newer_bucket_keeps_its_slot_after_a_clock_step_back() {
+        let mut c = counters();
+        let w = *c.window();
+        let t = 1_000_000;
+        let newer = w.bucket_index(t);
+        c.record(K, newer, 10, t).unwrap();
+        let back = t - 50_000;
+        let older = newer - u64::from(w.ring_slots());
+        assert!(w.counts(older, back) && w.counts(newer, back));
+        assert_eq!(c.record(K, older, 5, back), Ok(Recorded::Expired));
+        assert_eq!(c.local_usage(K, t), 10);
+    }
+
+    #[test]
+    fn demand_and_in_flight_are_published_when_they_change() {
+        let mut c = counters();
+        c.set_in_flight(K, 3).unwrap();
+        c.set_demand(K, 0).unwrap();
+        assert_eq!(c.publish(0), vec![(in_flight_key(K), "3".to_owned())]);
+        c.set_in_flight(K, 0).unwrap();
+        assert_eq!(c.publish(0), vec![(in_flight_key(K), "0".to_owned())]);
+        assert!(c.is_empty(), "0 published, nothing counts: forgotten");
+        c.set_demand(K, u64::MAX).unwrap();
+        assert_eq!(c.publish(0), vec![(demand_key(K), scalar_value(MAX_COUNT))]);
+    }
+
+    #[test]
+    fn full_refuses_new_keys_until_one_goes_idle() {
+        let w = Window::try_new(60_000, 60).unwrap();
+        let mut c = LocalCounters::with_max_keys(w, 2);
+        let t = 1_000_000;
+        let b = w.bucket_index(t);
+        c.record("a", b, 1, t).unwrap();
+        c.set_in_flight("b", 1).unwrap();
+        assert_eq!(
+            c.record("c", b, 1, t),
+            Err(RecordError::Full { max_keys: 2 })
+        );
+        assert_eq!(
+            c.record("a", b, 1, t),
+            Ok(Recorded::Changed),
+            "known keys still work"
+        );
+        c.set_in_flight("b", 0).unwrap();
+        c.publish(t);
+        assert_eq!(c.record("c", b, 1, t), Ok(Recorded::Changed));
+        assert_eq!(
+            c.record("bad key", b, 1, t),
+            Err(RecordError::Key(KeyError::BadByte { index: 3 }))
+        );
+    }
+}

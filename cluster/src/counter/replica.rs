@@ -1,0 +1,498 @@
+//! [`ClusterUsage`]: every node's published counters, merged, and the sums over them.
+//!
+//! Each (node, chitchat key) is a register written by that node only. A register keeps
+//! the greatest `(version, value)` it was given, so merging is a join: commutative,
+//! associative and idempotent (property-tested in `proptests.rs`), and an older
+//! version never changes anything. Global usage of a limit key is the sum over live
+//! nodes of their buckets that count at `now_ms`; a slot whose bucket left the window
+//! counts 0 without being deleted. Dead nodes are excluded from every sum at once and
+//! their registers kept until [`ClusterUsage::forget_node`], so a node wrongly
+//! suspected and back a moment later is counted again without a resync.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::codec::{DecodeError, Decoded, decode};
+use super::{DEFAULT_MAX_KEYS, Window};
+
+/// What an update did to the replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The register took the new value.
+    Updated,
+    /// The register already held exactly this version and value.
+    Unchanged,
+    /// The register holds a newer version (or the same version with a greater value):
+    /// the update was ignored.
+    Stale,
+    /// Not a counter key (no `c:`/`d:`/`f:` prefix), e.g. membership metadata: ignored.
+    Foreign,
+    /// The node already has `max_keys_per_node` limit keys here: ignored (see
+    /// [`ClusterUsage::gc`]).
+    Full,
+}
+
+/// A register's content and the version it was written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Versioned<T> {
+    version: u64,
+    value: T,
+}
+
+/// How an incoming value merges into a register.
+#[derive(Debug, Clone, Copy)]
+enum Merge {
+    /// Keep the greatest `(version, value)`: the CRDT join.
+    MaxVersion(u64),
+    /// The caller already ordered updates (chitchat did): take the value, keep the
+    /// register's version.
+    Overwrite,
+}
+
+impl Merge {
+    fn join<T: Ord + Copy>(self, register: &mut Option<Versioned<T>>, value: T) -> Applied {
+        let incoming = match (self, *register) {
+            (Merge::MaxVersion(version), _) => Versioned { version, value },
+            (Merge::Overwrite, current) => Versioned {
+                version: current.map_or(0, |c| c.version),
+                value,
+            },
+        };
+        match *register {
+            Some(current) if current == incoming => Applied::Unchanged,
+            Some(current) if matches!(self, Merge::MaxVersion(_)) && current > incoming => {
+                Applied::Stale
+            }
+            _ => {
+                *register = Some(incoming);
+                Applied::Updated
+            }
+        }
+    }
+}
+
+/// One node's registers for one limit key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct KeyReplica {
+    /// Ring slot -> `(bucket, count)`.
+    slots: BTreeMap<u32, Versioned<(u64, u64)>>,
+    demand: Option<Versioned<u64>>,
+    in_flight: Option<Versioned<u64>>,
+}
+
+impl KeyReplica {
+    fn usage(&self, window: &Window, now_ms: u64) -> u64 {
+        self.slots
+            .values()
+            .filter(|r| window.counts(r.value.0, now_ms))
+            .fold(0u64, |sum, r| sum.saturating_add(r.value.1))
+    }
+
+    fn apply(&mut self, decoded: Decoded<'_>, merge: Merge) -> Applied {
+        match decoded {
+            Decoded::Slot {
+                slot,
+                bucket,
+                count,
+                ..
+            } => {
+                let mut register = self.slots.get(&slot).copied();
+                let applied = merge.join(&mut register, (bucket, count));
+                if let (Applied::Updated, Some(r)) = (applied, register) {
+                    self.slots.insert(slot, r);
+                }
+                applied
+            }
+            Decoded::Demand { demand, .. } => merge.join(&mut self.demand, demand),
+            Decoded::InFlight { in_flight, .. } => merge.join(&mut self.in_flight, in_flight),
+        }
+    }
+
+    /// Every register reads as zero at `now_ms`.
+    fn is_zero(&self, window: &Window, now_ms: u64) -> bool {
+        self.usage(window, now_ms) == 0
+            && self.demand.is_none_or(|d| d.value == 0)
+            && self.in_flight.is_none_or(|f| f.value == 0)
+    }
+}
+
+/// One node's registers and whether it is counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeReplica {
+    live: bool,
+    keys: HashMap<String, KeyReplica>,
+}
+
+/// Every node's counters as gossiped, merged by max version. Pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterUsage {
+    window: Window,
+    max_keys_per_node: usize,
+    nodes: HashMap<String, NodeReplica>,
+}
+
+impl ClusterUsage {
+    /// An empty replica over `window` (which every node must share), keeping at most
+    /// `DEFAULT_MAX_KEYS` limit keys per node.
+    pub fn new(window: Window) -> Self {
+        Self::with_max_keys_per_node(window, DEFAULT_MAX_KEYS)
+    }
+
+    /// An empty replica keeping at most `max_keys_per_node` limit keys per node.
+    pub fn with_max_keys_per_node(window: Window, max_keys_per_node: usize) -> Self {
+        Self {
+            window,
+            max_keys_per_node,
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// The window buckets are read with.
+    pub fn window(&self) -> &Window {
+        &self.window
+    }
+
+    /// Applies `node`'s value for `key` as the newest one (chitchat already keeps the
+    /// highest version and hands us only that). Don't mix with
+    /// [`apply_versioned`](Self::apply_versioned) for the same node.
+    pub fn apply(&mut self, node: &str, key: &str, value: &str) -> Result<Applied, DecodeError> {
+        self.apply_with(node, key, value, Merge::Overwrite)
+    }
+
+    /// Applies `node`'s value for `key` written at `version`: the register keeps the
+    /// greatest `(version, value)`, so an older version never changes anything and a
+    /// repeat is `Unchanged`. A node first seen here is live.
+    pub fn apply_versioned(
+        &mut self,
+        node: &str,
+        key: &str,
+        version: u64,
+        value: &str,
+    ) -> Result<Applied, DecodeError> {
+        self.apply_with(node, key, value, Merge::MaxVersion(version))
+    }
+
+    fn apply_with(
+        &mut self,
+        node: &str,
+        key: &str,
+        value: &str,
+        merge: Merge,
+    ) -> Result<Applied, DecodeError> {
+        let Some(decoded) = decode(key, value, &self.window)? else {
+            return Ok(Applied::Foreign);
+        };
+        let limit_key = match decoded {
+            Decoded::Slot { limit_key, .. }
+            | Decoded::Demand { limit_key, .. }
+            | Decoded::InFlight { limit_key, .. } => limit_key,
+        };
+        let max_keys = self.max_keys_per_node;
+        let replica = self.node_mut(node);
+        if !replica.keys.contains_key(limit_key) && replica.keys.len() >= max_keys {
+            return Ok(Applied::Full);
+        }
+        let key_replica = replica.keys.entry(limit_key.to_owned()).or_default();
+        Ok(key_replica.apply(decoded, merge))
+    }
+
+    /// Merges every register of `other` into this replica (max version per register),
+    /// as if all its updates were applied here. Liveness is this node's own view and is
+    /// not merged: nodes new to this replica are live.
+    pub fn merge(&mut self, other: &ClusterUsage) {
+        for (node, theirs) in &other.nodes {
+            let max_keys = self.max_keys_per_node;
+            let replica = self.node_mut(node);
+            for (limit_key, key) in &theirs.keys {
+                if !replica.keys.contains_key(limit_key) && replica.keys.len() >= max_keys {
+                    continue;
+                }
+                let mine = replica.keys.entry(limit_key.clone()).or_default();
+                for (&slot, r) in &key.slots {
+                    let mut register = mine.slots.get(&slot).copied();
+                    let applied = Merge::MaxVersion(r.version).join(&mut register, r.value);
+                    if let (Applied::Updated, Some(r)) = (applied, register) {
+                        mine.slots.insert(slot, r);
+                    }
+                }
+                for (mine, theirs) in [
+                    (&mut mine.demand, key.demand),
+                    (&mut mine.in_flight, key.in_flight),
+                ] {
+                    if let Some(r) = theirs {
+                        Merge::MaxVersion(r.version).join(mine, r.value);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes exactly the nodes in `live` count: others are excluded from every sum at
+    /// once (registers kept), known nodes in `live` count again, unknown ones are added
+    /// empty so they show up (with 0) in the per-node views and get a share.
+    pub fn retain_nodes(&mut self, live: &HashSet<String>) {
+        for (node, replica) in &mut self.nodes {
+            replica.live = live.contains(node);
+        }
+        for node in live {
+            self.node_mut(node);
+        }
+    }
+
+    /// Excludes `node` from every sum at once (e.g. declared dead); registers kept.
+    pub fn remove_node(&mut self, node: &str) {
+        if let Some(replica) = self.nodes.get_mut(node) {
+            replica.live = false;
+        }
+    }
+
+    /// Drops `node`'s registers (after chitchat garbage-collected the dead node).
+    /// Returns whether it was known.
+    pub fn forget_node(&mut self, node: &str) -> bool {
+        self.nodes.remove(node).is_some()
+    }
+
+    /// Drops every limit key whose registers all read 0 at `now_ms` (no bucket that
+    /// counts, demand and in-flight 0), returning how many. Safe with chitchat, which
+    /// hands over only the newest version of a key, so a dropped register cannot be
+    /// brought back by an older value; the property tests run without it.
+    pub fn gc(&mut self, now_ms: u64) -> usize {
+        let window = self.window;
+        let mut dropped = 0;
+        for replica in self.nodes.values_mut() {
+            let before = replica.keys.len();
+            replica.keys.retain(|_, key| !key.is_zero(&window, now_ms));
+            dropped += before - replica.keys.len();
+        }
+        dropped
+    }
+
+    /// Live nodes, sorted.
+    pub fn live_nodes(&self) -> Vec<String> {
+        let mut nodes: Vec<String> = (self.nodes.iter())
+            .filter(|(_, r)| r.live)
+            .map(|(n, _)| n.clone())
+            .collect();
+        nodes.sort_unstable();
+        nodes
+    }
+
+    /// Cluster usage of `limit_key` at `now_ms`, in cost units: the sum over live nodes
+    /// of their buckets that count.
+    pub fn global_usage(&self, limit_key: &str, now_ms: u64) -> u64 {
+        self.global_usage_except(limit_key, None, now_ms)
+    }
+
+    /// [`global_usage`](Self::global_usage) without `except_node`'s part (typically
+    /// this node, whose fresher figure is in its `LocalCounters`).
+    pub fn global_usage_except(
+        &self,
+        limit_key: &str,
+        except_node: Option<&str>,
+        now_ms: u64,
+    ) -> u64 {
+        (self.nodes.iter())
+            .filter(|(node, r)| r.live && Some(node.as_str()) != except_node)
+            .filter_map(|(_, r)| r.keys.get(limit_key))
+            .fold(0u64, |sum, k| {
+                sum.saturating_add(k.usage(&self.window, now_ms))
+            })
+    }
+
+    /// Usage of `limit_key` at `now_ms` per live node (0 if it published none), sorted
+    /// by node.
+    pub fn usage_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, u64)> {
+        self.per_live_node(limit_key, |k| k.usage(&self.window, now_ms))
+    }
+
+    /// `node`'s usage of `limit_key` at `now_ms`, live or not (`None` if never seen):
+    /// what a member declared dead had spent in the window, e.g. to charge it
+    /// `max(usage, share)` rather than only its share.
+    pub fn usage_of(&self, node: &str, limit_key: &str, now_ms: u64) -> Option<u64> {
+        let replica = self.nodes.get(node)?;
+        let key = replica.keys.get(limit_key);
+        Some(key.map_or(0, |k| k.usage(&self.window, now_ms)))
+    }
+
+    /// Demand for `limit_key` per live node (cost units per window, 0 if none
+    /// published), sorted by node: the input of [`crate::share::shares`].
+    pub fn demand_by_node(&self, limit_key: &str) -> Vec<(String, u64)> {
+        self.per_live_node(limit_key, |k| k.demand.map_or(0, |d| d.value))
+    }
+
+    /// In-flight count for `limit_key` per live node (0 if none published), sorted.
+    pub fn in_flight_by_node(&self, limit_key: &str) -> Vec<(String, u64)> {
+        self.per_live_node(limit_key, |k| k.in_flight.map_or(0, |f| f.value))
+    }
+
+    fn per_live_node(
+        &self,
+        limit_key: &str,
+        read: impl Fn(&KeyReplica) -> u64,
+    ) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = (self.nodes.iter())
+            .filter(|(_, r)| r.live)
+            .map(|(node, r)| (node.clone(), r.keys.get(limit_key).map_or(0, &read)))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Every register's version by (node, limit key, register), for the property
+    /// tests: register 0..R is a slot, `u32::MAX - 1` demand, `u32::MAX` in-flight.
+    #[cfg(test)]
+    pub(super) fn register_versions(&self) -> BTreeMap<(String, String, u32), u64> {
+        let mut out = BTreeMap::new();
+        for (node, replica) in &self.nodes {
+            for (limit_key, key) in &replica.keys {
+                let at = |register: u32| (node.clone(), limit_key.clone(), register);
+                for (&slot, r) in &key.slots {
+                    out.insert(at(slot), r.version);
+                }
+                out.extend(key.demand.map(|d| (at(u32::MAX - 1), d.version)));
+                out.extend(key.in_flight.map(|f| (at(u32::MAX), f.version)));
+            }
+        }
+        out
+    }
+
+    fn node_mut(&mut self, node: &str) -> &mut NodeReplica {
+        let fresh = || NodeReplica {
+            live: true,
+            keys: HashMap::new(),
+        };
+        self.nodes.entry(node.to_owned()).or_insert_with(fresh)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counter::codec::{demand_key, in_flight_key, scalar_value, slot_key, slot_value};
+
+    const K: &str = "tenant:acme:tokens";
+
+    fn window() -> Window {
+        Window::try_new(60_000, 60).unwrap()
+    }
+
+    /// Node `node` publishes `count` in bucket `bucket` of `K` at `version`.
+    fn put(u: &mut ClusterUsage, node: &str, version: u64, bucket: u64, count: u64) -> Applied {
+        let key = slot_key(K, u.window().slot(bucket));
+        u.apply_versioned(node, &key, version, &slot_value(bucket, count))
+            .unwrap()
+    }
+
+    #[test]
+    fn global_usage_sums_live_nodes_in_window_buckets() {
+        let mut u = ClusterUsage::new(window());
+        put(&mut u, "a", 1, 1_000, 10);
+        put(&mut u, "a", 2, 1_001, 5);
+        put(&mut u, "b", 1, 1_000, 7);
+        // Bucket 1_000 is [1_000_000, 1_001_000): counts until 1_061_000.
+        assert_eq!(u.global_usage(K, 1_001_500), 22);
+        assert_eq!(u.global_usage(K, 1_060_999), 22);
+        assert_eq!(
+            u.global_usage(K, 1_061_000),
+            5,
+            "bucket 1_000 left, exactly"
+        );
+        assert_eq!(u.global_usage(K, 1_062_000), 0, "stale slots count 0");
+        assert_eq!(u.global_usage("other", 1_001_500), 0);
+        let by_node = u.usage_by_node(K, 1_001_500);
+        assert_eq!(by_node, vec![("a".to_owned(), 15), ("b".to_owned(), 7)]);
+        assert_eq!(u.global_usage_except(K, Some("a"), 1_001_500), 7);
+    }
+
+    #[test]
+    fn slot_reuse_overwrites_the_old_bucket() {
+        let mut u = ClusterUsage::new(window());
+        put(&mut u, "a", 1, 1_000, 10);
+        assert_eq!(put(&mut u, "a", 2, 1_061, 3), Applied::Updated, "same slot");
+        assert_eq!(u.global_usage(K, 1_061_000), 3);
+        assert_eq!(u.global_usage(K, 1_001_000), 3, "the old bucket is gone");
+    }
+
+    #[test]
+    fn older_versions_are_stale_and_repeats_unchanged() {
+        let mut u = ClusterUsage::new(window());
+        assert_eq!(put(&mut u, "a", 5, 1_000, 10), Applied::Updated);
+        assert_eq!(put(&mut u, "a", 5, 1_000, 10), Applied::Unchanged);
+        assert_eq!(put(&mut u, "a", 4, 1_000, 99), Applied::Stale);
+        assert_eq!(u.global_usage(K, 1_000_000), 10);
+        // Unversioned apply trusts the caller's order.
+        let key = slot_key(K, u.window().slot(1_000));
+        assert_eq!(
+            u.apply("a", &key, &slot_value(1_000, 2)),
+            Ok(Applied::Updated)
+        );
+        assert_eq!(u.global_usage(K, 1_000_000), 2);
+    }
+
+    #[test]
+    fn dead_node_usage_drops_at_once_and_returns_with_it() {
+        let mut u = ClusterUsage::new(window());
+        put(&mut u, "a", 1, 1_000, 10);
+        put(&mut u, "b", 1, 1_000, 7);
+        u.remove_node("b");
+        assert_eq!(u.global_usage(K, 1_000_000), 10);
+        assert_eq!(u.usage_by_node(K, 1_000_000), vec![("a".to_owned(), 10)]);
+        assert_eq!(u.usage_of("b", K, 1_000_000), Some(7), "registers kept");
+        assert_eq!(u.usage_of("z", K, 1_000_000), None);
+        let live: HashSet<String> = ["b".to_owned(), "c".to_owned()].into();
+        u.retain_nodes(&live);
+        assert_eq!(u.global_usage(K, 1_000_000), 7);
+        assert_eq!(u.live_nodes(), vec!["b".to_owned(), "c".to_owned()]);
+        assert_eq!(
+            u.demand_by_node(K),
+            vec![("b".to_owned(), 0), ("c".to_owned(), 0)]
+        );
+        assert!(u.forget_node("b"));
+        assert!(!u.forget_node("b"));
+        assert_eq!(u.global_usage(K, 1_000_000), 0);
+    }
+
+    #[test]
+    fn demand_and_in_flight_per_node() {
+        let mut u = ClusterUsage::new(window());
+        u.apply_versioned("a", &demand_key(K), 1, &scalar_value(300))
+            .unwrap();
+        u.apply_versioned("b", &demand_key(K), 1, &scalar_value(100))
+            .unwrap();
+        u.apply_versioned("b", &in_flight_key(K), 2, &scalar_value(4))
+            .unwrap();
+        assert_eq!(
+            u.demand_by_node(K),
+            vec![("a".to_owned(), 300), ("b".to_owned(), 100)]
+        );
+        assert_eq!(
+            u.in_flight_by_node(K),
+            vec![("a".to_owned(), 0), ("b".to_owned(), 4)]
+        );
+    }
+
+    #[test]
+    fn foreign_garbage_and_full_are_reported() {
+        let mut u = ClusterUsage::with_max_keys_per_node(window(), 1);
+        assert_eq!(
+            u.apply("a", "proxy_addr", "10.0.0.1:8080"),
+            Ok(Applied::Foreign)
+        );
+        assert!(u.apply("a", "c:k:1", "2:1").is_err());
+        assert!(u.live_nodes().is_empty(), "errors create nothing");
+        assert_eq!(u.apply("a", &demand_key("k1"), "1"), Ok(Applied::Updated));
+        assert_eq!(u.apply("a", &demand_key("k2"), "1"), Ok(Applied::Full));
+        assert_eq!(u.apply("b", &demand_key("k2"), "1"), Ok(Applied::Updated));
+    }
+
+    #[test]
+    fn gc_drops_only_keys_that_read_zero() {
+        let mut u = ClusterUsage::new(window());
+        put(&mut u, "a", 1, 1_000, 10);
+        u.apply_versioned("a", &demand_key("idle"), 1, "0").unwrap();
+        u.apply_versioned("a", &in_flight_key("busy"), 1, "2")
+            .unwrap();
+        assert_eq!(u.gc(1_000_000), 1);
+        assert_eq!(u.gc(1_061_000), 1, "its bucket left the window");
+        assert_eq!(u.in_flight_by_node("busy"), vec![("a".to_owned(), 2)]);
+    }
+}
