@@ -93,6 +93,10 @@ pub struct ScopeExport {
     pub tokens: Option<(Nanos, Vec<(u64, u64)>)>,
     /// Requests in flight.
     pub in_flight: u64,
+    /// Requests asked of this actor since it started, admitted or not (demand).
+    pub requested_requests: u64,
+    /// Tokens asked of this actor since it started, admitted or not (demand).
+    pub requested_tokens: u64,
 }
 
 /// Settlement figures for metrics.
@@ -187,6 +191,8 @@ impl ScopeLimits {
             requests: self.requests.as_ref().and_then(|l| l.export(now)),
             tokens: self.tokens.as_ref().and_then(|l| l.export(now)),
             in_flight: self.in_flight,
+            requested_requests: 0,
+            requested_tokens: 0,
         }
     }
 

@@ -147,6 +147,9 @@ pub struct Actor {
     blocked_until_ns: Option<Nanos>,
     last_active_ns: Nanos,
     reported_depth: usize,
+    /// Requests and tokens asked of this actor, admitted or not: the demand the
+    /// cluster's shares are weighted by.
+    requested: (u64, u64),
 }
 
 impl Actor {
@@ -167,6 +170,7 @@ impl Actor {
             blocked_until_ns: None,
             last_active_ns: now,
             reported_depth: 0,
+            requested: (0, 0),
             settings,
         }
     }
@@ -220,7 +224,9 @@ impl Actor {
             }
             Command::CoolDown { until_ns } => self.limits.cool_down(until_ns),
             Command::Export(reply) => {
-                let _ = reply.send(self.limits.export(now));
+                let mut export = self.limits.export(now);
+                (export.requested_requests, export.requested_tokens) = self.requested;
+                let _ = reply.send(export);
             }
         }
     }
@@ -240,6 +246,8 @@ impl Actor {
             _ => request.max_completion_tokens,
         };
         let tokens = request.prompt_tokens.saturating_add(completion);
+        self.requested.0 += 1;
+        self.requested.1 = self.requested.1.saturating_add(tokens);
         // Refuse at once what waiting can never fix (cost above the ceiling).
         if let Err(blocked) = self.limits.check(now, tokens, request.lane, None)
             && blocked.never

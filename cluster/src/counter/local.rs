@@ -182,6 +182,28 @@ impl LocalCounters {
         Ok(recorded)
     }
 
+    /// Sets this node's count for `bucket_index` of `limit_key` to `count` (the
+    /// gateway exports absolute per-bucket figures from its local window; this turns
+    /// them into the delta `record` takes).
+    pub fn set_bucket(
+        &mut self,
+        limit_key: &str,
+        bucket_index: u64,
+        count: u64,
+        now_ms: u64,
+    ) -> Result<Recorded, RecordError> {
+        let slot = self.window.slot(bucket_index);
+        let current = self
+            .keys
+            .get(limit_key)
+            .and_then(|key| key.slots.get(&slot))
+            .filter(|entry| entry.bucket == bucket_index)
+            .map_or(0, |entry| entry.count);
+        let delta = i128::from(count.min(MAX_COUNT)) - i128::from(current);
+        // Both sides are within 0..=MAX_COUNT (2^50), so the difference fits an i64.
+        self.record(limit_key, bucket_index, delta as i64, now_ms)
+    }
+
     /// Sets this node's demand for `limit_key`: cost units asked for in the last
     /// window, admitted or not (shares are weighted by it). Clamped to `MAX_COUNT`.
     pub fn set_demand(
