@@ -1,0 +1,129 @@
+//! Limits on the state one node publishes through `Membership::set_many`.
+//!
+//! A chitchat message is one UDP datagram (at most 65,507 bytes) carrying a digest of
+//! every node plus deltas; a node whose own state outgrows that cannot even be shipped
+//! to a newcomer in one exchange. So each node caps its own keys and bytes and refuses
+//! a batch that would cross either cap, before anything is written. Pure.
+
+use super::error::MembershipError;
+use super::metadata::RESERVED_PREFIX;
+
+/// Per-entry overhead chitchat adds on the wire (two length prefixes, a u64 version,
+/// a status byte); counted so the byte cap tracks the real datagram cost.
+pub const ENTRY_OVERHEAD_BYTES: usize = 16;
+/// Highest `max_bytes` a config may ask for: leaves ~17 KB of the datagram for the
+/// digest and message headers.
+pub const MAX_STATE_BYTES_CEILING: usize = 48 * 1024;
+
+/// Caps on what this node publishes (metadata keys excluded: they are validated and
+/// small).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateLimits {
+    /// Most keys this node may publish.
+    pub max_keys: usize,
+    /// Most bytes (keys + values + [`ENTRY_OVERHEAD_BYTES`] each) it may publish; at
+    /// most [`MAX_STATE_BYTES_CEILING`].
+    pub max_bytes: usize,
+}
+
+impl Default for StateLimits {
+    fn default() -> Self {
+        StateLimits {
+            max_keys: 1_024,
+            max_bytes: 32 * 1024,
+        }
+    }
+}
+
+/// Weight of one entry against [`StateLimits::max_bytes`].
+pub(crate) fn entry_bytes(key: &str, value: &str) -> usize {
+    key.len() + value.len() + ENTRY_OVERHEAD_BYTES
+}
+
+/// Checks that writing `batch` over `current` (this node's non-metadata entries) stays
+/// within `limits`. Later entries of `batch` overwrite earlier ones, as chitchat does.
+pub(crate) fn check_batch<'a>(
+    current: impl Iterator<Item = (&'a str, &'a str)>,
+    batch: &[(String, String)],
+    limits: StateLimits,
+) -> Result<(), MembershipError> {
+    let mut state: std::collections::HashMap<&str, &str> = current
+        .filter(|(key, _)| !key.starts_with(RESERVED_PREFIX))
+        .collect();
+    for (key, value) in batch {
+        if key.is_empty() {
+            return Err(MembershipError::EmptyKey);
+        }
+        if key.starts_with(RESERVED_PREFIX) {
+            return Err(MembershipError::ReservedKey { key: key.clone() });
+        }
+        state.insert(key, value);
+    }
+    if state.len() > limits.max_keys {
+        return Err(MembershipError::TooManyKeys {
+            keys: state.len(),
+            max: limits.max_keys,
+        });
+    }
+    let bytes: usize = state.iter().map(|(k, v)| entry_bytes(k, v)).sum();
+    if bytes > limits.max_bytes {
+        return Err(MembershipError::TooManyBytes {
+            bytes,
+            max: limits.max_bytes,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &str) -> (String, String) {
+        (key.to_string(), value.to_string())
+    }
+
+    const LIMITS: StateLimits = StateLimits {
+        max_keys: 3,
+        max_bytes: 3 * (ENTRY_OVERHEAD_BYTES + 4),
+    };
+
+    #[test]
+    fn overwrites_do_not_count_twice() {
+        let current = [("c:1", "a"), ("m:v", "1")];
+        let batch = [kv("c:1", "b"), kv("c:2", "c"), kv("c:2", "d")];
+        assert_eq!(check_batch(current.into_iter(), &batch, LIMITS), Ok(()));
+    }
+
+    #[test]
+    fn too_many_keys_is_refused() {
+        let batch = [kv("a", ""), kv("b", ""), kv("c", ""), kv("d", "")];
+        assert_eq!(
+            check_batch(std::iter::empty(), &batch, LIMITS),
+            Err(MembershipError::TooManyKeys { keys: 4, max: 3 })
+        );
+    }
+
+    #[test]
+    fn too_many_bytes_is_refused() {
+        let batch = [kv("k", "x".repeat(100).as_str())];
+        assert!(matches!(
+            check_batch(std::iter::empty(), &batch, LIMITS),
+            Err(MembershipError::TooManyBytes { .. })
+        ));
+    }
+
+    #[test]
+    fn reserved_and_empty_keys_are_refused() {
+        assert_eq!(
+            check_batch(std::iter::empty(), &[kv("m:proxy_addr", "x")], LIMITS),
+            Err(MembershipError::ReservedKey {
+                key: "m:proxy_addr".to_string()
+            })
+        );
+        assert_eq!(
+            check_batch(std::iter::empty(), &[kv("", "x")], LIMITS),
+            Err(MembershipError::EmptyKey)
+        );
+    }
+}
