@@ -13,6 +13,8 @@
 //!   upstreams with fallback and retries, streaming with usage capture.
 //! - [`ops`]: metrics, health and admin endpoints.
 //! - [`server`]: binds the listener, runs the app, drains on shutdown.
+//! - [`sync`]: joins a cluster and keeps every limit's cluster allowance current.
+//! - [`up`]: `tollgate up`, a local cluster on 127.0.0.1.
 //! - [`mock`]: the mock upstream, a strict and honest stand-in for a provider whose
 //!   log is the ground truth.
 //! - [`load`]: the LLM-aware load generator behind `tollgate load`.
@@ -25,4 +27,6 @@ pub mod mock;
 pub mod ops;
 pub mod proxy;
 pub mod server;
+pub mod sync;
 pub mod tokens;
+pub mod up;

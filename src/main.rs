@@ -39,6 +39,19 @@ enum Command {
         /// The key; omit to read it from stdin (keeps it out of shell history).
         key: Option<String>,
     },
+    /// Start a local cluster on 127.0.0.1: N nodes (proxy ports 8081..8080+N), one
+    /// built-in mock upstream on 9090, the demo tenant sk-demo shared cluster-wide.
+    Up {
+        /// Number of nodes (1-99).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=99))]
+        nodes: u16,
+        /// Sync mode: local or gossip (lease is not built yet).
+        #[arg(long, default_value = "gossip", value_parser = ["local", "gossip"])]
+        mode: String,
+        /// For --mode local: full (each node enforces L) or split (L/N each).
+        #[arg(long, default_value = "full", value_parser = ["full", "split"])]
+        share: String,
+    },
     /// Generate LLM-shaped load against a gateway or provider and summarise it.
     Load(tollgate::load::LoadArgs),
 }
@@ -133,6 +146,37 @@ async fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn up(nodes: u16, mode: &str, share: &str) -> anyhow::Result<()> {
+    use tollgate::config::{LocalShare, SyncMode};
+    init_logging(LogFormat::Text);
+    let mode = if mode == "local" {
+        SyncMode::Local
+    } else {
+        SyncMode::Gossip
+    };
+    let share = if share == "split" {
+        LocalShare::Split
+    } else {
+        LocalShare::Full
+    };
+    println!("tollgate local cluster: {nodes} nodes, mode {mode:?}, share {share:?}");
+    println!(
+        "  mock upstream http://127.0.0.1:{}/v1   (its /stats shows what the cluster admitted in total)",
+        tollgate::up::MOCK_PORT
+    );
+    tollgate::up::up(nodes, mode, share, shutdown_signal(), move |i, bound| {
+        println!("  node-{i}        http://{}/v1   gossip 127.0.0.1:{}", bound.proxy, tollgate::up::GOSSIP_BASE + i);
+        if i == nodes {
+            println!("  tenant        sk-demo, limits shared cluster-wide; admin token admin-demo");
+            println!("Try: curl -H 'Authorization: Bearer admin-demo' http://{}/admin/cluster", bound.proxy);
+            println!("     tollgate load --url http://127.0.0.1:8081/v1 --api-key sk-demo --concurrency 4 --duration 30s");
+            println!("Ctrl-C stops everything.");
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 fn hash_key(key: Option<String>) -> anyhow::Result<()> {
     let key = match key {
         Some(key) => key,
@@ -188,6 +232,7 @@ async fn main() -> anyhow::Result<()> {
             }
         },
         Command::HashKey { key } => hash_key(key),
+        Command::Up { nodes, mode, share } => up(nodes, &mode, &share).await,
         Command::Load(args) => {
             let json = args.json.clone();
             // Ctrl-C stops sending and still prints what was measured.

@@ -103,8 +103,17 @@ pub async fn run(
         }
         _ => None,
     };
+    let cluster = config.cluster.clone();
     let state = Arc::new(AppState::new(config).map_err(|e| ServeError::State(e.message))?);
     let proxy = listener.local_addr()?;
+    let sync = match &cluster {
+        Some(cluster) => Some(
+            crate::sync::start(state.clone(), cluster, proxy)
+                .await
+                .map_err(|e| ServeError::State(e.to_string()))?,
+        ),
+        None => None,
+    };
     on_ready(Bound { proxy, mock });
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
@@ -127,6 +136,9 @@ pub async fn run(
     tokio::select! {
         result = serve => result?,
         () = overrun => tracing::warn!(grace_secs = grace.as_secs(), "shutdown grace expired with requests still in flight"),
+    }
+    if let Some(sync) = sync {
+        sync.shutdown().await;
     }
     let _ = mock_stop_tx.send(true);
     Ok(())

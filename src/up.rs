@@ -17,13 +17,20 @@ use tokio::sync::watch;
 pub const PROXY_BASE: u16 = 8080;
 /// Node i gossips on `GOSSIP_BASE + i`.
 pub const GOSSIP_BASE: u16 = 8180;
+/// Node i announces lease RPC on `RPC_BASE + i` (lease mode is not built yet).
+pub const RPC_BASE: u16 = 8280;
 /// The built-in mock upstream's port.
 pub const MOCK_PORT: u16 = 9090;
 /// Most nodes `up` starts (ports must stay below the gossip range).
 pub const MAX_NODES: u16 = 99;
 
 /// The config of node `i` (1-based) of an `n`-node local cluster.
-pub fn node_config(i: u16, n: u16, mode: SyncMode, share: LocalShare) -> Result<Config, crate::config::ConfigError> {
+pub fn node_config(
+    i: u16,
+    n: u16,
+    mode: SyncMode,
+    share: LocalShare,
+) -> Result<Config, crate::config::ConfigError> {
     let mut config = Config::demo()?;
     config.builtin_mock = None;
     config.server.listen = SocketAddr::from(([127, 0, 0, 1], PROXY_BASE + i));
@@ -33,7 +40,11 @@ pub fn node_config(i: u16, n: u16, mode: SyncMode, share: LocalShare) -> Result<
         node_id: format!("node-{i}"),
         gossip_listen: gossip,
         gossip_advertise: None,
-        seeds: (1..=n).filter(|j| *j != i).map(|j| format!("127.0.0.1:{}", GOSSIP_BASE + j)).collect(),
+        rpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], RPC_BASE + i))),
+        seeds: (1..=n)
+            .filter(|j| *j != i)
+            .map(|j| format!("127.0.0.1:{}", GOSSIP_BASE + j))
+            .collect(),
         gossip_interval: Duration::from_millis(100),
         phi_threshold: 8.0,
         dead_node_grace: Duration::from_secs(60),
@@ -53,9 +64,17 @@ pub async fn up(
     on_node: impl Fn(u16, Bound) + Send + Sync + 'static,
 ) -> Result<(), ServeError> {
     let demo = Config::demo().map_err(|e| ServeError::State(e.to_string()))?;
-    let mock_limits = demo.builtin_mock.clone().ok_or_else(|| ServeError::State("demo config has no mock".into()))?;
+    let mock_limits = demo
+        .builtin_mock
+        .clone()
+        .ok_or_else(|| ServeError::State("demo config has no mock".into()))?;
     let mock_addr = SocketAddr::from(([127, 0, 0, 1], MOCK_PORT));
-    let mock_listener = TcpListener::bind(mock_addr).await.map_err(|source| ServeError::Bind { addr: mock_addr, source })?;
+    let mock_listener = TcpListener::bind(mock_addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: mock_addr,
+            source,
+        })?;
     // Nodes stop first and drain; the mock stops after them.
     let (stop_tx, stop_rx) = watch::channel(false);
     let (mock_stop_tx, mock_stop_rx) = watch::channel(false);
@@ -73,7 +92,8 @@ pub async fn up(
     let on_node = std::sync::Arc::new(on_node);
     let mut nodes = Vec::new();
     for i in 1..=n {
-        let config = node_config(i, n, mode, share).map_err(|e| ServeError::State(e.to_string()))?;
+        let config =
+            node_config(i, n, mode, share).map_err(|e| ServeError::State(e.to_string()))?;
         let (listener, _) = server::bind(&config).await?;
         let mut stop = stop_rx.clone();
         let on_node = on_node.clone();

@@ -14,3 +14,6 @@
 pub mod counter;
 pub mod membership;
 pub mod share;
+
+/// chitchat itself, for its transports (`UdpTransport`, `ChannelTransport`).
+pub use chitchat;

@@ -127,6 +127,10 @@ pub struct ClusterConfig {
     /// Address peers dial (default: `gossip_listen`).
     #[serde(default)]
     pub gossip_advertise: Option<SocketAddr>,
+    /// Internal RPC address for lease mode, announced in node metadata. Nothing
+    /// listens on it until lease mode is built (default: `gossip_listen`).
+    #[serde(default)]
+    pub rpc_listen: Option<SocketAddr>,
     /// Seed nodes as `host:port`; DNS names are re-resolved (a Kubernetes headless
     /// service works).
     #[serde(default)]

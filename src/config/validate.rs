@@ -37,7 +37,9 @@ pub fn validate(config: &Config) -> Result<(), Violation> {
 }
 
 fn validate_cluster(config: &Config) -> Result<(), Violation> {
-    let Some(cluster) = &config.cluster else { return Ok(()) };
+    let Some(cluster) = &config.cluster else {
+        return Ok(());
+    };
     check_id("cluster.cluster_id", &cluster.cluster_id)?;
     check_id("cluster.node_id", &cluster.node_id)?;
     if cluster.mode == super::SyncMode::Lease {
@@ -56,14 +58,23 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
         return fail("cluster.phi_threshold", "must be in (0, 100]");
     }
     if cluster.dead_node_grace < cluster.gossip_interval * 10 {
-        return fail("cluster.dead_node_grace", "must be at least 10 gossip intervals");
+        return fail(
+            "cluster.dead_node_grace",
+            "must be at least 10 gossip intervals",
+        );
     }
     // Cluster counters publish the local window's buckets, which only the bucketed
     // sliding window has.
-    let sliding = |q: &Quota| q.algorithm.unwrap_or(config.limits.algorithm) == crate::limiter::Algorithm::SlidingWindow;
-    let all_sliding = config.tenants.iter().all(|t| sliding(&t.quota)) && config.upstreams.iter().all(|u| sliding(&u.quota));
+    let sliding = |q: &Quota| {
+        q.algorithm.unwrap_or(config.limits.algorithm) == crate::limiter::Algorithm::SlidingWindow
+    };
+    let all_sliding = config.tenants.iter().all(|t| sliding(&t.quota))
+        && config.upstreams.iter().all(|u| sliding(&u.quota));
     if !all_sliding {
-        return fail("limits.algorithm", "cluster modes need `sliding-window` for every limit");
+        return fail(
+            "limits.algorithm",
+            "cluster modes need `sliding-window` for every limit",
+        );
     }
     Ok(())
 }

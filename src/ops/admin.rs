@@ -3,6 +3,8 @@
 //! - `GET /healthz`: the process serves HTTP.
 //! - `GET /readyz`: 200 while accepting traffic, 503 once draining for shutdown.
 //! - `GET /metrics`: Prometheus text.
+//! - `GET /admin/cluster`: members, liveness, addresses, mode, degraded state, and
+//!   every cluster-bound key's current allowance (admin token).
 //! - `GET /admin/keys/{key}`: a key's figures (`tenant:acme:tokens`, or a whole
 //!   scope `upstream:openai-main`), behind `Authorization: Bearer <admin_token>`.
 
@@ -25,6 +27,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/keys/{key}", get(key_status))
+        .route("/admin/cluster", get(cluster_status))
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -133,4 +136,31 @@ async fn key_status(
         Some(_) => return not_found(),
     };
     axum::Json(body).into_response()
+}
+
+async fn cluster_status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if !admin_authorized(&state, &headers) {
+        return ApiError::unauthorized().into_response();
+    }
+    let Some(status) = &state.cluster_status else {
+        let mut e = ApiError::bad_request(
+            "This node is not in a cluster (no [cluster] section).",
+            None,
+        );
+        e.status = StatusCode::NOT_FOUND;
+        e.code = "not_clustered";
+        return e.into_response();
+    };
+    let snapshot = status.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let allowances: serde_json::Map<String, serde_json::Value> = state
+        .bindings
+        .iter()
+        .map(|b| {
+            (
+                b.key.clone(),
+                json!({"capacity": b.capacity, "allowance": b.allowance.get()}),
+            )
+        })
+        .collect();
+    axum::Json(json!({"cluster": snapshot, "allowances": allowances})).into_response()
 }

@@ -47,6 +47,9 @@ pub struct Metrics {
     requests: Family<ByApiStatus, Counter>,
     tenant_requests: Family<ByTenant, Counter>,
     in_flight: Gauge,
+    sync_bytes: Counter,
+    gossip_refused: Counter,
+    members: Gauge,
     tenant_labels: bool,
 }
 
@@ -69,6 +72,9 @@ impl Metrics {
             requests: Family::default(),
             tenant_requests: Family::default(),
             in_flight: Gauge::default(),
+            sync_bytes: Counter::default(),
+            gossip_refused: Counter::default(),
+            members: Gauge::default(),
             tenant_labels,
         };
         let r = &mut m.registry;
@@ -255,6 +261,13 @@ impl Metrics {
                 .get_or_create(&([("tenant", tenant.clone())], [("status", status)]))
                 .inc();
         }
+    }
+
+    /// One cluster sync round finished.
+    pub fn sync_round(&self, bytes_published: u64, refused_values: u64, live_members: i64) {
+        self.sync_bytes.inc_by(bytes_published);
+        self.gossip_refused.inc_by(refused_values);
+        self.members.set(live_members);
     }
 
     /// Requests in flight moved by `delta`.

@@ -10,6 +10,7 @@ use crate::actor::{Registry, ScopeId, ScopeSpec};
 use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key_hash};
 use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::Metrics;
+use crate::sync::engine::Binding;
 use crate::tokens::Encoding;
 use sha2::Digest;
 use std::collections::HashMap;
@@ -102,6 +103,11 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Seeds per-request RNGs (backoff jitter) from one configured stream.
     pub rng_counter: AtomicU64,
+    /// Keys whose cluster allowance the sync engine maintains (empty on one node
+    /// and in `local full` mode).
+    pub bindings: Vec<crate::sync::engine::Binding>,
+    /// The cluster as this node sees it (`[cluster]` configured only).
+    pub cluster_status: Option<Arc<std::sync::Mutex<crate::sync::status::ClusterStatus>>>,
 }
 
 fn limit_spec(capacity: Option<u64>, quota: &Quota, config: &Config) -> Option<LimitSpec> {
@@ -123,6 +129,49 @@ fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) 
         adaptive,
         allowances: Default::default(),
     }
+}
+
+/// In cluster modes that bound nodes (`local split`, `gossip`), gives every limited
+/// dimension of every scope an allowance starting at 0: a node admits nothing until
+/// its first sync round has computed its share (which `sync::start` runs before the
+/// node serves).
+fn bind_allowances(config: &Config, specs: &mut HashMap<ScopeId, ScopeSpec>) -> Vec<Binding> {
+    use crate::actor::Dimension;
+    use crate::actor::scope::Allowance;
+    use crate::config::{LocalShare, SyncMode};
+    let Some(cluster) = &config.cluster else {
+        return Vec::new();
+    };
+    if cluster.mode == SyncMode::Local && cluster.local_share == LocalShare::Full {
+        return Vec::new();
+    }
+    let mut bindings = Vec::new();
+    for (scope, spec) in specs.iter_mut() {
+        let dims = [
+            (Dimension::Requests, spec.requests.map(|l| l.capacity)),
+            (Dimension::Tokens, spec.tokens.map(|l| l.capacity)),
+            (Dimension::Concurrency, spec.concurrency),
+        ];
+        for (dimension, capacity) in dims {
+            let Some(capacity) = capacity else { continue };
+            let allowance = Allowance::new(0);
+            let slot = match dimension {
+                Dimension::Requests => &mut spec.allowances.requests,
+                Dimension::Tokens => &mut spec.allowances.tokens,
+                _ => &mut spec.allowances.concurrency,
+            };
+            *slot = Some(allowance.clone());
+            let key = format!("{scope}:{}", dimension.as_str());
+            bindings.push(Binding {
+                key,
+                scope: scope.clone(),
+                dimension,
+                capacity,
+                allowance,
+            });
+        }
+    }
+    bindings
 }
 
 /// The four endpoints of an upstream; validate() already proved the base URL parses.
@@ -205,6 +254,13 @@ impl AppState {
                 encoding: r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok()),
             })
             .collect();
+        let bindings = bind_allowances(&config, &mut specs);
+        let cluster_status = config.cluster.as_ref().map(|c| {
+            let id = c.node_id.clone();
+            Arc::new(std::sync::Mutex::new(
+                crate::sync::status::ClusterStatus::new(c, id),
+            ))
+        });
         let defaults = ActorDefaults {
             batch_ceiling: Ceiling::from_share(config.limits.batch_share),
             aging_ns: nanos(config.limits.batch_aging),
@@ -235,6 +291,8 @@ impl AppState {
             default_encoding,
             draining: AtomicBool::new(false),
             rng_counter: AtomicU64::new(0),
+            bindings,
+            cluster_status,
         })
     }
 

@@ -24,7 +24,11 @@ pub fn allowance(mode: SyncMode, local_share: LocalShare, f: &KeyFigures<'_>) ->
     match (mode, local_share) {
         (SyncMode::Local, LocalShare::Full) => None,
         (SyncMode::Local, LocalShare::Split) => {
-            let equal: Vec<(String, u64)> = f.demands.iter().map(|(node, _)| (node.clone(), 1)).collect();
+            let equal: Vec<(String, u64)> = f
+                .demands
+                .iter()
+                .map(|(node, _)| (node.clone(), 1))
+                .collect();
             Some(share_of(f.self_id, &shares(f.capacity, &equal)).unwrap_or(f.capacity))
         }
         // Lease is refused by config validation until it is built; treat it as the
@@ -51,17 +55,29 @@ mod tests {
     }
 
     fn figures<'a>(own: u64, others: u64, demands: &'a [(String, u64)]) -> KeyFigures<'a> {
-        KeyFigures { capacity: 100, self_id: "b", own_used: own, others_used: others, demands }
+        KeyFigures {
+            capacity: 100,
+            self_id: "b",
+            own_used: own,
+            others_used: others,
+            demands,
+        }
     }
 
     #[test]
     fn local_full_sets_nothing_and_split_sums_to_capacity() {
         let d = demands(&[("a", 0), ("b", 0), ("c", 0)]);
-        assert_eq!(allowance(SyncMode::Local, LocalShare::Full, &figures(0, 0, &d)), None);
+        assert_eq!(
+            allowance(SyncMode::Local, LocalShare::Full, &figures(0, 0, &d)),
+            None
+        );
         let total: u64 = ["a", "b", "c"]
             .iter()
             .map(|me| {
-                let f = KeyFigures { self_id: me, ..figures(0, 0, &d) };
+                let f = KeyFigures {
+                    self_id: me,
+                    ..figures(0, 0, &d)
+                };
                 allowance(SyncMode::Local, LocalShare::Split, &f).unwrap()
             })
             .sum();
@@ -72,14 +88,25 @@ mod tests {
     fn gossip_hands_out_the_headroom_by_demand_and_never_more() {
         let d = demands(&[("a", 300), ("b", 100)]);
         // 40 used cluster-wide (10 here): 60 headroom, b's demand is a quarter.
-        assert_eq!(allowance(SyncMode::Gossip, LocalShare::Full, &figures(10, 30, &d)), Some(10 + 15));
+        assert_eq!(
+            allowance(SyncMode::Gossip, LocalShare::Full, &figures(10, 30, &d)),
+            Some(10 + 15)
+        );
         // Every node computing from the same figures hands out exactly the headroom.
-        let a = KeyFigures { self_id: "a", own_used: 30, others_used: 10, ..figures(0, 0, &d) };
+        let a = KeyFigures {
+            self_id: "a",
+            own_used: 30,
+            others_used: 10,
+            ..figures(0, 0, &d)
+        };
         let sum = allowance(SyncMode::Gossip, LocalShare::Full, &a).unwrap() - 30
             + allowance(SyncMode::Gossip, LocalShare::Full, &figures(10, 30, &d)).unwrap()
             - 10;
         assert_eq!(sum, 60);
         // Over the limit already: nothing more than what is used.
-        assert_eq!(allowance(SyncMode::Gossip, LocalShare::Full, &figures(50, 80, &d)), Some(50));
+        assert_eq!(
+            allowance(SyncMode::Gossip, LocalShare::Full, &figures(50, 80, &d)),
+            Some(50)
+        );
     }
 }

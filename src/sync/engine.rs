@@ -1,0 +1,217 @@
+//! The sync engine: every `sync_interval` it publishes this node's usage, reads the
+//! cluster's, and recomputes every key's allowance. Off the request path: actors only
+//! ever read an atomic.
+
+use super::allowance::{KeyFigures, allowance};
+use super::demand::Demand;
+use super::status::{ClusterStatus, MemberStatus};
+use crate::actor::scope::{Allowance, ScopeExport};
+use crate::actor::{Dimension, ScopeId};
+use crate::config::{ClusterConfig, LocalShare, SyncMode};
+use crate::proxy::AppState;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use tollgate_cluster::counter::{ClusterUsage, LocalCounters, Window};
+use tollgate_cluster::membership::Membership;
+
+/// One limit key whose allowance the engine maintains.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    /// Cluster-wide key, e.g. `tenant:acme:tokens`.
+    pub key: String,
+    /// The actor owning it.
+    pub scope: ScopeId,
+    /// Which dimension.
+    pub dimension: Dimension,
+    /// Capacity L (per window, or concurrent).
+    pub capacity: u64,
+    /// The handle the actor reads.
+    pub allowance: Allowance,
+}
+
+/// This node's own figures for one key, from its actors.
+#[derive(Debug, Default, Clone, Copy)]
+struct Own {
+    used: u64,
+    demand: u64,
+}
+
+/// The engine's state.
+pub struct Engine {
+    state: Arc<AppState>,
+    membership: Membership,
+    mode: SyncMode,
+    local_share: LocalShare,
+    self_id: String,
+    counters: LocalCounters,
+    usage: ClusterUsage,
+    demand: Demand,
+    status: Arc<Mutex<ClusterStatus>>,
+}
+
+fn key_of(scope: &ScopeId, dimension: Dimension) -> String {
+    format!("{scope}:{}", dimension.as_str())
+}
+
+impl Engine {
+    /// An engine over a started membership.
+    pub fn new(
+        state: Arc<AppState>,
+        membership: Membership,
+        config: &ClusterConfig,
+        window: Window,
+        status: Arc<Mutex<ClusterStatus>>,
+    ) -> Engine {
+        let self_id = membership.self_id().to_string();
+        Engine {
+            state,
+            membership,
+            mode: config.mode,
+            local_share: config.local_share,
+            self_id,
+            counters: LocalCounters::new(window),
+            usage: ClusterUsage::new(window),
+            demand: Demand::new(window.window_ms()),
+            status,
+        }
+    }
+
+    /// The membership (for shutdown).
+    pub fn into_membership(self) -> Membership {
+        self.membership
+    }
+
+    /// One round: publish, read, recompute.
+    pub async fn tick(&mut self) {
+        let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
+        let exports = self.state.registry.export_live().await;
+        let own = self.record_own(&exports, now_ms);
+        let published = self.counters.publish(now_ms);
+        let bytes: usize = published.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let publish_error = match self.membership.set_many(published).await {
+            Ok(()) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot publish usage: peers see stale figures from this node");
+                Some(e.to_string())
+            }
+        };
+        let decode_errors = self.read_cluster().await;
+        self.recompute(&own, now_ms);
+        let members = self.membership.live_members().await;
+        let dead = self.membership.dead_members().await;
+        let metrics = &self.state.metrics;
+        metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        status.members = members.iter().map(MemberStatus::from).collect();
+        status.dead = dead.iter().map(ToString::to_string).collect();
+        status.last_sync_ms = now_ms;
+        status.bytes_published_total += bytes as u64;
+        status.decode_errors_total += decode_errors;
+        status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
+        status.degraded = publish_error;
+    }
+
+    /// Feeds this node's exports into the counters; returns its own figures per key.
+    fn record_own(
+        &mut self,
+        exports: &[(ScopeId, ScopeExport)],
+        now_ms: u64,
+    ) -> HashMap<String, Own> {
+        let mut own = HashMap::new();
+        for (scope, export) in exports {
+            for (dimension, window, requested) in [
+                (
+                    Dimension::Requests,
+                    &export.requests,
+                    export.requested_requests,
+                ),
+                (Dimension::Tokens, &export.tokens, export.requested_tokens),
+            ] {
+                let Some((_, buckets)) = window else { continue };
+                let key = key_of(scope, dimension);
+                for (bucket, cost) in buckets {
+                    // Bucket indices line up: both clocks count Unix time in buckets of
+                    // the same width (validate() pins one window for every limit).
+                    if let Err(e) = self.counters.set_bucket(&key, *bucket, *cost, now_ms) {
+                        tracing::warn!(%key, error = %e, "usage not published");
+                    }
+                }
+                let demand = self.demand.observe(&key, requested, now_ms);
+                let _ = self.counters.set_demand(&key, demand);
+                own.insert(
+                    key,
+                    Own {
+                        used: buckets.iter().map(|(_, c)| c).sum(),
+                        demand,
+                    },
+                );
+            }
+            let key = key_of(scope, Dimension::Concurrency);
+            let demand = self.demand.observe(&key, export.requested_requests, now_ms);
+            let _ = self.counters.set_in_flight(&key, export.in_flight);
+            let _ = self.counters.set_demand(&key, demand);
+            own.insert(
+                key,
+                Own {
+                    used: export.in_flight,
+                    demand,
+                },
+            );
+        }
+        own
+    }
+
+    /// Applies every live member's published values; returns how many were refused.
+    async fn read_cluster(&mut self) -> u64 {
+        let mut refused = 0;
+        let mut live = HashSet::new();
+        for (member, values) in self.membership.live_values("").await {
+            let node = member.to_string();
+            for (key, value) in &values {
+                if let Err(e) = self.usage.apply(&node, key, value) {
+                    refused += 1;
+                    tracing::warn!(%node, %key, error = %e, "refused a gossip value");
+                }
+            }
+            live.insert(node);
+        }
+        live.insert(self.self_id.clone());
+        self.usage.retain_nodes(&live);
+        refused
+    }
+
+    fn recompute(&self, own: &HashMap<String, Own>, now_ms: u64) {
+        for binding in &self.state.bindings {
+            let mine = own.get(&binding.key).copied().unwrap_or(Own {
+                used: 0,
+                demand: self.demand.current(&binding.key),
+            });
+            let others_used = match binding.dimension {
+                Dimension::Concurrency => self
+                    .usage
+                    .in_flight_by_node(&binding.key)
+                    .iter()
+                    .filter(|(node, _)| *node != self.self_id)
+                    .map(|(_, n)| n)
+                    .sum(),
+                _ => self
+                    .usage
+                    .global_usage_except(&binding.key, Some(&self.self_id), now_ms),
+            };
+            let mut demands = self.usage.demand_by_node(&binding.key);
+            match demands.iter_mut().find(|(node, _)| *node == self.self_id) {
+                Some(entry) => entry.1 = mine.demand,
+                None => demands.push((self.self_id.clone(), mine.demand)),
+            }
+            let figures = KeyFigures {
+                capacity: binding.capacity,
+                self_id: &self.self_id,
+                own_used: mine.used,
+                others_used,
+                demands: &demands,
+            };
+            let value = allowance(self.mode, self.local_share, &figures).unwrap_or(u64::MAX);
+            binding.allowance.set(value);
+        }
+    }
+}

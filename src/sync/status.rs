@@ -1,0 +1,79 @@
+//! What `/admin/cluster` shows: members with liveness and addresses, mode, degraded
+//! state, sync figures. Written by the engine each round.
+
+use crate::config::{LocalShare, SyncMode};
+use serde::Serialize;
+use tollgate_cluster::membership::Member;
+
+/// One live member.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberStatus {
+    /// `node/generation@gossip-addr`.
+    pub id: String,
+    /// Its proxy address.
+    pub proxy_addr: String,
+    /// Its internal RPC address.
+    pub rpc_addr: String,
+    /// Its version.
+    pub version: String,
+    /// Its sync mode.
+    pub sync_mode: String,
+    /// Is it this node?
+    pub is_self: bool,
+}
+
+impl From<&Member> for MemberStatus {
+    fn from(m: &Member) -> Self {
+        MemberStatus {
+            id: m.id.to_string(),
+            proxy_addr: m.metadata.proxy_addr.clone(),
+            rpc_addr: m.metadata.rpc_addr.clone(),
+            version: m.metadata.version.clone(),
+            sync_mode: m.metadata.sync_mode.clone(),
+            is_self: m.is_self,
+        }
+    }
+}
+
+/// The cluster as this node sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterStatus {
+    /// Sync mode.
+    pub mode: SyncMode,
+    /// `local` mode's share.
+    pub local_share: LocalShare,
+    /// This node.
+    pub self_id: String,
+    /// Live members (this one included).
+    pub members: Vec<MemberStatus>,
+    /// Members the failure detector declared dead (until garbage-collected).
+    pub dead: Vec<String>,
+    /// Unix ms of the last sync round.
+    pub last_sync_ms: u64,
+    /// Bytes of usage published since start.
+    pub bytes_published_total: u64,
+    /// Gossip values refused (did not decode) since start.
+    pub decode_errors_total: u64,
+    /// Other processes seen claiming this cluster's node ids.
+    pub duplicate_ids_seen: u64,
+    /// Why this node is degraded, if it is.
+    pub degraded: Option<String>,
+}
+
+impl ClusterStatus {
+    /// Before the first round.
+    pub fn new(config: &crate::config::ClusterConfig, self_id: String) -> ClusterStatus {
+        ClusterStatus {
+            mode: config.mode,
+            local_share: config.local_share,
+            self_id,
+            members: Vec::new(),
+            dead: Vec::new(),
+            last_sync_ms: 0,
+            bytes_published_total: 0,
+            decode_errors_total: 0,
+            duplicate_ids_seen: 0,
+            degraded: None,
+        }
+    }
+}
