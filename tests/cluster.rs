@@ -162,3 +162,72 @@ async fn local_split_stays_under_the_limit_and_local_full_is_the_n_times_baselin
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();
 }
+
+fn allowance(body: &serde_json::Value, key: &str) -> u64 {
+    body["allowances"][key]["allowance"].as_u64().unwrap_or_else(|| panic!("no allowance for {key}: {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_nodes_concurrency_slots_come_back_at_detection_and_its_usage_stays_charged() {
+    let upstream = mock(|m| {
+        m.inter_token_ms = 100;
+        m.completion_min_tokens = 100;
+        m.completion_max_tokens = 100;
+    })
+    .await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        // Requests may queue: a node whose demand the cluster has not seen yet gets
+        // its share on the next sync round.
+        let toml = cluster_toml(i, &ports, "gossip", "full")
+            .replace(&format!("rpm = {LIMIT}"), &format!("rpm = {LIMIT}\nconcurrency = 2"))
+            .replace("max_wait = \"0s\"", "max_wait = \"5s\"");
+        nodes.push(node(&toml, &[&upstream]).await);
+    }
+    let crashed = nodes.pop().unwrap();
+    let (n1, n2) = (&nodes[0], &nodes[1]);
+    let formed = Instant::now() + Duration::from_secs(10);
+    while admin(n1, "/admin/cluster").await["cluster"]["members"].as_array().is_none_or(|m| m.len() < 3) {
+        assert!(Instant::now() < formed, "cluster did not form");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The third node takes one of the cluster's two slots with a 10 s stream.
+    let mut body = chat_body("long story", 100);
+    body["stream"] = serde_json::json!(true);
+    let mut stream = post(&crashed, "/chat/completions", body, &[]).await;
+    assert_eq!(stream.status(), 200);
+    assert!(stream.chunk().await.unwrap().is_some());
+    let key = "tenant:t:concurrency";
+    let seen = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (a, b) = (admin(n1, "/admin/cluster").await, admin(n2, "/admin/cluster").await);
+        if allowance(&a, key) + allowance(&b, key) <= 1 {
+            break;
+        }
+        assert!(Instant::now() < seen, "the slot in use was never seen: {a}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Crash it: no drain, no goodbye.
+    let crashed_at = Instant::now();
+    crashed.crash().await;
+    drop(stream);
+    let back = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (a, b) = (admin(n1, "/admin/cluster").await, admin(n2, "/admin/cluster").await);
+        if allowance(&a, key) + allowance(&b, key) == 2 {
+            // Its request stays charged in the window: the survivors' request
+            // allowances leave room for it.
+            let requests = allowance(&a, "tenant:t:requests") + allowance(&b, "tenant:t:requests");
+            assert!(requests < LIMIT, "the crashed node's usage must stay charged: {a}");
+            break;
+        }
+        assert!(Instant::now() < back, "slots never came back: {a}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("crashed node's concurrency slot came back after {:?}", crashed_at.elapsed());
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}

@@ -46,6 +46,11 @@ pub struct Engine {
     counters: LocalCounters,
     usage: ClusterUsage,
     demand: Demand,
+    /// Each key's demand per node as last seen live: shares of members that became
+    /// unreachable are frozen at these values (both sides of a cut agree on them).
+    last_demands: HashMap<String, HashMap<String, u64>>,
+    /// Members declared dead and not yet garbage-collected, as counter node ids.
+    dead: Vec<String>,
     status: Arc<Mutex<ClusterStatus>>,
 }
 
@@ -72,6 +77,8 @@ impl Engine {
             counters: LocalCounters::new(window),
             usage: ClusterUsage::new(window),
             demand: Demand::new(window.window_ms()),
+            last_demands: HashMap::new(),
+            dead: Vec::new(),
             status,
         }
     }
@@ -96,9 +103,10 @@ impl Engine {
             }
         };
         let decode_errors = self.read_cluster().await;
+        let dead = self.membership.dead_members().await;
+        self.dead = dead.iter().map(ToString::to_string).collect();
         self.recompute(&own, now_ms);
         let members = self.membership.live_members().await;
-        let dead = self.membership.dead_members().await;
         let metrics = &self.state.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -180,29 +188,50 @@ impl Engine {
         refused
     }
 
-    fn recompute(&self, own: &HashMap<String, Own>, now_ms: u64) {
+    fn recompute(&mut self, own: &HashMap<String, Own>, now_ms: u64) {
         for binding in &self.state.bindings {
             let mine = own.get(&binding.key).copied().unwrap_or(Own {
                 used: 0,
                 demand: self.demand.current(&binding.key),
             });
-            let others_used = match binding.dimension {
-                Dimension::Concurrency => self
-                    .usage
-                    .in_flight_by_node(&binding.key)
-                    .iter()
-                    .filter(|(node, _)| *node != self.self_id)
-                    .map(|(_, n)| n)
-                    .sum(),
-                _ => self
-                    .usage
-                    .global_usage_except(&binding.key, Some(&self.self_id), now_ms),
-            };
             let mut demands = self.usage.demand_by_node(&binding.key);
             match demands.iter_mut().find(|(node, _)| *node == self.self_id) {
                 Some(entry) => entry.1 = mine.demand,
                 None => demands.push((self.self_id.clone(), mine.demand)),
             }
+            let seen = self.last_demands.entry(binding.key.clone()).or_default();
+            seen.extend(demands.iter().cloned());
+            // Forget members that are neither live nor awaiting GC (bounded memory,
+            // and frozen shares are over the members that can still spend).
+            seen.retain(|node, _| demands.iter().any(|(n, _)| n == node) || self.dead.contains(node));
+            let (others_used, demands) = match (binding.dimension, self.mode) {
+                // A crashed node's requests died with it: its slots come back as soon
+                // as it is declared dead.
+                (Dimension::Concurrency, _) => {
+                    let live: u64 = self
+                        .usage
+                        .in_flight_by_node(&binding.key)
+                        .iter()
+                        .filter(|(node, _)| *node != self.self_id)
+                        .map(|(_, n)| n)
+                        .sum();
+                    (live, demands)
+                }
+                // Split: unreachable members keep their equal share until GC, so two
+                // sides of a cut never hand out more than L between them.
+                (_, SyncMode::Local) => {
+                    let mut all = demands;
+                    all.extend(self.dead.iter().map(|d| (d.clone(), 0)));
+                    (0, all)
+                }
+                // Gossip: unreachable members are charged their frozen share (or
+                // what they last published, if more) until GC.
+                _ => {
+                    let live = self.usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
+                    let dead = dead_charge(&self.usage, &self.dead, seen, binding, now_ms);
+                    (live.saturating_add(dead), demands)
+                }
+            };
             let figures = KeyFigures {
                 capacity: binding.capacity,
                 self_id: &self.self_id,
@@ -214,4 +243,27 @@ impl Engine {
             binding.allowance.set(value);
         }
     }
+}
+
+/// What unreachable members are charged for `binding`: each its share of the
+/// capacity frozen at the demands last seen, or its last published usage if more.
+fn dead_charge(
+    usage: &ClusterUsage,
+    dead: &[String],
+    seen: &HashMap<String, u64>,
+    binding: &Binding,
+    now_ms: u64,
+) -> u64 {
+    if dead.is_empty() {
+        return 0;
+    }
+    let frozen: Vec<(String, u64)> = seen.iter().map(|(n, d)| (n.clone(), *d)).collect();
+    let shares = tollgate_cluster::share::shares(binding.capacity, &frozen);
+    dead.iter()
+        .map(|node| {
+            let share = shares.iter().find(|(n, _)| n == node).map_or(0, |(_, s)| *s);
+            let published = usage.usage_of(node, &binding.key, now_ms).unwrap_or(0);
+            share.max(published)
+        })
+        .sum()
 }

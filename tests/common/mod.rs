@@ -22,6 +22,13 @@ impl Node {
         format!("http://{}/v1", self.addr)
     }
 
+    /// Kills the node as a crash would: its task is aborted, no drain, no goodbye;
+    /// peers only learn of it from the failure detector.
+    pub async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
