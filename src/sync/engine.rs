@@ -2,12 +2,12 @@
 //! cluster's, and recomputes every key's allowance. Off the request path: actors only
 //! ever read an atomic.
 
-use super::allowance::{KeyFigures, allowance};
+use super::allowance::{KeyFigures, SyncPolicy, policy};
 use super::demand::Demand;
 use super::status::{ClusterStatus, MemberStatus};
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
-use crate::config::{ClusterConfig, LocalShare, SyncMode};
+use crate::config::{ClusterConfig, SyncMode};
 use crate::proxy::AppState;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -41,7 +41,7 @@ pub struct Engine {
     state: Arc<AppState>,
     membership: Membership,
     mode: SyncMode,
-    local_share: LocalShare,
+    policy: Box<dyn SyncPolicy>,
     self_id: String,
     counters: LocalCounters,
     usage: ClusterUsage,
@@ -72,7 +72,7 @@ impl Engine {
             state,
             membership,
             mode: config.mode,
-            local_share: config.local_share,
+            policy: policy(config.mode, config.local_share),
             self_id,
             counters: LocalCounters::new(window),
             usage: ClusterUsage::new(window),
@@ -239,7 +239,7 @@ impl Engine {
                 others_used,
                 demands: &demands,
             };
-            let value = allowance(self.mode, self.local_share, &figures).unwrap_or(u64::MAX);
+            let value = self.policy.allowance(&figures).unwrap_or(u64::MAX);
             binding.allowance.set(value);
         }
     }
