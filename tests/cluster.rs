@@ -164,7 +164,9 @@ async fn local_split_stays_under_the_limit_and_local_full_is_the_n_times_baselin
 }
 
 fn allowance(body: &serde_json::Value, key: &str) -> u64 {
-    body["allowances"][key]["allowance"].as_u64().unwrap_or_else(|| panic!("no allowance for {key}: {body}"))
+    body["allowances"][key]["allowance"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no allowance for {key}: {body}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,14 +183,20 @@ async fn a_crashed_nodes_concurrency_slots_come_back_at_detection_and_its_usage_
         // Requests may queue: a node whose demand the cluster has not seen yet gets
         // its share on the next sync round.
         let toml = cluster_toml(i, &ports, "gossip", "full")
-            .replace(&format!("rpm = {LIMIT}"), &format!("rpm = {LIMIT}\nconcurrency = 2"))
+            .replace(
+                &format!("rpm = {LIMIT}"),
+                &format!("rpm = {LIMIT}\nconcurrency = 2"),
+            )
             .replace("max_wait = \"0s\"", "max_wait = \"5s\"");
         nodes.push(node(&toml, &[&upstream]).await);
     }
     let crashed = nodes.pop().unwrap();
     let (n1, n2) = (&nodes[0], &nodes[1]);
     let formed = Instant::now() + Duration::from_secs(10);
-    while admin(n1, "/admin/cluster").await["cluster"]["members"].as_array().is_none_or(|m| m.len() < 3) {
+    while admin(n1, "/admin/cluster").await["cluster"]["members"]
+        .as_array()
+        .is_none_or(|m| m.len() < 3)
+    {
         assert!(Instant::now() < formed, "cluster did not form");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -196,12 +204,17 @@ async fn a_crashed_nodes_concurrency_slots_come_back_at_detection_and_its_usage_
     let mut body = chat_body("long story", 100);
     body["stream"] = serde_json::json!(true);
     let mut stream = post(&crashed, "/chat/completions", body, &[]).await;
-    assert_eq!(stream.status(), 200);
+    if stream.status() != 200 {
+        panic!("{}: {}", stream.status(), stream.text().await.unwrap());
+    }
     assert!(stream.chunk().await.unwrap().is_some());
     let key = "tenant:t:concurrency";
     let seen = Instant::now() + Duration::from_secs(5);
     loop {
-        let (a, b) = (admin(n1, "/admin/cluster").await, admin(n2, "/admin/cluster").await);
+        let (a, b) = (
+            admin(n1, "/admin/cluster").await,
+            admin(n2, "/admin/cluster").await,
+        );
         if allowance(&a, key) + allowance(&b, key) <= 1 {
             break;
         }
@@ -214,20 +227,90 @@ async fn a_crashed_nodes_concurrency_slots_come_back_at_detection_and_its_usage_
     drop(stream);
     let back = Instant::now() + Duration::from_secs(10);
     loop {
-        let (a, b) = (admin(n1, "/admin/cluster").await, admin(n2, "/admin/cluster").await);
+        let (a, b) = (
+            admin(n1, "/admin/cluster").await,
+            admin(n2, "/admin/cluster").await,
+        );
         if allowance(&a, key) + allowance(&b, key) == 2 {
             // Its request stays charged in the window: the survivors' request
             // allowances leave room for it.
             let requests = allowance(&a, "tenant:t:requests") + allowance(&b, "tenant:t:requests");
-            assert!(requests < LIMIT, "the crashed node's usage must stay charged: {a}");
+            assert!(
+                requests < LIMIT,
+                "the crashed node's usage must stay charged: {a}"
+            );
             break;
         }
         assert!(Instant::now() < back, "slots never came back: {a}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("crashed node's concurrency slot came back after {:?}", crashed_at.elapsed());
+    println!(
+        "crashed node's concurrency slot came back after {:?}",
+        crashed_at.elapsed()
+    );
     for n in nodes {
         n.stop().await;
     }
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing() {
+    use tollgate_cluster::chitchat::transport::UdpTransport;
+    use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
+    let node = node(&cluster_toml(0, &ports, "gossip", "full"), &[&upstream]).await;
+    // A member with valid metadata that publishes garbage counter values.
+    let metadata = NodeMetadata {
+        proxy_addr: "127.0.0.1:1".into(),
+        rpc_addr: "127.0.0.1:1".into(),
+        version: "evil".into(),
+        sync_mode: "gossip".into(),
+    };
+    let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
+    let mut config =
+        MembershipConfig::new(format!("test-{}", ports[0]), "node-1", 1, gossip, metadata);
+    config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
+    config.gossip_interval = Duration::from_millis(50);
+    let evil = Membership::start(config, &UdpTransport).await.unwrap();
+    evil.set_many(vec![
+        ("c:tenant:t:requests:0".into(), "not:a-number!".into()),
+        ("d:tenant:t:requests".into(), "-5".into()),
+    ])
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let body = admin(&node, "/admin/cluster").await;
+        if body["cluster"]["decode_errors_total"].as_u64().unwrap_or(0) >= 2 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "garbage was never refused: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Nothing was charged for it: with no usage anywhere, the two members split the
+    // whole limit between them.
+    let requests = body["allowances"]["tenant:t:requests"]["allowance"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(requests, LIMIT / 2, "{body}");
+    let metrics = reqwest::get(format!("http://{}/metrics", node.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_gossip_values_refused_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    evil.shutdown().await.unwrap();
+    node.stop().await;
     upstream.shutdown().await.unwrap();
 }

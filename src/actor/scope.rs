@@ -290,9 +290,11 @@ impl ScopeLimits {
         if let Some(allowance) = &self.allowances.concurrency
             && self.in_flight + 1 > allowance.get()
         {
+            // The allowance can grow without any local release (another node's
+            // stream ended), so this one is retried on the sync interval.
             note(Blocked {
                 dimension: Dimension::Concurrency,
-                retry_after_ns: CONCURRENCY_RETRY_HINT_NS,
+                retry_after_ns: ALLOWANCE_RETRY_HINT_NS,
                 never: false,
             });
         }

@@ -329,9 +329,10 @@ impl Actor {
             {
                 continue;
             }
-            if blocked.dimension != Dimension::Concurrency {
-                self.blocked_until_ns = Some(now.saturating_add(blocked.retry_after_ns.max(1)));
-            }
+            // Re-check at the retry hint. A local concurrency block is also woken by
+            // the release that frees the slot; the timer covers cluster allowances,
+            // which grow without any local event.
+            self.blocked_until_ns = Some(now.saturating_add(blocked.retry_after_ns.max(1)));
             break;
         }
         self.expire(now);

@@ -146,6 +146,21 @@ impl Metrics {
             "Client requests being served",
             m.in_flight.clone(),
         );
+        r.register(
+            "sync_published_bytes",
+            "Usage bytes this node published to the cluster",
+            m.sync_bytes.clone(),
+        );
+        r.register(
+            "gossip_values_refused",
+            "Gossip values from peers that did not decode",
+            m.gossip_refused.clone(),
+        );
+        r.register(
+            "cluster_live_members",
+            "Live cluster members, this node included",
+            m.members.clone(),
+        );
         m
     }
 

@@ -47,7 +47,11 @@ impl SyncPolicy for LocalPolicy {
         match self.share {
             LocalShare::Full => None,
             LocalShare::Split => {
-                let equal: Vec<(String, u64)> = f.demands.iter().map(|(node, _)| (node.clone(), 1)).collect();
+                let equal: Vec<(String, u64)> = f
+                    .demands
+                    .iter()
+                    .map(|(node, _)| (node.clone(), 1))
+                    .collect();
                 Some(share_of(f.self_id, &shares(f.capacity, &equal)).unwrap_or(0))
             }
         }
@@ -88,38 +92,79 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn figures<'a>(own: u64, others: u64, self_id: &'a str, demands: &'a [(String, u64)]) -> KeyFigures<'a> {
-        KeyFigures { capacity: 100, self_id, own_used: own, others_used: others, demands }
+    fn figures<'a>(
+        own: u64,
+        others: u64,
+        self_id: &'a str,
+        demands: &'a [(String, u64)],
+    ) -> KeyFigures<'a> {
+        KeyFigures {
+            capacity: 100,
+            self_id,
+            own_used: own,
+            others_used: others,
+            demands,
+        }
     }
 
     #[test]
     fn gossip_hands_out_the_headroom_by_demand() {
         let d = vec![("a".to_owned(), 300), ("b".to_owned(), 100)];
         // 40 used cluster-wide (10 by b): 60 headroom, b's demand is a quarter.
-        assert_eq!(GossipPolicy.allowance(&figures(10, 30, "b", &d)), Some(10 + 15));
+        assert_eq!(
+            GossipPolicy.allowance(&figures(10, 30, "b", &d)),
+            Some(10 + 15)
+        );
         // Over the limit already: nothing beyond what is used.
         assert_eq!(GossipPolicy.allowance(&figures(50, 80, "b", &d)), Some(50));
-        assert_eq!(LocalPolicy { share: LocalShare::Full }.allowance(&figures(0, 0, "b", &d)), None);
+        assert_eq!(
+            LocalPolicy {
+                share: LocalShare::Full
+            }
+            .allowance(&figures(0, 0, "b", &d)),
+            None
+        );
     }
 
     /// The conformance suite every bounding mode passes: when all members see the
     /// same figures, what they may still add sums to at most the headroom (so the
     /// cluster stays <= L), and no allowance is below what a node already spent.
-    fn conforms(policy: &dyn SyncPolicy, capacity: u64, used: &[u64], demand: &[u64]) -> Result<(), TestCaseError> {
+    fn conforms(
+        policy: &dyn SyncPolicy,
+        capacity: u64,
+        used: &[u64],
+        demand: &[u64],
+    ) -> Result<(), TestCaseError> {
         let ids: Vec<String> = (0..used.len()).map(|i| format!("n{i}")).collect();
         let demands: Vec<(String, u64)> = ids.iter().cloned().zip(demand.iter().copied()).collect();
         let global: u64 = used.iter().sum();
         let mut added = 0u64;
         for (i, id) in ids.iter().enumerate() {
-            let f = KeyFigures { capacity, self_id: id, own_used: used[i], others_used: global - used[i], demands: &demands };
-            let Some(a) = policy.allowance(&f) else { return Ok(()) };
+            let f = KeyFigures {
+                capacity,
+                self_id: id,
+                own_used: used[i],
+                others_used: global - used[i],
+                demands: &demands,
+            };
+            let Some(a) = policy.allowance(&f) else {
+                return Ok(());
+            };
             added += a.saturating_sub(used[i]);
             if policy.promise().starts_with("gossip") {
                 prop_assert!(a >= used[i], "allowance {a} below own usage {}", used[i]);
             }
         }
-        let bound = if policy.promise().starts_with("local split") { capacity } else { capacity.saturating_sub(global) };
-        prop_assert!(added <= bound, "{}: members may add {added} > {bound}", policy.promise());
+        let bound = if policy.promise().starts_with("local split") {
+            capacity
+        } else {
+            capacity.saturating_sub(global)
+        };
+        prop_assert!(
+            added <= bound,
+            "{}: members may add {added} > {bound}",
+            policy.promise()
+        );
         Ok(())
     }
 

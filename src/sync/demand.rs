@@ -32,6 +32,10 @@ impl Demand {
     /// demand over the last window.
     pub fn observe(&mut self, key: &str, cumulative: u64, now_ms: u64) -> u64 {
         let track = self.keys.entry(key.to_owned()).or_default();
+        if track.history.is_empty() {
+            // The baseline: everything observed from now on is demand.
+            track.history.push_back((now_ms, track.total));
+        }
         // A smaller figure means the actor restarted from 0.
         let increment = cumulative
             .checked_sub(track.last_cumulative)
@@ -40,7 +44,7 @@ impl Demand {
         track.total = track.total.saturating_add(increment);
         track.history.push_back((now_ms, track.total));
         let cutoff = now_ms.saturating_sub(self.window_ms);
-        while track.history.len() > 1 && track.history.get(1).is_some_and(|(t, _)| *t <= cutoff) {
+        while track.history.len() > 1 && track.history.get(1).is_some_and(|(t, _)| *t < cutoff) {
             track.history.pop_front();
         }
         let oldest = track
@@ -66,6 +70,8 @@ mod tests {
     #[test]
     fn demand_is_the_increase_over_the_last_window_across_restarts() {
         let mut d = Demand::new(1_000);
+        // The first figure already counts: an actor's first requests are demand.
+        assert_eq!(d.observe("first", 3, 0), 3);
         assert_eq!(d.observe("k", 0, 0), 0);
         assert_eq!(d.observe("k", 10, 200), 10);
         assert_eq!(d.observe("k", 30, 400), 30);

@@ -203,7 +203,9 @@ impl Engine {
             seen.extend(demands.iter().cloned());
             // Forget members that are neither live nor awaiting GC (bounded memory,
             // and frozen shares are over the members that can still spend).
-            seen.retain(|node, _| demands.iter().any(|(n, _)| n == node) || self.dead.contains(node));
+            seen.retain(|node, _| {
+                demands.iter().any(|(n, _)| n == node) || self.dead.contains(node)
+            });
             let (others_used, demands) = match (binding.dimension, self.mode) {
                 // A crashed node's requests died with it: its slots come back as soon
                 // as it is declared dead.
@@ -227,7 +229,9 @@ impl Engine {
                 // Gossip: unreachable members are charged their frozen share (or
                 // what they last published, if more) until GC.
                 _ => {
-                    let live = self.usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
+                    let live =
+                        self.usage
+                            .global_usage_except(&binding.key, Some(&self.self_id), now_ms);
                     let dead = dead_charge(&self.usage, &self.dead, seen, binding, now_ms);
                     (live.saturating_add(dead), demands)
                 }
@@ -261,7 +265,10 @@ fn dead_charge(
     let shares = tollgate_cluster::share::shares(binding.capacity, &frozen);
     dead.iter()
         .map(|node| {
-            let share = shares.iter().find(|(n, _)| n == node).map_or(0, |(_, s)| *s);
+            let share = shares
+                .iter()
+                .find(|(n, _)| n == node)
+                .map_or(0, |(_, s)| *s);
             let published = usage.usage_of(node, &binding.key, now_ms).unwrap_or(0);
             share.max(published)
         })
