@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tollgate_cluster::chitchat::transport::{Transport, UdpTransport};
 
 /// Why a node could not run.
 #[derive(Debug, thiserror::Error)]
@@ -67,13 +68,27 @@ pub async fn bind(config: &Config) -> Result<(TcpListener, Option<TcpListener>),
 }
 
 /// Serves a node on `listener` until `shutdown` resolves, then drains. `on_ready`
-/// receives the bound addresses once serving.
+/// receives the bound addresses once serving. A `[cluster]` node gossips over UDP.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     mock_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_ready: impl FnOnce(Bound),
+) -> Result<(), ServeError> {
+    let udp: Arc<dyn Transport> = Arc::new(UdpTransport);
+    run_with_transport(config, listener, mock_listener, shutdown, on_ready, udp).await
+}
+
+/// As [`run`], gossiping over `transport` (tests use chitchat's in-memory
+/// `ChannelTransport`, which can cut links to make partitions).
+pub async fn run_with_transport(
+    config: Config,
+    listener: TcpListener,
+    mock_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce(Bound),
+    transport: Arc<dyn Transport>,
 ) -> Result<(), ServeError> {
     let grace = config.server.shutdown_grace;
     // `stop` fires when shutdown starts; `mock_stop` once the proxy has drained, so
@@ -108,7 +123,7 @@ pub async fn run(
     let proxy = listener.local_addr()?;
     let sync = match &cluster {
         Some(cluster) => Some(
-            crate::sync::start(state.clone(), cluster, proxy)
+            crate::sync::start(state.clone(), cluster, proxy, transport.as_ref())
                 .await
                 .map_err(|e| ServeError::State(e.to_string()))?,
         ),

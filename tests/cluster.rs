@@ -314,3 +314,98 @@ async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// The view every node has of `key`'s global usage.
+async fn views(nodes: &[Node], key: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    for n in nodes {
+        out.push(
+            admin(n, "/admin/cluster").await["cluster"]["global_usage"][key]
+                .as_u64()
+                .unwrap_or(0),
+        );
+    }
+    out
+}
+
+async fn members_seen(node: &Node) -> usize {
+    admin(node, "/admin/cluster").await["cluster"]["members"]
+        .as_array()
+        .map_or(0, |m| m.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_through_a_partition_and_convergence_after_healing() {
+    use tollgate_cluster::chitchat::transport::ChannelTransport;
+    let upstream = mock(|_| {}).await;
+    let transport = ChannelTransport::default();
+    // Logical gossip ports in the in-memory transport (never bound on the host).
+    let ports = [11_001u16, 11_002, 11_003];
+    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let toml = cluster_toml(i, &ports, "gossip", "full")
+            .replace("max_wait = \"0s\"", "max_wait = \"1s\"");
+        let shared: Arc<dyn tollgate_cluster::chitchat::transport::Transport> =
+            Arc::new(transport.clone());
+        nodes.push(node_with_transport(&toml, &[&upstream], Some(shared)).await);
+    }
+    let formed = Instant::now() + Duration::from_secs(10);
+    for n in &nodes {
+        while members_seen(n).await < 3 {
+            assert!(Instant::now() < formed, "cluster did not form");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let nodes: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
+    // Healthy: every node shows some demand.
+    uneven_demand(&nodes, [4, 4, 4], 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Cut node 3 off from nodes 1 and 2.
+    transport.remove_link(addr(2), addr(0)).await;
+    transport.remove_link(addr(2), addr(1)).await;
+    let cut = Instant::now() + Duration::from_secs(10);
+    while members_seen(&nodes[0]).await != 2 || members_seen(&nodes[2]).await != 1 {
+        assert!(Instant::now() < cut, "the cut was never detected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Both sides push well above the limit.
+    uneven_demand(&nodes, [20, 10, 20], 2).await;
+    let during = upstream.stats().admitted;
+    let overshoot = during as f64 / LIMIT as f64 - 1.0;
+    println!("partition: admitted {during} of L = {LIMIT} (overshoot e = {overshoot:.3})");
+    assert!(during <= LIMIT + LIMIT / 2, "partition admitted {during}");
+    // Heal, and time until every node's view of global usage is the truth.
+    transport.add_link(addr(2), addr(0)).await;
+    transport.add_link(addr(2), addr(1)).await;
+    let healed = Instant::now();
+    let nodes: Vec<Node> = nodes
+        .into_iter()
+        .map(|n| Arc::try_unwrap(n).ok().unwrap())
+        .collect();
+    let truth = upstream.stats().admitted;
+    loop {
+        let seen = views(&nodes, "tenant:t:requests").await;
+        if seen.iter().all(|v| v.abs_diff(truth) * 100 <= truth) {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(10),
+            "views {seen:?} never converged to {truth}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let convergence = healed.elapsed();
+    println!(
+        "convergence after healing: {convergence:?}; gossip bytes over the run: {}",
+        transport.statistics().num_bytes_total
+    );
+    assert!(
+        convergence < Duration::from_secs(1),
+        "converged only after {convergence:?}"
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}

@@ -134,19 +134,26 @@ fn example_configs_in_the_repo_validate() {
 #[test]
 fn cluster_settings_that_break_the_promises_are_refused() {
     let cluster = |extra: &str| {
-        format!("{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"127.0.0.1:7001\"\n{extra}")
+        format!(
+            "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"127.0.0.1:7001\"\n{extra}"
+        )
     };
     assert!(Config::from_toml(&cluster(""), "test.toml").is_ok());
     let (field, reason) = invalid(&cluster("mode = \"lease\""));
     assert_eq!(field, "cluster.mode");
     assert!(reason.contains("not available"), "{reason}");
     // 1 s gossip with phi 8 detects a death within 18 s: a 15 s grace is too short.
-    let (field, _) = invalid(&cluster("gossip_interval = \"1s\"\ndead_node_grace = \"15s\""));
+    let (field, _) = invalid(&cluster(
+        "gossip_interval = \"1s\"\ndead_node_grace = \"15s\"",
+    ));
     assert_eq!(field, "cluster.dead_node_grace");
     let (field, _) = invalid(&cluster("sync_interval = \"5s\""));
     assert_eq!(field, "cluster.sync_interval");
     let (field, _) = invalid(&cluster("").replace("7001", "0"));
     assert_eq!(field, "cluster.gossip_listen");
-    let (field, _) = invalid(&format!("{}\n[limits]\nalgorithm = \"token-bucket\"\n", cluster("")));
+    let (field, _) = invalid(&format!(
+        "{}\n[limits]\nalgorithm = \"token-bucket\"\n",
+        cluster("")
+    ));
     assert_eq!(field, "limits.algorithm");
 }

@@ -58,16 +58,23 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
         return fail("cluster.phi_threshold", "must be in (1, 100]");
     }
     if cluster.gossip_listen.port() == 0 {
-        return fail("cluster.gossip_listen", "needs a fixed port: peers must be able to dial it");
+        return fail(
+            "cluster.gossip_listen",
+            "needs a fixed port: peers must be able to dial it",
+        );
     }
     // Failure detection takes at most gossip_interval x (2 x phi + 2) (see
     // docs/design/membership.md); a dead member must stay charged at least that long,
     // or a node could be forgotten before every peer has noticed it is gone.
-    let detection = cluster.gossip_interval.mul_f64(2.0 * cluster.phi_threshold + 2.0);
+    let detection = cluster
+        .gossip_interval
+        .mul_f64(2.0 * cluster.phi_threshold + 2.0);
     if cluster.dead_node_grace < detection.max(cluster.gossip_interval * 10) {
         return fail(
             "cluster.dead_node_grace",
-            format!("must be at least the failure-detection time ({detection:?} with these settings) and 10 gossip intervals"),
+            format!(
+                "must be at least the failure-detection time ({detection:?} with these settings) and 10 gossip intervals"
+            ),
         );
     }
     // Cluster counters publish the local window's buckets, which only the bucketed

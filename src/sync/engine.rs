@@ -46,6 +46,11 @@ pub struct Engine {
     counters: LocalCounters,
     usage: ClusterUsage,
     demand: Demand,
+    /// Each key's demand per every member, frozen when a member becomes unreachable:
+    /// while anyone is unreachable, the unreachable are charged their share of these
+    /// frozen demands. Both sides of a cut freeze (nearly) the same figures, so their
+    /// shares sum to L without talking (design.md, "Shares, borrowing and partitions").
+    frozen: HashMap<String, Vec<(String, u64)>>,
     /// Each key's demand per node as last seen live: shares of members that became
     /// unreachable are frozen at these values (both sides of a cut agree on them).
     last_demands: HashMap<String, HashMap<String, u64>>,
@@ -78,6 +83,7 @@ impl Engine {
             usage: ClusterUsage::new(window),
             demand: Demand::new(window.window_ms()),
             last_demands: HashMap::new(),
+            frozen: HashMap::new(),
             dead: Vec::new(),
             status,
         }
@@ -104,7 +110,25 @@ impl Engine {
         };
         let decode_errors = self.read_cluster().await;
         let dead = self.membership.dead_members().await;
-        self.dead = dead.iter().map(ToString::to_string).collect();
+        let dead_now: Vec<String> = dead.iter().map(ToString::to_string).collect();
+        if dead_now.iter().any(|d| !self.dead.contains(d)) {
+            // Someone just became unreachable: freeze every member's demand as last
+            // seen (the newly dead are still in `last_demands` from their last round).
+            self.frozen = self
+                .last_demands
+                .iter()
+                .map(|(key, seen)| {
+                    (
+                        key.clone(),
+                        seen.iter().map(|(n, d)| (n.clone(), *d)).collect(),
+                    )
+                })
+                .collect();
+        }
+        if dead_now.is_empty() {
+            self.frozen.clear();
+        }
+        self.dead = dead_now;
         self.recompute(&own, now_ms);
         let members = self.membership.live_members().await;
         let metrics = &self.state.metrics;
@@ -189,6 +213,7 @@ impl Engine {
     }
 
     fn recompute(&mut self, own: &HashMap<String, Own>, now_ms: u64) {
+        let mut views = std::collections::BTreeMap::new();
         for binding in &self.state.bindings {
             let mine = own.get(&binding.key).copied().unwrap_or(Own {
                 used: 0,
@@ -232,7 +257,9 @@ impl Engine {
                     let live =
                         self.usage
                             .global_usage_except(&binding.key, Some(&self.self_id), now_ms);
-                    let dead = dead_charge(&self.usage, &self.dead, seen, binding, now_ms);
+                    let frozen = self.frozen.get(&binding.key).map_or(&[][..], Vec::as_slice);
+                    let dead = dead_charge(&self.usage, &self.dead, frozen, binding, now_ms);
+                    views.insert(binding.key.clone(), mine.used.saturating_add(live));
                     (live.saturating_add(dead), demands)
                 }
             };
@@ -246,6 +273,10 @@ impl Engine {
             let value = self.policy.allowance(&figures).unwrap_or(u64::MAX);
             binding.allowance.set(value);
         }
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .global_usage = views;
     }
 }
 
@@ -254,15 +285,14 @@ impl Engine {
 fn dead_charge(
     usage: &ClusterUsage,
     dead: &[String],
-    seen: &HashMap<String, u64>,
+    frozen: &[(String, u64)],
     binding: &Binding,
     now_ms: u64,
 ) -> u64 {
     if dead.is_empty() {
         return 0;
     }
-    let frozen: Vec<(String, u64)> = seen.iter().map(|(n, d)| (n.clone(), *d)).collect();
-    let shares = tollgate_cluster::share::shares(binding.capacity, &frozen);
+    let shares = tollgate_cluster::share::shares(binding.capacity, frozen);
     dead.iter()
         .map(|node| {
             let share = shares

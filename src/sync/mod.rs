@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tollgate_cluster::chitchat::transport::UdpTransport;
+use tollgate_cluster::chitchat::transport::Transport;
 use tollgate_cluster::counter::Window;
 use tollgate_cluster::membership::{
     Membership, MembershipConfig, MembershipError, NodeMetadata, StateLimits,
@@ -98,11 +98,12 @@ pub async fn start(
     state: Arc<AppState>,
     config: &ClusterConfig,
     proxy: SocketAddr,
+    transport: &dyn Transport,
 ) -> Result<SyncHandle, SyncError> {
     let limits = &state.config.limits;
     let window = Window::try_new(limits.window.as_millis() as u64, limits.buckets)
         .map_err(|e| SyncError::Window(e.to_string()))?;
-    let membership = Membership::start(membership_config(config, proxy), &UdpTransport).await?;
+    let membership = Membership::start(membership_config(config, proxy), transport).await?;
     let status = state.cluster_status.clone().unwrap_or_else(|| {
         Arc::new(Mutex::new(ClusterStatus::new(
             config,

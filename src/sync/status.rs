@@ -58,6 +58,9 @@ pub struct ClusterStatus {
     pub duplicate_ids_seen: u64,
     /// Why this node is degraded, if it is.
     pub degraded: Option<String>,
+    /// This node's view of each key's global usage (its own plus the live members'
+    /// published usage), for convergence checks.
+    pub global_usage: std::collections::BTreeMap<String, u64>,
 }
 
 impl ClusterStatus {
@@ -74,6 +77,7 @@ impl ClusterStatus {
             decode_errors_total: 0,
             duplicate_ids_seen: 0,
             degraded: None,
+            global_usage: Default::default(),
         }
     }
 }

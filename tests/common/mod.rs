@@ -67,6 +67,15 @@ pub fn key_hash() -> String {
 
 /// Starts a node from TOML (`{MOCK}`, `{MOCK2}`, `{HASH}` are substituted).
 pub async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
+    node_with_transport(toml, mocks, None).await
+}
+
+/// As [`node`], gossiping over `transport` (e.g. chitchat's `ChannelTransport`).
+pub async fn node_with_transport(
+    toml: &str,
+    mocks: &[&MockHandle],
+    transport: Option<std::sync::Arc<dyn tollgate_cluster::chitchat::transport::Transport>>,
+) -> Node {
     let mut text = toml
         .replace("{HASH}", &key_hash())
         .replace("{ADMIN}", ADMIN);
@@ -87,9 +96,16 @@ pub async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
         let shutdown = async move {
             let _ = stop_rx.await;
         };
-        tollgate::server::run(config, listener, None, shutdown, |_| {})
-            .await
-            .unwrap();
+        match transport {
+            Some(t) => {
+                tollgate::server::run_with_transport(config, listener, None, shutdown, |_| {}, t)
+                    .await
+                    .unwrap()
+            }
+            None => tollgate::server::run(config, listener, None, shutdown, |_| {})
+                .await
+                .unwrap(),
+        }
     });
     Node {
         addr,
