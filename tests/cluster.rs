@@ -369,6 +369,23 @@ async fn gossip_through_a_partition_and_convergence_after_healing() {
         assert!(Instant::now() < cut, "the cut was never detected");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let degraded = admin(&nodes[2], "/admin/cluster").await;
+    assert!(
+        degraded["cluster"]["degraded"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("members_unreachable")),
+        "{degraded}"
+    );
+    let metrics = reqwest::get(format!("http://{}/metrics", nodes[2].addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tollgate_degraded{scope=\"cluster\",reason=\"members_unreachable\"} 1"),
+        "{metrics}"
+    );
     // Both sides push well above the limit.
     uneven_demand(&nodes, [20, 10, 20], 2).await;
     let during = upstream.stats().admitted;

@@ -50,6 +50,7 @@ pub struct Metrics {
     sync_bytes: Counter,
     gossip_refused: Counter,
     members: Gauge,
+    degraded: Family<Static<2>, Gauge>,
     tenant_labels: bool,
 }
 
@@ -75,6 +76,7 @@ impl Metrics {
             sync_bytes: Counter::default(),
             gossip_refused: Counter::default(),
             members: Gauge::default(),
+            degraded: Family::default(),
             tenant_labels,
         };
         let r = &mut m.registry;
@@ -160,6 +162,11 @@ impl Metrics {
             "cluster_live_members",
             "Live cluster members, this node included",
             m.members.clone(),
+        );
+        r.register(
+            "degraded",
+            "1 while this node runs degraded, by scope and reason",
+            m.degraded.clone(),
         );
         m
     }
@@ -283,6 +290,13 @@ impl Metrics {
         self.sync_bytes.inc_by(bytes_published);
         self.gossip_refused.inc_by(refused_values);
         self.members.set(live_members);
+    }
+
+    /// Sets whether this node is degraded for `reason` (cluster scope).
+    pub fn degraded(&self, reason: &'static str, on: bool) {
+        self.degraded
+            .get_or_create(&[("scope", "cluster"), ("reason", reason)])
+            .set(i64::from(on));
     }
 
     /// Requests in flight moved by `delta`.

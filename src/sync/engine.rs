@@ -133,6 +133,16 @@ impl Engine {
         let members = self.membership.live_members().await;
         let metrics = &self.state.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
+        metrics.degraded("members_unreachable", !self.dead.is_empty());
+        metrics.degraded("publish_failed", publish_error.is_some());
+        let degraded = match (&publish_error, self.dead.is_empty()) {
+            (Some(e), _) => Some(format!("publish_failed: {e}")),
+            (None, false) => Some(format!(
+                "members_unreachable: {} charged their frozen share until they return or are collected",
+                self.dead.join(", ")
+            )),
+            (None, true) => None,
+        };
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         status.members = members.iter().map(MemberStatus::from).collect();
         status.dead = dead.iter().map(ToString::to_string).collect();
@@ -140,7 +150,13 @@ impl Engine {
         status.bytes_published_total += bytes as u64;
         status.decode_errors_total += decode_errors;
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
-        status.degraded = publish_error;
+        if status.degraded.is_none() != degraded.is_none() {
+            match &degraded {
+                Some(reason) => tracing::warn!(%reason, "cluster sync degraded"),
+                None => tracing::info!("cluster sync healthy again"),
+            }
+        }
+        status.degraded = degraded;
     }
 
     /// Feeds this node's exports into the counters; returns its own figures per key.
