@@ -1,0 +1,1 @@
+//! Placeholder: the lease ledger (being written).
