@@ -1,1 +1,0 @@
-//! Placeholder: the lease ledger (being written).
