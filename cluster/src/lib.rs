@@ -10,8 +10,11 @@
 //!   consumption per key, published coalesced into a fixed ring of keys; global
 //!   usage is the sum over live members. Pure.
 //! - [`share`]: demand-weighted shares of a capacity that always sum to it. Pure.
+//! - [`lease`]: the lease ledger (owner side), holder accounting and rendezvous
+//!   ownership for `lease` mode. Pure.
 
 pub mod counter;
+pub mod lease;
 pub mod membership;
 pub mod share;
 
