@@ -101,24 +101,32 @@ impl<H: Ord + Clone> Ledger<H> {
         Ok(())
     }
 
-    /// A holder's re-announce to a rebuilt owner: what it still holds from the old
-    /// owner (at most `max_lease`). The owner adopts it as a lease expiring at its
-    /// own `now + ttl` (later than the old lease's end, so conservative) and returns
-    /// its new id; the holder is no longer unknown. `None` when it holds nothing.
+    /// A holder's re-announce to a rebuilt owner: the unspent balance it still holds
+    /// from the old owner, and what it spent under those leases without reporting it
+    /// yet, per bucket (together at most `max_lease`). The owner charges the
+    /// unreported spending as consumption, adopts the balance as a lease expiring at
+    /// its own `now + ttl` (later than the old lease's end, so conservative) and
+    /// returns its new id; the holder is no longer unknown. `None` when it holds
+    /// nothing.
     pub fn announce(
         &mut self,
         holder: &H,
         outstanding: u64,
+        unreported_by_bucket: &[(u64, u64)],
         now_ms: u64,
         ttl_ms: u64,
     ) -> Result<Option<Grant>, Refusal> {
         let now = self.settle(now_ms);
         bounded("ttl_ms", ttl_ms, MAX_TTL_MS)?;
-        if outstanding > self.config.max_lease() {
+        let unreported = unreported_by_bucket
+            .iter()
+            .fold(0u64, |sum, (_, cost)| sum.saturating_add(*cost));
+        let claimed = outstanding.saturating_add(unreported);
+        if claimed > self.config.max_lease() {
             let max = self.config.max_lease();
             return Err(Refusal::Absurd {
                 what: "outstanding",
-                amount: outstanding,
+                amount: claimed,
                 max,
             });
         }
@@ -128,6 +136,18 @@ impl<H: Ord + Clone> Ledger<H> {
             if r.unknown.is_empty() {
                 self.recovery = None;
             }
+        }
+        // What the holder spent under leases from the previous owner and never
+        // reported is consumption this owner's counter snapshot may not include.
+        // The lease lived at most one ttl, so a bucket older than that is clamped
+        // forward (the holder's clock cannot make it leave the window early).
+        let w = self.config.window;
+        let (first, last) = (
+            w.bucket_index(now.saturating_sub(ttl_ms)),
+            w.bucket_index(now),
+        );
+        for &(bucket, cost) in unreported_by_bucket {
+            self.add_consumed(bucket.clamp(first, last), cost);
         }
         if outstanding == 0 {
             return Ok(None);

@@ -322,10 +322,10 @@ mod tests {
         assert_eq!(l.available(50), 100 - 10 - 2 * 30);
         assert!(l.recovering(50));
         assert_eq!(l.grant(&"c", 100, 50, 500).map(|g| g.amount), Ok(30));
-        let adopted = l.announce(&"a", 20, 60, 500);
+        let adopted = l.announce(&"a", 20, &[], 60, 500);
         assert_eq!(adopted.map(|g| g.map(|g| g.amount)), Ok(Some(20)));
         assert_eq!(l.available(60), 100 - 10 - 30 - 20 - 30);
-        assert_eq!(l.announce(&"b", 0, 70, 500), Ok(None));
+        assert_eq!(l.announce(&"b", 0, &[], 70, 500), Ok(None));
         assert!(!l.recovering(70));
         assert_eq!(l.available(70), 100 - 10 - 30 - 20, "back to full use");
     }
@@ -370,7 +370,10 @@ mod tests {
             l.release(&"a", id, &[(0, MAX_AMOUNT + 1)], 10),
             absurd("cost", MAX_AMOUNT + 1, MAX_AMOUNT)
         );
-        assert_eq!(l.announce(&"a", 51, 10, 500), absurd("outstanding", 51, 50));
+        assert_eq!(
+            l.announce(&"a", 51, &[], 10, 500),
+            absurd("outstanding", 51, 50)
+        );
         l.grant(&"c", 1, 10, 500).expect("third holder");
         l.settle(10);
         let before_full = l.clone();

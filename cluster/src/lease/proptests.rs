@@ -144,8 +144,9 @@ impl World {
             .filter(|l| l.start + ttl > now)
             .collect();
         let balance: u64 = live.iter().map(|l| l.amount - l.spent).sum();
+        let unreported: Vec<(u64, u64)> = live.iter().flat_map(|l| l.by_bucket.clone()).collect();
         let start = live.iter().map(|l| l.start).min().unwrap_or(now);
-        if let Ok(adopted) = self.ledger.announce(&h, balance, now, ttl) {
+        if let Ok(adopted) = self.ledger.announce(&h, balance, &unreported, now, ttl) {
             self.truth[h].leases = adopted
                 .map(|g| TLease::new(g.lease_id, g.amount, start))
                 .into_iter()
