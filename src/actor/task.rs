@@ -147,6 +147,8 @@ pub struct Actor {
     blocked_until_ns: Option<Nanos>,
     last_active_ns: Nanos,
     reported_depth: usize,
+    /// Metric handles resolved at spawn.
+    m: crate::ops::metrics::ScopeMetrics,
     /// Requests and tokens asked of this actor, admitted or not: the demand the
     /// cluster's shares are weighted by.
     requested: (u64, u64),
@@ -170,6 +172,7 @@ impl Actor {
             blocked_until_ns: None,
             last_active_ns: now,
             reported_depth: 0,
+            m: settings.metrics.scope(settings.scope.kind),
             requested: (0, 0),
             settings,
         }
@@ -302,12 +305,7 @@ impl Actor {
         };
         let reserved = held.charge.tokens_reserved;
         let settled = self.limits.settle(now, held.charge, how);
-        self.settings.metrics.settled(
-            self.settings.scope.kind,
-            reserved,
-            &settled.tokens,
-            release.how,
-        );
+        self.m.settled(reserved, &settled.tokens, release.how);
     }
 
     /// Admits queued waiters in order while they fit, then expires the rest whose
@@ -354,10 +352,9 @@ impl Actor {
     }
 
     fn grant(&mut self, now: Nanos, waiter: Waiter<Pending>, charge: Charge) {
-        let metrics = &self.settings.metrics;
-        let kind = self.settings.scope.kind;
         let waited_ns = now.saturating_sub(waiter.enqueued_ns);
-        metrics.admitted(kind, waiter.lane, waited_ns, charge.tokens_reserved);
+        self.m
+            .admitted(waiter.lane, waited_ns, charge.tokens_reserved);
         let permit_id = self.next_permit;
         self.next_permit += 1;
         let grant = Grant {
@@ -379,7 +376,7 @@ impl Actor {
         if waiter.payload.reply.send(Ok(grant)).is_err() {
             // The caller went away between asking and the answer: nothing was sent
             // upstream, so the charge is undone.
-            self.settings.metrics.cancelled(kind);
+            self.m.cancelled();
             self.on_release(Release {
                 permit_id,
                 how: SettleWith::Cancel,
@@ -396,7 +393,7 @@ impl Actor {
         }
         for waiter in gone {
             if waiter.payload.reply.is_closed() {
-                self.settings.metrics.cancelled(self.settings.scope.kind);
+                self.m.cancelled();
                 continue;
             }
             let blocked = self
@@ -420,17 +417,13 @@ impl Actor {
         let depth = self.queue.len();
         if depth != self.reported_depth {
             let delta = depth as i64 - self.reported_depth as i64;
-            self.settings
-                .metrics
-                .queue_moved(self.settings.scope.kind, delta);
+            self.m.queue_moved(delta);
             self.reported_depth = depth;
         }
     }
 
     fn refuse(&self, now: Nanos, reply: oneshot::Sender<Result<Grant, Refusal>>, blocked: Blocked) {
-        self.settings
-            .metrics
-            .refused(self.settings.scope.kind, blocked.dimension);
+        self.m.refused(blocked.dimension);
         let _ = reply.send(Err(Refusal {
             blocked,
             status: self.status(now),

@@ -54,7 +54,109 @@ pub struct Metrics {
     tenant_labels: bool,
 }
 
+/// One actor's metric handles, resolved once at spawn so recording a decision is a
+/// few atomic adds (no label lookup per message).
+pub struct ScopeMetrics {
+    admitted: Counter,
+    refused: [Counter; 5],
+    cancelled: Counter,
+    queue_wait: [Histogram; 2],
+    queue_depth: Gauge,
+    tokens_reserved: Counter,
+    tokens_settled: Counter,
+    tokens_refunded: Counter,
+    tokens_debt: Counter,
+    settlements: [Counter; 4],
+}
+
+const DIMENSIONS: [Dimension; 5] = [
+    Dimension::Requests,
+    Dimension::Tokens,
+    Dimension::Concurrency,
+    Dimension::Cooldown,
+    Dimension::Queue,
+];
+
+fn dimension_index(d: Dimension) -> usize {
+    DIMENSIONS.iter().position(|x| *x == d).unwrap_or(0)
+}
+
+impl ScopeMetrics {
+    /// An actor admitted a request.
+    pub fn admitted(&self, lane: Lane, waited_ns: Nanos, tokens: u64) {
+        self.admitted.inc();
+        let lane = usize::from(lane == Lane::Batch);
+        self.queue_wait[lane].observe(waited_ns as f64 / NANOS_PER_SEC as f64);
+        self.tokens_reserved.inc_by(tokens);
+    }
+
+    /// An actor refused a request.
+    pub fn refused(&self, dimension: Dimension) {
+        self.refused[dimension_index(dimension)].inc();
+    }
+
+    /// A caller went away while queued or before its grant arrived.
+    pub fn cancelled(&self) {
+        self.cancelled.inc();
+    }
+
+    /// Queue depth of this actor moved by `delta`.
+    pub fn queue_moved(&self, delta: i64) {
+        self.queue_depth.inc_by(delta);
+    }
+
+    /// A permit was settled.
+    pub fn settled(&self, reserved: u64, settlement: &Settlement, how: SettleWith) {
+        let charged = reserved
+            .saturating_sub(settlement.refunded)
+            .saturating_add(settlement.debt);
+        self.tokens_settled.inc_by(charged);
+        self.tokens_refunded.inc_by(settlement.refunded);
+        self.tokens_debt.inc_by(settlement.debt);
+        let index = match how {
+            SettleWith::Usage { .. } => 0,
+            SettleWith::KeepReserved => 1,
+            SettleWith::RefundTokens => 2,
+            SettleWith::Cancel => 3,
+        };
+        self.settlements[index].inc();
+    }
+}
+
 impl Metrics {
+    /// Handles for one actor of `kind`.
+    pub fn scope(&self, kind: ScopeKind) -> ScopeMetrics {
+        let scope = kind.as_str();
+        let decision = |outcome, reason| {
+            self.decisions.get_or_create_owned(&[
+                ("scope", scope),
+                ("outcome", outcome),
+                ("reason", reason),
+            ])
+        };
+        let one =
+            |family: &Family<Static<1>, Counter>| family.get_or_create_owned(&[("scope", scope)]);
+        let how = |h| {
+            self.settlements
+                .get_or_create_owned(&[("scope", scope), ("how", h)])
+        };
+        ScopeMetrics {
+            admitted: decision("admitted", ""),
+            refused: DIMENSIONS.map(|d| decision("refused", d.as_str())),
+            cancelled: decision("cancelled", ""),
+            queue_wait: [Lane::Interactive, Lane::Batch].map(|lane| {
+                self.queue_wait
+                    .get_or_create_owned(&[("scope", scope), ("lane", lane.as_str())])
+            }),
+            queue_depth: self.queue_depth.get_or_create_owned(&[("scope", scope)]),
+            tokens_reserved: one(&self.tokens_reserved),
+            tokens_settled: one(&self.tokens_settled),
+            tokens_refunded: one(&self.tokens_refunded),
+            tokens_debt: one(&self.tokens_debt),
+            settlements: ["usage", "keep_reserved", "refund_tokens", "cancel"].map(how),
+        }
+    }
+
     /// A fresh registry; `tenant_labels` adds `tollgate_tenant_requests_total`.
     pub fn new(tenant_labels: bool) -> Metrics {
         let mut m = Metrics {
@@ -177,77 +279,6 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
-    }
-
-    /// An actor admitted a request.
-    pub fn admitted(&self, kind: ScopeKind, lane: Lane, waited_ns: Nanos, tokens: u64) {
-        let scope = kind.as_str();
-        self.decisions
-            .get_or_create(&[("scope", scope), ("outcome", "admitted"), ("reason", "")])
-            .inc();
-        self.queue_wait
-            .get_or_create(&[("scope", scope), ("lane", lane.as_str())])
-            .observe(waited_ns as f64 / NANOS_PER_SEC as f64);
-        self.tokens_reserved
-            .get_or_create(&[("scope", scope)])
-            .inc_by(tokens);
-    }
-
-    /// An actor refused a request.
-    pub fn refused(&self, kind: ScopeKind, dimension: Dimension) {
-        let labels = [
-            ("scope", kind.as_str()),
-            ("outcome", "refused"),
-            ("reason", dimension.as_str()),
-        ];
-        self.decisions.get_or_create(&labels).inc();
-    }
-
-    /// A caller went away while queued or before its grant arrived.
-    pub fn cancelled(&self, kind: ScopeKind) {
-        let labels = [
-            ("scope", kind.as_str()),
-            ("outcome", "cancelled"),
-            ("reason", ""),
-        ];
-        self.decisions.get_or_create(&labels).inc();
-    }
-
-    /// Queue depth of one actor moved by `delta`.
-    pub fn queue_moved(&self, kind: ScopeKind, delta: i64) {
-        self.queue_depth
-            .get_or_create(&[("scope", kind.as_str())])
-            .inc_by(delta);
-    }
-
-    /// A permit was settled.
-    pub fn settled(
-        &self,
-        kind: ScopeKind,
-        reserved: u64,
-        settlement: &Settlement,
-        how: SettleWith,
-    ) {
-        let scope = [("scope", kind.as_str())];
-        let charged = reserved
-            .saturating_sub(settlement.refunded)
-            .saturating_add(settlement.debt);
-        self.tokens_settled.get_or_create(&scope).inc_by(charged);
-        self.tokens_refunded
-            .get_or_create(&scope)
-            .inc_by(settlement.refunded);
-        self.tokens_debt
-            .get_or_create(&scope)
-            .inc_by(settlement.debt);
-        let how = match how {
-            SettleWith::Usage { .. } => "usage",
-            SettleWith::KeepReserved => "keep_reserved",
-            SettleWith::RefundTokens => "refund_tokens",
-            SettleWith::Cancel => "cancel",
-        };
-        self.settlements
-            .get_or_create(&[("scope", kind.as_str()), ("how", how)])
-            .inc();
     }
 
     /// An actor started.
