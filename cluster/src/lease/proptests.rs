@@ -146,7 +146,11 @@ impl World {
         let balance: u64 = live.iter().map(|l| l.amount - l.spent).sum();
         // Everything spent and not yet reported to any owner, under live *or* ended
         // leases: the rebuilt owner's counters may predate all of it.
-        let unreported: Vec<(u64, u64)> = self.truth[h].leases.iter().flat_map(|l| l.by_bucket.clone()).collect();
+        let unreported: Vec<(u64, u64)> = self.truth[h]
+            .leases
+            .iter()
+            .flat_map(|l| l.by_bucket.clone())
+            .collect();
         let start = live.iter().map(|l| l.start).min().unwrap_or(now);
         if let Ok(adopted) = self.ledger.announce(&h, balance, &unreported, now, ttl) {
             self.truth[h].leases = adopted
