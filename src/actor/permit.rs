@@ -14,7 +14,6 @@ pub use super::task::SettleWith;
 pub struct Permit {
     releases: mpsc::UnboundedSender<Release>,
     permit_id: u64,
-    tokens_reserved: u64,
     settled: bool,
 }
 
@@ -24,14 +23,8 @@ impl Permit {
         Permit {
             releases: handle.releases(),
             permit_id: grant.permit_id,
-            tokens_reserved: grant.tokens_reserved,
             settled: false,
         }
-    }
-
-    /// Tokens this permit reserved.
-    pub fn tokens_reserved(&self) -> u64 {
-        self.tokens_reserved
     }
 
     /// Settles and releases. Consumes the permit: a second settlement cannot compile.

@@ -7,11 +7,11 @@
 //! Its send fails, or its reply channel closes unanswered; in both cases nothing was
 //! charged, so [`Registry::acquire`] drops the stale handle and asks again.
 
+use super::ScopeId;
 use super::clock::Clock;
 use super::estimate::AdaptivePolicy;
 use super::scope::{Allowances, ScopeExport, ScopeLimits, ScopeStatus};
 use super::task::{AcquireRequest, Actor, ActorSettings, Command, Grant, Refusal, Release};
-use super::{ScopeId, ScopeKind};
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
 use crate::ops::metrics::Metrics;
 use std::collections::HashMap;
@@ -296,16 +296,6 @@ impl Registry {
         if let Ok(handle) = self.handle(scope) {
             let _ = handle.commands.try_send(Command::CoolDown { until_ns });
         }
-    }
-
-    /// Kinds of every configured scope, for metrics initialisation.
-    pub fn scopes(&self) -> impl Iterator<Item = &ScopeId> {
-        self.specs.keys()
-    }
-
-    /// Count of configured scopes of `kind`.
-    pub fn configured(&self, kind: ScopeKind) -> usize {
-        self.specs.keys().filter(|s| s.kind == kind).count()
     }
 }
 
