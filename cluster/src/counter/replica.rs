@@ -313,6 +313,24 @@ impl ClusterUsage {
         Some(key.map_or(0, |k| k.usage(&self.window, now_ms)))
     }
 
+    /// Live nodes' consumption of `limit_key` per bucket that counts at `now_ms`,
+    /// summed over nodes, ascending by bucket: what a new lease owner rebuilds from.
+    pub fn buckets(&self, limit_key: &str, now_ms: u64) -> Vec<(u64, u64)> {
+        let mut sum: BTreeMap<u64, u64> = BTreeMap::new();
+        let keys = (self.nodes.values())
+            .filter(|r| r.live)
+            .filter_map(|r| r.keys.get(limit_key));
+        for key in keys {
+            for r in key.slots.values() {
+                if self.window.counts(r.value.0, now_ms) {
+                    let c = sum.entry(r.value.0).or_insert(0);
+                    *c = c.saturating_add(r.value.1);
+                }
+            }
+        }
+        sum.into_iter().collect()
+    }
+
     /// Demand for `limit_key` per live node (cost units per window, 0 if none
     /// published), sorted by node: the input of [`crate::share::shares`].
     pub fn demand_by_node(&self, limit_key: &str) -> Vec<(String, u64)> {

@@ -1,23 +1,20 @@
 //! `lease` mode, pure core (design.md section 6; docs/design/lease.md): the key's
-//! owner grants lease blocks that holders spend locally and renew before they run
-//! out, so the hot path needs no network and the cluster stays within `L`.
+//! owner keeps a credit line per holder; holders spend their credit locally and
+//! renew it before it runs out, so the hot path needs no network and the cluster
+//! stays within `L`.
 //!
 //! - [`rendezvous`]: which live member owns a key (highest random weight, stable hash).
-//! - [`owner`]: the owner's per-key ledger for windowed limits (requests, tokens):
-//!   grants, renewals, releases, expiry, failover rebuild and re-announce.
-//! - [`slots`]: the owner's ledger for concurrency, leased as slots kept by heartbeat.
-//! - [`holder`]: a node's view of its lease for one key: local spending, when to
-//!   renew, per-bucket consumption to report, and the cut-off policy.
+//! - [`line`]: the owner's ledger of one key: statements, grants, expiry, failover
+//!   rebuild, shares and floors for unreachable members.
+//! - [`budget`]: a holder's side of one key: local spending, refunds, the statement
+//!   it sends, the reply it adopts, and the cut-off policy.
 //!
 //! Everything here is a state machine: every time is an argument (`now_ms`, the
-//! node clock: monotonic, wall-aligned), nothing reads a clock, sends or sleeps. The
-//! RPC, the re-announce protocol and heartbeats are wired elsewhere.
+//! node clock: monotonic, wall-aligned), nothing reads a clock, sends or sleeps.
 
-mod grant;
-pub mod holder;
-pub mod owner;
+pub mod budget;
+pub mod line;
 pub mod rendezvous;
-pub mod slots;
 
 #[cfg(test)]
 mod proptests;
@@ -33,12 +30,7 @@ pub const MAX_TTL_MS: u64 = 600_000;
 /// Most holders one key's ledger tracks (a cluster is far smaller; bounds memory).
 pub const MAX_HOLDERS: usize = 1024;
 
-/// Identifies a lease within one key's ledger. Ids only grow, so an id below the
-/// next one that the ledger no longer holds is [`Refusal::Stale`].
-pub type LeaseId = u64;
-
-/// Why the owner refused a request. Every variant but [`Refusal::Exhausted`] is bad
-/// input and leaves the ledger unchanged.
+/// Why the owner refused a statement. Each leaves the ledger unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// The key is not configured on this owner.
@@ -60,30 +52,12 @@ pub enum Refusal {
         /// The bound.
         max: usize,
     },
-    /// No such lease was ever granted by this ledger.
-    #[error("unknown lease {0}")]
-    UnknownLease(LeaseId),
-    /// The lease was granted to another holder.
-    #[error("lease {0} belongs to another holder")]
-    NotYourLease(LeaseId),
-    /// The lease existed but expired or was already returned: its amount is counted.
-    #[error("lease {0} is expired or already returned")]
-    Stale(LeaseId),
-    /// The holder reported more consumption than the lease held.
-    #[error("reported {reported} consumed on a lease of {amount}")]
-    Overreported {
-        /// Sum of the reported costs.
-        reported: u64,
-        /// The lease amount.
-        amount: u64,
-    },
-    /// Nothing can be granted now (capacity, the holder's fair share or its cap). A
-    /// renewal or announce that ends with this still took effect.
-    #[error("nothing available; retry in {retry_in_ms} ms")]
-    Exhausted {
-        /// When capacity may come back at the earliest (one bucket), in milliseconds.
-        retry_in_ms: u64,
-    },
+    /// A statement not newer than the last one accepted from this holder.
+    #[error("stale statement {0}")]
+    Stale(u64),
+    /// This node does not own the key (membership moved it); ask the owner.
+    #[error("not the owner of this key")]
+    NotOwner,
 }
 
 /// Checks `1 <= amount <= max`.

@@ -1,0 +1,339 @@
+//! A holder's side of one lease key: the credit it may spend locally, its exact
+//! per-bucket consumption (what it states to the owner), and what it may spend
+//! while its owner cannot be reached.
+//!
+//! The gateway keeps one `Budget` per key behind a mutex shared by the key's actor
+//! (spend, refund, on every decision) and the sync engine (snapshot, apply, a few
+//! times a second), so a snapshot is always consistent: the usage it states and
+//! the credit it claims are taken at the same instant.
+//!
+//! Skew safety: a credit ends for the holder at its own monotonic **send** time of
+//! the statement + ttl, before the owner's receive time + ttl.
+
+use std::collections::BTreeMap;
+
+use crate::counter::Window;
+use crate::lease::line::{Kind, SyncReply, SyncRequest};
+
+/// What a holder cut off from its owner may spend beyond its credit (design.md
+/// section 6, "Shares, borrowing and partitions").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CutOffPolicy {
+    /// Default: at most its own share `s_j` per window (slots: at once), the share
+    /// frozen at the cut. Every side charges unreachable members that share, so the
+    /// cluster stays within L (plus borrowing outstanding at the cut).
+    #[default]
+    Share,
+    /// Nothing beyond the credit it holds: safe, unavailable under a cut.
+    FailClosed,
+    /// Unlimited: **unsafe**, the cluster total is unbounded during a cut.
+    FailOpen,
+}
+
+/// How one admission was paid, needed to refund it exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spent {
+    /// The bucket it was recorded in (windowed keys).
+    pub bucket: u64,
+    /// Whether it came out of the owner's credit (else: the cut-off allowance).
+    pub from_credit: bool,
+}
+
+/// A consistent picture of the budget, to state to the owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The statement (seq = the snapshot time in ms, made unique by the caller).
+    pub request: SyncRequest,
+    /// When it was taken (the send time: the new credit's start).
+    pub at_ms: u64,
+}
+
+/// One key's budget on a holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    kind: Kind,
+    credit: u64,
+    until_ms: u64,
+    usage: BTreeMap<u64, u64>,
+    in_use: u64,
+    /// `Some(share)` while the owner cannot be reached (set by the engine).
+    cut_off: Option<u64>,
+    policy: CutOffPolicy,
+    last_seq: u64,
+}
+
+impl Budget {
+    /// An empty budget: nothing may be spent until the owner grants credit.
+    pub fn new(kind: Kind, policy: CutOffPolicy) -> Self {
+        Self {
+            kind,
+            credit: 0,
+            until_ms: 0,
+            usage: BTreeMap::new(),
+            in_use: 0,
+            cut_off: None,
+            policy,
+            last_seq: 0,
+        }
+    }
+
+    /// Credit (windowed) or slots (concurrency) valid at `now_ms`.
+    pub fn credit(&self, now_ms: u64) -> u64 {
+        if self.until_ms > now_ms {
+            self.credit
+        } else {
+            0
+        }
+    }
+
+    /// When the current credit ends for this holder.
+    pub fn until_ms(&self) -> u64 {
+        self.until_ms
+    }
+
+    /// This holder's consumption in the window at `now_ms` (windowed) or in use.
+    pub fn used(&self, now_ms: u64) -> u64 {
+        match self.kind {
+            Kind::Windowed(w) => (self.usage.iter())
+                .filter(|(b, _)| w.counts(**b, now_ms))
+                .map(|(_, c)| *c)
+                .sum(),
+            Kind::Slots => self.in_use,
+        }
+    }
+
+    /// Whether `cost` (windowed) or one more slot could be admitted now.
+    pub fn can_spend(&self, cost: u64, now_ms: u64) -> bool {
+        match self.kind {
+            Kind::Windowed(_) => self.credit(now_ms) >= cost || self.cut_off_allows(cost, now_ms),
+            Kind::Slots => {
+                self.in_use < self.credit(now_ms) || self.cut_off_allows(1, now_ms)
+            }
+        }
+    }
+
+    /// Spends `cost` (windowed; slots: takes one slot, `cost` ignored), or `None`.
+    pub fn try_spend(&mut self, cost: u64, now_ms: u64) -> Option<Spent> {
+        let from_credit = match self.kind {
+            Kind::Windowed(_) => self.credit(now_ms) >= cost,
+            Kind::Slots => self.in_use < self.credit(now_ms),
+        };
+        if !from_credit && !self.cut_off_allows(cost, now_ms) {
+            return None;
+        }
+        let bucket = match self.kind {
+            Kind::Windowed(w) => {
+                if from_credit {
+                    self.credit -= cost;
+                }
+                let bucket = w.bucket_index(now_ms);
+                *self.usage.entry(bucket).or_insert(0) += cost;
+                self.prune(w, now_ms);
+                bucket
+            }
+            Kind::Slots => {
+                self.in_use += 1;
+                0
+            }
+        };
+        Some(Spent {
+            bucket,
+            from_credit,
+        })
+    }
+
+    /// Corrects a spend to its real cost `actual` (refund below, debt above). A
+    /// refund of credit goes back into the credit: the owner sees the same move from
+    /// usage to credit in the next statement. Slots: returns the slot.
+    pub fn settle(&mut self, spent: Spent, reserved: u64, actual: u64) {
+        match self.kind {
+            Kind::Windowed(_) => {
+                let entry = self.usage.entry(spent.bucket).or_insert(0);
+                if actual < reserved {
+                    let refund = (reserved - actual).min(*entry);
+                    *entry -= refund;
+                    if spent.from_credit {
+                        self.credit = self.credit.saturating_add(refund);
+                    }
+                } else {
+                    let debt = actual - reserved;
+                    *entry = entry.saturating_add(debt);
+                    self.credit = self.credit.saturating_sub(debt);
+                }
+            }
+            Kind::Slots => self.in_use = self.in_use.saturating_sub(1),
+        }
+    }
+
+    /// The statement for the owner at `now_ms`, asking `want` more. `seq` only grows.
+    pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
+        self.last_seq = now_ms.max(self.last_seq + 1);
+        let (usage, remaining) = match self.kind {
+            Kind::Windowed(w) => {
+                self.prune(w, now_ms);
+                let usage = self.usage.iter().map(|(b, c)| (*b, *c)).collect();
+                (usage, self.credit(now_ms))
+            }
+            Kind::Slots => (Vec::new(), self.in_use),
+        };
+        Snapshot {
+            request: SyncRequest {
+                seq: self.last_seq,
+                usage,
+                remaining,
+                want,
+            },
+            at_ms: now_ms,
+        }
+    }
+
+    /// Adopts the owner's reply to `snapshot`: the credit it states, minus what was
+    /// spent since the snapshot (plus what was refunded), until the snapshot's time
+    /// + ttl. Called at `now_ms`, when the reply arrived.
+    pub fn apply(&mut self, snapshot: &Snapshot, reply: &SyncReply, now_ms: u64) {
+        match self.kind {
+            Kind::Windowed(_) => {
+                let now = self.credit(now_ms);
+                let stated = snapshot.request.remaining;
+                // now - stated = refunds - spends since the snapshot (may be < 0).
+                self.credit = (reply.credit.saturating_add(now)).saturating_sub(stated);
+            }
+            Kind::Slots => self.credit = reply.credit,
+        }
+        self.until_ms = snapshot.at_ms.saturating_add(reply.ttl_ms);
+    }
+
+    /// The owner cannot be reached (`Some(share)`: the frozen share for policy
+    /// `share`) or can again (`None`).
+    pub fn set_cut_off(&mut self, share: Option<u64>) {
+        self.cut_off = share;
+    }
+
+    /// Whether the owner is currently unreachable.
+    pub fn is_cut_off(&self) -> bool {
+        self.cut_off.is_some()
+    }
+
+    /// Nothing spent in the window, nothing in use, no credit: the key costs no
+    /// exchange (idle keys cost no traffic).
+    pub fn is_idle(&self, now_ms: u64) -> bool {
+        self.credit(now_ms) == 0 && self.used(now_ms) == 0
+    }
+
+    fn cut_off_allows(&self, cost: u64, now_ms: u64) -> bool {
+        let Some(share) = self.cut_off else {
+            return false;
+        };
+        // The credit first: beyond-credit spending starts only once it has ended.
+        if self.credit(now_ms) > 0 && self.kind != Kind::Slots {
+            return false;
+        }
+        match self.policy {
+            CutOffPolicy::FailClosed => false,
+            CutOffPolicy::FailOpen => true,
+            CutOffPolicy::Share => match self.kind {
+                Kind::Windowed(_) => self.used(now_ms).saturating_add(cost) <= share,
+                Kind::Slots => self.in_use < share,
+            },
+        }
+    }
+
+    fn prune(&mut self, w: Window, now_ms: u64) {
+        if self.usage.len() > w.ring_slots() as usize {
+            self.usage.retain(|b, _| w.counts(*b, now_ms));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn windowed(policy: CutOffPolicy) -> Budget {
+        let w = Window::try_new(1_000, 10).expect("window");
+        Budget::new(Kind::Windowed(w), policy)
+    }
+
+    fn grant(b: &mut Budget, credit: u64, now: u64) {
+        let snap = b.snapshot(credit, now);
+        let reply = SyncReply {
+            credit,
+            granted: credit,
+            ttl_ms: 500,
+        };
+        b.apply(&snap, &reply, now);
+    }
+
+    #[test]
+    fn credit_is_spent_refunded_and_ends_at_send_time_plus_ttl() {
+        let mut b = windowed(CutOffPolicy::Share);
+        assert!(b.try_spend(1, 0).is_none(), "nothing before a grant");
+        grant(&mut b, 10, 0);
+        let s = b.try_spend(8, 100).expect("fits");
+        assert!(b.try_spend(3, 100).is_none());
+        b.settle(s, 8, 5);
+        assert_eq!((b.credit(100), b.used(100)), (5, 5));
+        assert_eq!(b.credit(500), 0, "ends at send time + ttl");
+        assert!(b.try_spend(1, 500).is_none());
+    }
+
+    #[test]
+    fn spending_between_snapshot_and_reply_is_subtracted() {
+        let mut b = windowed(CutOffPolicy::Share);
+        grant(&mut b, 10, 0);
+        let snap = b.snapshot(5, 100);
+        b.try_spend(4, 110).expect("fits");
+        let reply = SyncReply {
+            credit: 15,
+            granted: 5,
+            ttl_ms: 500,
+        };
+        b.apply(&snap, &reply, 120);
+        assert_eq!(b.credit(120), 11);
+        assert_eq!(b.until_ms(), 600);
+    }
+
+    #[test]
+    fn cut_off_policies() {
+        for (policy, admitted) in [
+            (CutOffPolicy::Share, 3),
+            (CutOffPolicy::FailClosed, 0),
+            (CutOffPolicy::FailOpen, 102),
+        ] {
+            let mut b = windowed(policy);
+            grant(&mut b, 2, 0);
+            b.set_cut_off(Some(5));
+            assert!(b.try_spend(2, 100).is_some_and(|s| s.from_credit));
+            let mut n = 0;
+            // The credit first (2), then the share (5 per window, 2 already used).
+            while n < 102 && b.try_spend(1, 600 + n).is_some() {
+                n += 1;
+            }
+            assert_eq!(n, admitted, "{policy:?} after the credit ended");
+            b.set_cut_off(None);
+            assert!(b.try_spend(1, 800).is_none(), "{policy:?}: reachable again");
+        }
+        let mut b = windowed(CutOffPolicy::Share);
+        grant(&mut b, 2, 0);
+        b.set_cut_off(Some(5));
+        assert!(b.try_spend(2, 100).is_some_and(|s| s.from_credit));
+        assert_eq!((1..=3).filter(|_| b.try_spend(1, 600).is_some()).count(), 3);
+        assert!(b.try_spend(1, 600).is_none(), "5 in the window");
+        // Buckets are 100 ms: the credit's bucket 1 leaves at 1,200, bucket 6 at 1,700.
+        assert!(b.try_spend(2, 1_200).is_some() && b.try_spend(1, 1_200).is_none());
+        assert!(b.try_spend(3, 1_700).is_some(), "the share is per window");
+    }
+
+    #[test]
+    fn slots_are_held_until_ttl_and_returned_on_settle() {
+        let mut b = Budget::new(Kind::Slots, CutOffPolicy::Share);
+        grant(&mut b, 2, 0);
+        let a = b.try_spend(1, 10).expect("slot 1");
+        b.try_spend(1, 10).expect("slot 2");
+        assert!(b.try_spend(1, 10).is_none());
+        b.settle(a, 1, 1);
+        assert!(b.can_spend(1, 10));
+        assert!(!b.can_spend(1, 500), "slots end with the credit");
+        assert_eq!(b.snapshot(1, 20).request.remaining, 1, "in use is stated");
+    }
+}

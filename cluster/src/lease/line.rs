@@ -1,0 +1,672 @@
+//! The owner's ledger for one key in `lease` mode: one **credit line** per holder.
+//!
+//! Every exchange with a holder is a full statement of its state for the key
+//! ([`SyncRequest`]): its exact per-bucket consumption over the window (windowed
+//! keys) or its requests in flight (slots), the credit it can still spend, and how
+//! much more it wants. The owner replaces what it knew of that holder with the
+//! statement, grants more if it can, and answers with the holder's whole credit
+//! ([`SyncReply`]), valid for one ttl. So renewal, report, return (`want = 0,
+//! remaining = 0`) and the re-announce after a failover are the same message.
+//!
+//! Invariant (windowed; `debug_assert!`ed on every grant and property-tested with
+//! the holders' real spending in `proptests.rs`):
+//!
+//! ```text
+//! committed(now) = sum over holders h of charge_h(now) + hidden(now) + floors <= L
+//! charge_h(now)  = usage_h in window + expired_h in window + credit_h (unexpired)
+//! ```
+//!
+//! - `usage_h`: the holder's last statement, buckets clamped to the owner's current
+//!   bucket (a holder clock running ahead never ages cost out early).
+//! - `credit_h`: what it may still spend, until the owner's `now + ttl` at the last
+//!   exchange. The holder stops at its own *send* time + ttl, which is earlier.
+//! - `expired_h`: a credit that ran out without a new statement is taken as spent in
+//!   the bucket of its expiry (the latest moment it could have been) and ages out
+//!   with the window. Never dropped early, even by a later statement.
+//! - `hidden`: after a failover [`Line::rebuild`], all of L while any live holder
+//!   has not stated yet, for at most one ttl; then `max_credit` per holder still
+//!   silent becomes consumption (docs/design/lease.md, "Failover").
+//! - floors: members that are unreachable are charged at least their share of `L`
+//!   per window (design.md, "Shares, borrowing and partitions"), [`Terms::floors`].
+//!
+//! **Conservation.** A statement may not raise a known holder's commitment: the
+//! remaining credit it claims is accepted only up to `charge_h - usage_new` (a
+//! refund moves cost from usage back to credit, one for one). The holder adopts the
+//! owner's figure, so a holder and its owner never disagree upwards.
+//!
+//! Slots (concurrency) are not windowed: `charge_h` = the slots it holds until its
+//! credit expires, then 0, so a crashed holder's slots return within one ttl.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::counter::Window;
+use crate::lease::{MAX_AMOUNT, MAX_HOLDERS, MAX_TTL_MS, Refusal, bounded};
+
+/// What a line limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Cost per sliding window (requests, tokens), in the counters' buckets.
+    Windowed(Window),
+    /// Units held at once (requests in flight).
+    Slots,
+}
+
+/// Why a [`LineConfig`] cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `capacity` must be in `1..=MAX_AMOUNT`.
+    #[error("capacity must be in 1..={MAX_AMOUNT}, got {0}")]
+    Capacity(u64),
+    /// `max_credit` must be in `1..=capacity`.
+    #[error("max_credit must be in 1..=capacity ({capacity}), got {max_credit}")]
+    MaxCredit {
+        /// The capacity.
+        capacity: u64,
+        /// What was asked.
+        max_credit: u64,
+    },
+    /// `max_holders` must be in `1..=MAX_HOLDERS`.
+    #[error("max_holders must be in 1..={MAX_HOLDERS}, got {0}")]
+    MaxHolders(usize),
+    /// `ttl_ms` must be in `1..=MAX_TTL_MS`.
+    #[error("ttl must be in 1..={MAX_TTL_MS} ms, got {0}")]
+    Ttl(u64),
+}
+
+/// One key's limit as its owner enforces it. The same on every node (it decides what
+/// a rebuilt owner assumes of holders it has not heard from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineConfig {
+    capacity: u64,
+    kind: Kind,
+    max_credit: u64,
+    max_holders: usize,
+    ttl_ms: u64,
+}
+
+impl LineConfig {
+    /// `capacity` L of `kind`; `max_credit` caps one holder's credit (slots: what it
+    /// holds); `max_holders` bounds the holders tracked; `ttl_ms` is a credit's life.
+    pub fn try_new(
+        capacity: u64,
+        kind: Kind,
+        max_credit: u64,
+        max_holders: usize,
+        ttl_ms: u64,
+    ) -> Result<Self, ConfigError> {
+        if capacity == 0 || capacity > MAX_AMOUNT {
+            return Err(ConfigError::Capacity(capacity));
+        }
+        if max_credit == 0 || max_credit > capacity {
+            return Err(ConfigError::MaxCredit {
+                capacity,
+                max_credit,
+            });
+        }
+        if max_holders == 0 || max_holders > MAX_HOLDERS {
+            return Err(ConfigError::MaxHolders(max_holders));
+        }
+        if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
+            return Err(ConfigError::Ttl(ttl_ms));
+        }
+        Ok(Self {
+            capacity,
+            kind,
+            max_credit,
+            max_holders,
+            ttl_ms,
+        })
+    }
+
+    /// The capacity L.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// What the line limits.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The most credit one holder holds.
+    pub fn max_credit(&self) -> u64 {
+        self.max_credit
+    }
+
+    /// A credit's life.
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+}
+
+/// A holder's statement for one key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncRequest {
+    /// Orders one holder's statements (its clock at the snapshot); an older or equal
+    /// one than the last accepted is [`Refusal::Stale`].
+    pub seq: u64,
+    /// Windowed: the holder's exact consumption `(bucket, cost)` over its window.
+    pub usage: Vec<(u64, u64)>,
+    /// Windowed: credit it can still spend. Slots: slots in use.
+    pub remaining: u64,
+    /// How much more it wants (0: return what is not in use).
+    pub want: u64,
+}
+
+/// The owner's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReply {
+    /// The holder's whole credit (windowed) or slots, as of its statement.
+    pub credit: u64,
+    /// Of which newly granted.
+    pub granted: u64,
+    /// How long it is valid from the holder's send time.
+    pub ttl_ms: u64,
+}
+
+/// What the engine tells the owner each round about the members: shares of `L`
+/// by gossiped demand, and floors for members that cannot be reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Terms<H> {
+    /// Each member's share `s_j` of L (they sum to L). A holder's commitment may
+    /// not exceed its share plus `borrow`; a holder missing here gets `borrow` only.
+    pub shares: BTreeMap<H, u64>,
+    /// How far a holder may go beyond its share (0: borrowing off, or while any
+    /// member is unreachable: borrowing needs provably live lenders).
+    pub borrow: u64,
+    /// Unreachable members: each is charged at least this much (its frozen share).
+    pub floors: BTreeMap<H, u64>,
+}
+
+impl<H> Default for Terms<H> {
+    fn default() -> Self {
+        Self {
+            shares: BTreeMap::new(),
+            borrow: 0,
+            floors: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Account {
+    usage: BTreeMap<u64, u64>,
+    credit: u64,
+    until_ms: u64,
+    expired: BTreeMap<u64, u64>,
+    seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Recovery<H> {
+    unknown: BTreeSet<H>,
+    until_ms: u64,
+}
+
+/// The owner's ledger of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line<H> {
+    config: LineConfig,
+    accounts: BTreeMap<H, Account>,
+    /// Consumption per member known only from the gossiped counters at rebuild, per
+    /// bucket; a member's first statement replaces its part.
+    rebuilt: BTreeMap<H, BTreeMap<u64, u64>>,
+    recovery: Option<Recovery<H>>,
+    terms: Terms<H>,
+    last_now_ms: u64,
+}
+
+impl<H: Ord + Clone> Line<H> {
+    /// An empty ledger (a key that nobody owned before).
+    pub fn new(config: LineConfig) -> Self {
+        Self {
+            config,
+            accounts: BTreeMap::new(),
+            rebuilt: BTreeMap::new(),
+            recovery: None,
+            terms: Terms::default(),
+            last_now_ms: 0,
+        }
+    }
+
+    /// A new owner's ledger after ownership moved: each member's consumption per
+    /// bucket from the gossiped counters; until each of `live_holders` has stated
+    /// (holders state to a new owner at once) or one ttl passed, nothing is granted:
+    /// the counters lag, so an unknown holder's recent spending is unknown. Holders
+    /// still silent after one ttl are charged `max_credit` each (the old owner never
+    /// let one hold more credit) on top of their counters.
+    pub fn rebuild(
+        config: LineConfig,
+        consumed_from_counters: &[(H, Vec<(u64, u64)>)],
+        live_holders: &[H],
+        now_ms: u64,
+    ) -> Self {
+        let mut line = Self::new(config);
+        line.last_now_ms = now_ms;
+        if let Kind::Windowed(w) = config.kind {
+            let now_bucket = w.bucket_index(now_ms);
+            for (member, buckets) in consumed_from_counters {
+                let part = line.rebuilt.entry(member.clone()).or_default();
+                for &(bucket, cost) in buckets {
+                    add(part, bucket.min(now_bucket), cost);
+                }
+            }
+        }
+        if !live_holders.is_empty() {
+            line.recovery = Some(Recovery {
+                unknown: live_holders.iter().cloned().collect(),
+                until_ms: now_ms.saturating_add(config.ttl_ms),
+            });
+        }
+        line
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LineConfig {
+        &self.config
+    }
+
+    /// Replaces the members' shares and floors (the engine, every round).
+    pub fn set_terms(&mut self, terms: Terms<H>) {
+        self.terms = terms;
+    }
+
+    /// Everything counted against L at `now_ms` (see the module docs).
+    pub fn committed(&self, now_ms: u64) -> u64 {
+        let now_ms = now_ms.max(self.last_now_ms);
+        let mut total = self.rebuilt_in_window(now_ms).saturating_add(self.hidden(now_ms));
+        for (h, a) in &self.accounts {
+            total = total.saturating_add(self.charged(h, a, now_ms));
+        }
+        for (h, floor) in &self.terms.floors {
+            if !self.accounts.contains_key(h) {
+                total = total.saturating_add(*floor);
+            }
+        }
+        total
+    }
+
+    /// What may still be granted at `now_ms`.
+    pub fn available(&self, now_ms: u64) -> u64 {
+        self.config.capacity.saturating_sub(self.committed(now_ms))
+    }
+
+    /// What a rebuilt owner still reserves for holders that have not stated.
+    pub fn hidden(&self, now_ms: u64) -> u64 {
+        match &self.recovery {
+            Some(r) if r.until_ms > now_ms => self.reservation(r),
+            _ => 0,
+        }
+    }
+
+    /// Whether a rebuilt owner is still conservative.
+    pub fn recovering(&self, now_ms: u64) -> bool {
+        self.hidden(now_ms) > 0
+    }
+
+    /// `holder`'s commitment at `now_ms` (0 if unknown).
+    pub fn charge_of(&self, holder: &H, now_ms: u64) -> u64 {
+        (self.accounts.get(holder)).map_or(0, |a| self.charged(holder, a, now_ms))
+    }
+
+    /// Holders with an account.
+    pub fn holders(&self) -> usize {
+        self.accounts.len()
+    }
+
+    /// Applies `holder`'s statement at `now_ms` and grants what it can. Bad input
+    /// (absurd amounts, stale statements, too many holders) is refused and changes
+    /// nothing.
+    pub fn sync(
+        &mut self,
+        holder: &H,
+        request: &SyncRequest,
+        now_ms: u64,
+    ) -> Result<SyncReply, Refusal> {
+        let now_ms = now_ms.max(self.last_now_ms);
+        self.check(holder, request)?;
+        self.last_now_ms = now_ms;
+        self.settle(now_ms);
+        let cap = self.config.capacity;
+        // The statement supersedes what the counters said of this member.
+        self.rebuilt.remove(holder);
+        let known = self.accounts.get(holder).cloned();
+        let mut account = known.clone().unwrap_or(Account {
+            usage: BTreeMap::new(),
+            credit: 0,
+            until_ms: 0,
+            expired: BTreeMap::new(),
+            seq: 0,
+        });
+        account.seq = request.seq;
+        let (own, accepted) = match self.config.kind {
+            Kind::Windowed(w) => {
+                let now_bucket = w.bucket_index(now_ms);
+                let mut usage = BTreeMap::new();
+                for &(bucket, cost) in &request.usage {
+                    let bucket = bucket.min(now_bucket);
+                    if w.counts(bucket, now_ms) {
+                        add(&mut usage, bucket, cost);
+                    }
+                }
+                let used: u64 = usage.values().fold(0, |s, c| s.saturating_add(*c));
+                let accepted = match &known {
+                    Some(a) => {
+                        let live = self.usage_in_window(&a.usage, now_ms).saturating_add(
+                            if a.until_ms > now_ms { a.credit } else { 0 },
+                        );
+                        request.remaining.min(live.saturating_sub(used))
+                    }
+                    // First statement (a new holder, or the re-announce after a
+                    // failover): its credit from the old owner counts in full.
+                    None => request.remaining.min(self.config.max_credit),
+                };
+                account.usage = usage;
+                let expired = self.usage_in_window(&account.expired, now_ms);
+                (used.saturating_add(expired), accepted)
+            }
+            // Slots in use are real whatever the owner thinks: always counted.
+            Kind::Slots => (0, request.remaining),
+        };
+        if let Some(r) = &mut self.recovery {
+            r.unknown.remove(holder);
+        }
+        // Room for a grant: L minus everyone else, minus this holder's own figures.
+        self.accounts.remove(holder);
+        let others = self.committed(now_ms);
+        let mine = own.saturating_add(accepted);
+        let share = (self.terms.shares.get(holder).copied().unwrap_or(0))
+            .saturating_add(self.terms.borrow);
+        let room = [
+            cap.saturating_sub(others.saturating_add(mine)),
+            share.saturating_sub(mine),
+            self.config.max_credit.saturating_sub(accepted),
+            request.want,
+        ];
+        let granted = room.into_iter().min().unwrap_or(0);
+        account.credit = accepted.saturating_add(granted);
+        account.until_ms = now_ms.saturating_add(self.config.ttl_ms);
+        self.accounts.insert(holder.clone(), account);
+        debug_assert!(granted == 0 || self.committed(now_ms) <= cap, "over-granted");
+        Ok(SyncReply {
+            credit: accepted.saturating_add(granted),
+            granted,
+            ttl_ms: self.config.ttl_ms,
+        })
+    }
+
+    /// Moves expired credits into consumption, drops what left the window and
+    /// forgets holders with nothing left (bounded memory). Reads never depend on
+    /// when this runs.
+    pub fn settle(&mut self, now_ms: u64) {
+        let now_ms = now_ms.max(self.last_now_ms);
+        let kind = self.config.kind;
+        for a in self.accounts.values_mut() {
+            if a.until_ms <= now_ms && a.credit > 0 {
+                if let Kind::Windowed(w) = kind {
+                    add(&mut a.expired, w.bucket_index(a.until_ms), a.credit);
+                }
+                a.credit = 0;
+            }
+            if let Kind::Windowed(w) = kind {
+                a.usage.retain(|b, _| w.counts(*b, now_ms));
+                a.expired.retain(|b, _| w.counts(*b, now_ms));
+            }
+        }
+        // An account with nothing left is forgotten; its next statement is a first
+        // one, which counts its claimed credit in full (safe), so nothing is lost.
+        self.accounts.retain(|_, a| {
+            a.credit > 0 || !a.usage.is_empty() || !a.expired.is_empty() || a.until_ms > now_ms
+        });
+        if let Kind::Windowed(w) = kind {
+            for part in self.rebuilt.values_mut() {
+                part.retain(|b, _| w.counts(*b, now_ms));
+            }
+            self.rebuilt.retain(|_, part| !part.is_empty());
+        }
+        if let Some(r) = &self.recovery {
+            let done = r.unknown.is_empty();
+            let ended = r.until_ms <= now_ms;
+            let ended_counts = matches!(kind, Kind::Windowed(w) if w.counts(w.bucket_index(r.until_ms), now_ms));
+            if done || (ended && !ended_counts) {
+                self.recovery = None;
+            }
+        }
+    }
+
+    fn check(&self, holder: &H, request: &SyncRequest) -> Result<(), Refusal> {
+        let known = self.accounts.get(holder);
+        if let Some(a) = known
+            && request.seq <= a.seq
+        {
+            return Err(Refusal::Stale(request.seq));
+        }
+        if known.is_none() && self.accounts.len() >= self.config.max_holders {
+            return Err(Refusal::TooManyHolders {
+                max: self.config.max_holders,
+            });
+        }
+        let entries = request.usage.len() as u64;
+        if entries > 0 {
+            bounded("usage entries", entries, MAX_USAGE_ENTRIES)?;
+        }
+        for &(_, cost) in &request.usage {
+            bounded("cost", cost.max(1), MAX_AMOUNT)?;
+        }
+        if request.remaining > 0 {
+            bounded("remaining", request.remaining, MAX_AMOUNT)?;
+        }
+        if request.want > 0 {
+            bounded("want", request.want, self.config.capacity)?;
+        }
+        Ok(())
+    }
+
+    fn charged(&self, holder: &H, a: &Account, now_ms: u64) -> u64 {
+        let credit = if a.until_ms > now_ms { a.credit } else { 0 };
+        let own = match self.config.kind {
+            Kind::Windowed(w) => {
+                let expired_now = if a.until_ms <= now_ms && w.counts(w.bucket_index(a.until_ms), now_ms)
+                {
+                    a.credit
+                } else {
+                    0
+                };
+                (self.usage_in_window(&a.usage, now_ms))
+                    .saturating_add(self.usage_in_window(&a.expired, now_ms))
+                    .saturating_add(expired_now)
+                    .saturating_add(credit)
+            }
+            Kind::Slots => credit,
+        };
+        own.max(self.terms.floors.get(holder).copied().unwrap_or(0))
+    }
+
+    fn usage_in_window(&self, usage: &BTreeMap<u64, u64>, now_ms: u64) -> u64 {
+        match self.config.kind {
+            Kind::Windowed(w) => (usage.iter())
+                .filter(|(b, _)| w.counts(**b, now_ms))
+                .fold(0, |s, (_, c)| s.saturating_add(*c)),
+            Kind::Slots => 0,
+        }
+    }
+
+    fn rebuilt_in_window(&self, now_ms: u64) -> u64 {
+        let hidden_spent = match (&self.recovery, self.config.kind) {
+            // After one ttl, an unknown holder may have spent all it could: its
+            // reservation is consumption in the bucket the ttl ended in.
+            (Some(r), Kind::Windowed(w))
+                if r.until_ms <= now_ms && w.counts(w.bucket_index(r.until_ms), now_ms) =>
+            {
+                self.silent_charge(r)
+            }
+            _ => 0,
+        };
+        (self.rebuilt.values())
+            .fold(hidden_spent, |s, part| s.saturating_add(self.usage_in_window(part, now_ms)))
+    }
+
+    fn reservation(&self, r: &Recovery<H>) -> u64 {
+        if r.unknown.is_empty() {
+            0
+        } else {
+            self.config.capacity
+        }
+    }
+
+    fn silent_charge(&self, r: &Recovery<H>) -> u64 {
+        let n = r.unknown.len() as u64;
+        n.saturating_mul(self.config.max_credit)
+            .min(self.config.capacity)
+    }
+}
+
+/// Most `(bucket, cost)` entries in one statement (the counters' largest ring).
+pub const MAX_USAGE_ENTRIES: u64 = 2 * crate::counter::MAX_BUCKETS as u64 + 2;
+
+fn add(map: &mut BTreeMap<u64, u64>, bucket: u64, cost: u64) {
+    if cost > 0 {
+        let c = map.entry(bucket).or_insert(0);
+        *c = c.saturating_add(cost).min(MAX_AMOUNT);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(capacity: u64, max_credit: u64) -> Line<&'static str> {
+        let w = Window::try_new(1_000, 10).expect("window");
+        let config = LineConfig::try_new(capacity, Kind::Windowed(w), max_credit, 3, 500)
+            .expect("config");
+        let mut line = Line::new(config);
+        line.set_terms(Terms {
+            borrow: capacity,
+            ..Terms::default()
+        });
+        line
+    }
+
+    fn statement(seq: u64, usage: &[(u64, u64)], remaining: u64, want: u64) -> SyncRequest {
+        SyncRequest {
+            seq,
+            usage: usage.to_vec(),
+            remaining,
+            want,
+        }
+    }
+
+    #[test]
+    fn an_expired_credit_counts_as_spent_until_its_bucket_leaves_the_window() {
+        let mut l = line(100, 40);
+        let r = l.sync(&"a", &statement(1, &[], 0, 40), 0).expect("granted");
+        assert_eq!(r.credit, 40);
+        // a goes silent; its credit ends at 500 (owner clock), bucket 5.
+        l.settle(800);
+        assert_eq!(l.available(800), 60, "taken as spent at expiry");
+        assert_eq!(l.available(1_599), 60);
+        assert_eq!(l.available(1_600), 100, "bucket 5 left the window");
+        // A later statement does not drop the expired charge early.
+        let r = l.sync(&"a", &statement(2, &[(1, 10)], 0, 0), 900).expect("ok");
+        assert_eq!(r.credit, 0);
+        assert_eq!(l.available(900), 100 - 10 - 40);
+    }
+
+    #[test]
+    fn a_statement_cannot_raise_a_known_holders_commitment() {
+        let mut l = line(100, 40);
+        l.sync(&"a", &statement(1, &[], 0, 40), 0).expect("granted");
+        // It spent 30 (usage) and claims 35 left: only 10 are accepted.
+        let r = l.sync(&"a", &statement(2, &[(1, 30)], 35, 0), 100).expect("ok");
+        assert_eq!(r.credit, 10);
+        // A refund moves cost from usage back to credit one for one.
+        let r = l.sync(&"a", &statement(3, &[(1, 20)], 20, 0), 200).expect("ok");
+        assert_eq!(r.credit, 20);
+        assert_eq!(l.charge_of(&"a", 200), 40);
+    }
+
+    #[test]
+    fn shares_cap_holders_and_floors_charge_the_unreachable() {
+        let mut l = line(100, 100);
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 60), ("b", 40)]),
+            borrow: 0,
+            floors: BTreeMap::from([("c", 30)]),
+        });
+        let r = l.sync(&"a", &statement(1, &[(0, 50)], 0, 100), 0).expect("ok");
+        assert_eq!(r.credit, 10, "a's share is 60, it used 50");
+        let r = l.sync(&"b", &statement(1, &[], 0, 100), 0).expect("ok");
+        assert_eq!(r.credit, 10, "100 - 60 (a) - 30 (c's floor)");
+        assert_eq!(l.available(0), 0);
+    }
+
+    #[test]
+    fn a_rebuilt_owner_grants_nothing_until_every_holder_stated() {
+        let w = Window::try_new(1_000, 10).expect("window");
+        let config =
+            LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 500).expect("config");
+        let counters = [("a", vec![(0, 10)]), ("b", vec![(0, 20)])];
+        let mut l = Line::rebuild(config, &counters, &["a", "b"], 50);
+        l.set_terms(Terms {
+            borrow: 100,
+            ..Terms::default()
+        });
+        assert!(l.recovering(50));
+        let r = l.sync(&"a", &statement(1, &[(0, 10)], 15, 40), 60).expect("ok");
+        assert_eq!((r.credit, r.granted), (15, 0), "its old credit, nothing new");
+        let r = l.sync(&"b", &statement(1, &[(0, 20)], 0, 40), 70).expect("ok");
+        assert!(!l.recovering(70));
+        assert_eq!(r.granted, 40);
+        assert_eq!(l.available(70), 100 - 10 - 15 - 20 - 40);
+        // Silent holders: one ttl later, each is charged max_credit as spent.
+        let mut l: Line<&str> = Line::rebuild(config, &[], &["a", "b"], 0);
+        assert_eq!(l.available(499), 0);
+        l.settle(500);
+        assert_eq!(l.available(500), 100 - 2 * 40);
+        assert_eq!(l.available(1_600), 100);
+    }
+
+    #[test]
+    fn bad_statements_are_refused_and_change_nothing() {
+        let mut l = line(100, 40);
+        l.sync(&"a", &statement(5, &[(0, 5)], 0, 10), 0).expect("ok");
+        l.sync(&"b", &statement(1, &[], 0, 10), 0).expect("ok");
+        l.sync(&"c", &statement(1, &[], 0, 10), 0).expect("ok");
+        let before = l.clone();
+        let refused = [
+            (&"a", statement(5, &[], 0, 1), Refusal::Stale(5)),
+            (&"d", statement(1, &[], 0, 1), Refusal::TooManyHolders { max: 3 }),
+            (
+                &"a",
+                statement(6, &[], 0, 101),
+                Refusal::Absurd {
+                    what: "want",
+                    amount: 101,
+                    max: 100,
+                },
+            ),
+            (
+                &"a",
+                statement(6, &[(0, MAX_AMOUNT + 1)], 0, 1),
+                Refusal::Absurd {
+                    what: "cost",
+                    amount: MAX_AMOUNT + 1,
+                    max: MAX_AMOUNT,
+                },
+            ),
+            (
+                &"a",
+                statement(6, &vec![(0, 1); MAX_USAGE_ENTRIES as usize + 1], 0, 1),
+                Refusal::Absurd {
+                    what: "usage entries",
+                    amount: MAX_USAGE_ENTRIES + 1,
+                    max: MAX_USAGE_ENTRIES,
+                },
+            ),
+        ];
+        for (holder, request, refusal) in refused {
+            assert_eq!(l.sync(holder, &request, 10), Err(refusal));
+            assert_eq!(l, before, "state unchanged");
+        }
+    }
+}
