@@ -45,8 +45,8 @@ enum Command {
         /// Number of nodes (1-99).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=99))]
         nodes: u16,
-        /// Sync mode: local or gossip (lease is not built yet).
-        #[arg(long, default_value = "gossip", value_parser = ["local", "gossip"])]
+        /// Sync mode: lease (the cluster default, <= L), gossip or local.
+        #[arg(long, default_value = "lease", value_parser = ["lease", "gossip", "local"])]
         mode: String,
         /// For --mode local: full (each node enforces L) or split (L/N each).
         #[arg(long, default_value = "full", value_parser = ["full", "split"])]
@@ -149,10 +149,10 @@ async fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
 async fn up(nodes: u16, mode: &str, share: &str) -> anyhow::Result<()> {
     use tollgate::config::{LocalShare, SyncMode};
     init_logging(LogFormat::Text);
-    let mode = if mode == "local" {
-        SyncMode::Local
-    } else {
-        SyncMode::Gossip
+    let mode = match mode {
+        "local" => SyncMode::Local,
+        "gossip" => SyncMode::Gossip,
+        _ => SyncMode::Lease,
     };
     let share = if share == "split" {
         LocalShare::Split
@@ -165,10 +165,16 @@ async fn up(nodes: u16, mode: &str, share: &str) -> anyhow::Result<()> {
         tollgate::up::MOCK_PORT
     );
     tollgate::up::up(nodes, mode, share, shutdown_signal(), move |i, bound| {
-        println!("  node-{i}        http://{}/v1   gossip 127.0.0.1:{}", bound.proxy, tollgate::up::GOSSIP_BASE + i);
+        println!(
+            "  node-{i}        http://{}/v1   gossip 127.0.0.1:{}   rpc 127.0.0.1:{}",
+            bound.proxy,
+            tollgate::up::GOSSIP_BASE + i,
+            tollgate::up::RPC_BASE + i
+        );
         if i == nodes {
             println!("  tenant        sk-demo, limits shared cluster-wide; admin token admin-demo");
-            println!("Try: curl -H 'Authorization: Bearer admin-demo' http://{}/admin/cluster", bound.proxy);
+            println!("  cluster secret {} (a local demo; real clusters read it from the environment)", tollgate::up::DEMO_SECRET);
+            println!("Try: curl -H 'Authorization: Bearer admin-demo' 'http://{}/admin/cluster?keys=true'", bound.proxy);
             println!("     tollgate load --url http://127.0.0.1:8081/v1 --api-key sk-demo --concurrency 4 --duration 30s");
             println!("Ctrl-C stops everything.");
         }

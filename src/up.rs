@@ -1,11 +1,11 @@
 //! `tollgate up --nodes N`: a local cluster on 127.0.0.1 for trying the modes.
-//! Node i (1-based) serves its proxy on port 8080+i, gossips on 8180+i and would
-//! take lease RPCs on 8280+i; one built-in mock upstream on 9090 stands in for the
+//! Node i (1-based) serves its proxy on port 8080+i, gossips on 8180+i and takes
+//! lease statements on 8280+i; one built-in mock upstream on 9090 stands in for the
 //! provider, with the demo upstreams' limits, so its log shows what the cluster as a
 //! whole admitted. Every node has the demo tenant `sk-demo`, whose limits are shared
 //! cluster-wide by the chosen mode.
 
-use crate::config::{ClusterConfig, Config, LocalShare, SyncMode};
+use crate::config::{ClusterConfig, Config, LeaseConfig, LocalShare, SyncMode};
 use crate::server::{self, Bound, ServeError};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,10 +17,12 @@ use tokio::sync::watch;
 pub const PROXY_BASE: u16 = 8080;
 /// Node i gossips on `GOSSIP_BASE + i`.
 pub const GOSSIP_BASE: u16 = 8180;
-/// Node i announces lease RPC on `RPC_BASE + i` (lease mode is not built yet).
+/// Node i takes lease statements (internal RPC) on `RPC_BASE + i`.
 pub const RPC_BASE: u16 = 8280;
 /// The built-in mock upstream's port.
 pub const MOCK_PORT: u16 = 9090;
+/// The cluster secret of `tollgate up` clusters (local demo only).
+pub const DEMO_SECRET: &str = "tollgate-up-demo-secret";
 /// Most nodes `up` starts (ports must stay below the gossip range).
 pub const MAX_NODES: u16 = 99;
 
@@ -41,6 +43,9 @@ pub fn node_config(
         gossip_listen: gossip,
         gossip_advertise: None,
         rpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], RPC_BASE + i))),
+        // A local demo: the secret is printed with the URLs. Real clusters read it
+        // from the environment (`secret = "${TOLLGATE_CLUSTER_SECRET}"`).
+        secret: Some(DEMO_SECRET.into()),
         seeds: (1..=n)
             .filter(|j| *j != i)
             .map(|j| format!("127.0.0.1:{}", GOSSIP_BASE + j))
@@ -51,6 +56,7 @@ pub fn node_config(
         mode,
         local_share: share,
         sync_interval: Duration::from_millis(200),
+        lease: LeaseConfig::default(),
     });
     Ok(config)
 }

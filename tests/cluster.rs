@@ -6,119 +6,11 @@
 
 mod common;
 
+use common::cluster::*;
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-const LIMIT: u64 = 30;
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn cluster_toml(i: usize, ports: &[u16], mode: &str, share: &str) -> String {
-    let seeds: Vec<String> = ports
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| *j != i)
-        .map(|(_, p)| format!("\"127.0.0.1:{p}\""))
-        .collect();
-    format!(
-        r#"{}
-[cluster]
-cluster_id = "test-{}"
-node_id = "node-{i}"
-gossip_listen = "127.0.0.1:{}"
-seeds = [{}]
-gossip_interval = "50ms"
-sync_interval = "100ms"
-mode = "{mode}"
-local_share = "{share}"
-"#,
-        single(&format!("rpm = {LIMIT}\nmax_wait = \"0s\"")),
-        ports[0],
-        ports[i],
-        seeds.join(", ")
-    )
-}
-
-async fn cluster(mode: &str, share: &str, upstream: &tollgate::mock::MockHandle) -> Vec<Arc<Node>> {
-    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        nodes.push(Arc::new(
-            node(&cluster_toml(i, &ports, mode, share), &[upstream]).await,
-        ));
-    }
-    // Wait until every node sees all three members.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for n in &nodes {
-        loop {
-            let body = admin(n, "/admin/cluster").await;
-            if body["cluster"]["members"]
-                .as_array()
-                .is_some_and(|m| m.len() == 3)
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "cluster did not form: {body}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    nodes
-}
-
-async fn admin(node: &Node, path: &str) -> serde_json::Value {
-    let response = reqwest::Client::new()
-        .get(format!("http://{}{path}", node.addr))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    json(response).await
-}
-
-/// Each node sends at its own rate (fail fast) for `seconds`; returns admissions.
-async fn uneven_demand(nodes: &[Arc<Node>], per_second: [u64; 3], seconds: u64) -> u64 {
-    let mut tasks = Vec::new();
-    for (node, rate) in nodes.iter().zip(per_second) {
-        let node = node.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut admitted = 0;
-            let gap = Duration::from_millis(1000 / rate);
-            let end = Instant::now() + Duration::from_secs(seconds);
-            while Instant::now() < end {
-                if post(&node, "/chat/completions", chat_body("hi", 5), &[])
-                    .await
-                    .status()
-                    == 200
-                {
-                    admitted += 1;
-                }
-                tokio::time::sleep(gap).await;
-            }
-            admitted
-        }));
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    total
-}
-
-async fn stop_all(nodes: Vec<Arc<Node>>) {
-    for n in nodes {
-        if let Ok(n) = Arc::try_unwrap(n) {
-            n.stop().await;
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_mode_keeps_the_cluster_near_the_limit() {
@@ -161,12 +53,6 @@ async fn local_split_stays_under_the_limit_and_local_full_is_the_n_times_baselin
     assert!(full > LIMIT && full <= 3 * LIMIT, "full admitted {full}");
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();
-}
-
-fn allowance(body: &serde_json::Value, key: &str) -> u64 {
-    body["allowances"][key]["allowance"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no allowance for {key}: {body}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,25 +199,6 @@ async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing
     evil.shutdown().await.unwrap();
     node.stop().await;
     upstream.shutdown().await.unwrap();
-}
-
-/// The view every node has of `key`'s global usage.
-async fn views(nodes: &[Node], key: &str) -> Vec<u64> {
-    let mut out = Vec::new();
-    for n in nodes {
-        out.push(
-            admin(n, "/admin/cluster").await["cluster"]["global_usage"][key]
-                .as_u64()
-                .unwrap_or(0),
-        );
-    }
-    out
-}
-
-async fn members_seen(node: &Node) -> usize {
-    admin(node, "/admin/cluster").await["cluster"]["members"]
-        .as_array()
-        .map_or(0, |m| m.len())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@
 //! - [`clock`]: maps `tokio::time::Instant` to the core's [`Nanos`](crate::limiter::Nanos).
 //! - [`scope`]: the limits of one scope (requests, tokens, concurrency, cool-down)
 //!   and the all-or-nothing admission across them. Pure.
+//! - [`credit`]: `lease` mode's credit per key, shared with the sync engine.
 //! - [`queue`]: waiting queues per lane, FIFO with aging. Pure.
 //! - [`estimate`]: adaptive completion estimates from recent completions. Pure.
 //! - [`task`]: the actor loop (mailbox, releases, timers, idle stop).
@@ -14,6 +15,7 @@
 //! - [`permit`]: what a request holds; released and settled exactly once.
 
 pub mod clock;
+pub mod credit;
 pub mod estimate;
 pub mod permit;
 pub mod queue;

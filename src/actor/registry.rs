@@ -290,6 +290,16 @@ impl Registry {
         out
     }
 
+    /// Makes `scope`'s actor re-check its waiters, if it is running (best effort: a
+    /// full mailbox means it is busy and re-checks anyway).
+    pub fn wake(&self, scope: &ScopeId) {
+        let shard = &self.shards[self.shard_index(scope)];
+        let handle = lock(shard).get(scope).cloned();
+        if let Some(handle) = handle {
+            let _ = handle.commands.try_send(Command::Wake);
+        }
+    }
+
     /// Starts a cool-down of `scope` until `until_ns` (best effort: a full mailbox
     /// means the actor is busy and will learn of the 429 from the next one).
     pub fn cool_down(&self, scope: &ScopeId, until_ns: Nanos) {

@@ -6,6 +6,7 @@ use crate::limiter::{Ceiling, Denial, Limiter, Nanos, Reservation, Settlement, S
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use tollgate_cluster::lease::budget::Spent;
 
 /// Retry hint when only concurrency blocks: a slot frees when some request ends,
 /// which no clock can predict. The waiter itself wakes on the release, not this.
@@ -39,9 +40,11 @@ impl Allowance {
     }
 }
 
-/// Cluster allowances of a scope's dimensions; `None` = local limit only.
+/// Cluster bounds of a scope's dimensions; `None` = local limit only.
 #[derive(Clone, Debug, Default)]
 pub struct Allowances {
+    /// `lease` mode: credit leased from each key's owner.
+    pub credits: super::credit::Credits,
     /// Requests in the local window.
     pub requests: Option<Allowance>,
     /// Tokens in the local window.
@@ -66,6 +69,8 @@ pub struct Blocked {
 pub struct Charge {
     requests: Option<Reservation>,
     tokens: Option<Reservation>,
+    /// What each leased dimension spent `[requests, tokens, concurrency]`, with its cost.
+    credit: [Option<(Spent, u64)>; 3],
     /// Tokens reserved (0 when the scope has no token limit).
     pub tokens_reserved: u64,
 }
@@ -287,6 +292,24 @@ impl ScopeLimits {
                 });
             }
         }
+        let now_ms = now / 1_000_000;
+        let credits = &self.allowances.credits;
+        for (credit, cost, dimension) in [
+            (&credits.requests, 1, Dimension::Requests),
+            (&credits.tokens, tokens, Dimension::Tokens),
+            (&credits.concurrency, 1, Dimension::Concurrency),
+        ] {
+            if let Some(credit) = credit
+                && !credit.can_spend(cost, now_ms)
+            {
+                // The engine is woken to renew; the actor is woken when credit comes.
+                note(Blocked {
+                    dimension,
+                    retry_after_ns: ALLOWANCE_RETRY_HINT_NS,
+                    never: false,
+                });
+            }
+        }
         if let Some(allowance) = &self.allowances.concurrency
             && self.in_flight + 1 > allowance.get()
         {
@@ -320,6 +343,7 @@ impl ScopeLimits {
         busy_above: Option<Ceiling>,
     ) -> Result<Charge, Blocked> {
         self.check(now, tokens, lane, busy_above)?;
+        let credit = self.spend_credits(now, tokens)?;
         let ceiling = self.ceiling(lane);
         // check() just proved each reservation fits; a failure here would be a bug in
         // the limiter's check/reserve agreement, so it is asserted, not handled.
@@ -338,8 +362,41 @@ impl ScopeLimits {
         Ok(Charge {
             requests,
             tokens: token_res,
+            credit,
             tokens_reserved,
         })
+    }
+
+    /// Spends every leased dimension, or none: the engine may shrink a credit
+    /// between `check` and here, so a failure rolls back what was spent.
+    fn spend_credits(&self, now: Nanos, tokens: u64) -> Result<[Option<(Spent, u64)>; 3], Blocked> {
+        let now_ms = now / 1_000_000;
+        let credits = &self.allowances.credits;
+        let dims = [
+            (&credits.requests, 1, Dimension::Requests),
+            (&credits.tokens, tokens, Dimension::Tokens),
+            (&credits.concurrency, 1, Dimension::Concurrency),
+        ];
+        let mut spent: [Option<(Spent, u64)>; 3] = [None, None, None];
+        for (i, (credit, cost, dimension)) in dims.iter().enumerate() {
+            let Some(credit) = credit else { continue };
+            match credit.try_spend(*cost, now_ms) {
+                Some(s) => spent[i] = Some((s, *cost)),
+                None => {
+                    for (j, done) in spent.iter().enumerate() {
+                        if let (Some(c), Some((s, cost))) = (dims[j].0, done) {
+                            c.settle(*s, *cost, 0);
+                        }
+                    }
+                    return Err(Blocked {
+                        dimension: *dimension,
+                        retry_after_ns: ALLOWANCE_RETRY_HINT_NS,
+                        never: false,
+                    });
+                }
+            }
+        }
+        Ok(spent)
     }
 
     /// Settles a charge and frees its concurrency slot. Consumes the charge, so each
@@ -348,6 +405,22 @@ impl ScopeLimits {
         // Every charge holds one in-flight slot, limited or not.
         debug_assert!(self.in_flight > 0);
         self.in_flight = self.in_flight.saturating_sub(1);
+        let credits = &self.allowances.credits;
+        let [requests_credit, tokens_credit, slot_credit] = charge.credit;
+        if let (Some(credit), Some((spent, cost))) = (&credits.requests, requests_credit) {
+            credit.settle(spent, cost, if how == Settle::Cancel { 0 } else { cost });
+        }
+        if let (Some(credit), Some((spent, cost))) = (&credits.tokens, tokens_credit) {
+            let actual = match how {
+                Settle::Actual(tokens) => tokens,
+                Settle::KeepReserved => cost,
+                Settle::RefundTokens | Settle::Cancel => 0,
+            };
+            credit.settle(spent, cost, actual);
+        }
+        if let (Some(credit), Some((spent, cost))) = (&credits.concurrency, slot_credit) {
+            credit.settle(spent, cost, cost);
+        }
         if let (Some(limiter), Some(res)) = (self.requests.as_mut(), charge.requests) {
             let actual = if how == Settle::Cancel { 0 } else { res.cost };
             limiter.settle(now, res, actual);

@@ -74,6 +74,8 @@ pub enum Command {
         /// End of the cool-down.
         until_ns: Nanos,
     },
+    /// Re-check the waiters now (`lease` mode: credit arrived).
+    Wake,
 }
 
 /// How a permit ends.
@@ -226,6 +228,7 @@ impl Actor {
                 let _ = reply.send(self.status(now));
             }
             Command::CoolDown { until_ns } => self.limits.cool_down(until_ns),
+            Command::Wake => {}
             Command::Export(reply) => {
                 let mut export = self.limits.export(now);
                 (export.requested_requests, export.requested_tokens) = self.requested;

@@ -100,6 +100,12 @@ impl Config {
             self.server.admin_token =
                 Some(expand_env(token, env).map_err(|r| invalid("server.admin_token".into(), r))?);
         }
+        if let Some(cluster) = &mut self.cluster
+            && let Some(secret) = &cluster.secret
+        {
+            cluster.secret =
+                Some(expand_env(secret, env).map_err(|r| invalid("cluster.secret".into(), r))?);
+        }
         for (i, upstream) in self.upstreams.iter_mut().enumerate() {
             if let Some(key) = &upstream.api_key {
                 upstream.api_key = Some(

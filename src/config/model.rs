@@ -96,10 +96,12 @@ pub enum SyncMode {
     /// its demand-weighted share of the global headroom. Promise: <= L x (1 + e), e
     /// from gossip lag, measured and reported; unreachable members are charged their
     /// last published usage until the failure detector removes them.
-    #[default]
     Gossip,
-    /// The key's owner grants lease blocks. Promise: <= L; in a partition <= L + the
-    /// borrowed leases outstanding at the cut. Not available in this build yet.
+    /// The key's owner (rendezvous hashing over live members) grants credit that
+    /// holders spend locally and renew off the request path. Promise: <= L; in a
+    /// partition <= L + the borrowed credit outstanding at the cut (0 with
+    /// `max_borrow = 0`, the default). The cluster default.
+    #[default]
     Lease,
 }
 
@@ -127,10 +129,14 @@ pub struct ClusterConfig {
     /// Address peers dial (default: `gossip_listen`).
     #[serde(default)]
     pub gossip_advertise: Option<SocketAddr>,
-    /// Internal RPC address for lease mode, announced in node metadata. Nothing
-    /// listens on it until lease mode is built (default: `gossip_listen`).
+    /// Internal RPC address (TCP) for lease statements, announced in node metadata;
+    /// never the public proxy port. Required in `lease` mode.
     #[serde(default)]
     pub rpc_listen: Option<SocketAddr>,
+    /// Shared secret authenticating internal RPCs (`${ENV}` is expanded); at least 16
+    /// characters. Required in `lease` mode.
+    #[serde(default)]
+    pub secret: Option<String>,
     /// Seed nodes as `host:port`; DNS names are re-resolved (a Kubernetes headless
     /// service works).
     #[serde(default)]
@@ -153,6 +159,56 @@ pub struct ClusterConfig {
     /// How often usage is published (coalesced) and allowances recomputed.
     #[serde(default = "default_sync_interval", with = "super::duration")]
     pub sync_interval: Duration,
+    /// `lease` mode's knobs.
+    #[serde(default)]
+    pub lease: LeaseConfig,
+}
+
+/// `[cluster.lease]`: how credit is leased (docs/design/lease.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseConfig {
+    /// How long a credit lives without a new statement: a crashed holder's credit
+    /// and slots come back within it. At least the failure-detection time.
+    #[serde(with = "super::duration")]
+    pub ttl: Duration,
+    /// Most credit one holder holds at once, as a fraction of L (0 < x <= 1). A
+    /// new owner charges each holder that stays silent this much.
+    pub max_credit: f64,
+    /// How far a holder may commit beyond its demand-weighted share, as a fraction
+    /// of L (0 disables borrowing; then a partition never exceeds L). Borrowing
+    /// only happens while every member is live.
+    pub max_borrow: f64,
+    /// What a holder does when its owner cannot be reached once its credit ends.
+    pub cut_off: CutOff,
+    /// Timeout of one statement round trip to an owner.
+    #[serde(with = "super::duration")]
+    pub rpc_timeout: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            ttl: Duration::from_secs(3),
+            max_credit: 0.25,
+            max_borrow: 0.0,
+            cut_off: CutOff::Share,
+            rpc_timeout: Duration::from_millis(250),
+        }
+    }
+}
+
+/// A cut-off holder's policy (design.md section 6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CutOff {
+    /// At most its own share of L per window (the share frozen at the cut): safe.
+    #[default]
+    Share,
+    /// Nothing beyond its credit: safe, unavailable under a cut.
+    FailClosed,
+    /// Unlimited: unsafe, the cluster total is unbounded during a cut.
+    FailOpen,
 }
 
 fn default_gossip_interval() -> Duration {

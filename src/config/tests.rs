@@ -135,13 +135,16 @@ fn example_configs_in_the_repo_validate() {
 fn cluster_settings_that_break_the_promises_are_refused() {
     let cluster = |extra: &str| {
         format!(
-            "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"127.0.0.1:7001\"\n{extra}"
+            "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"127.0.0.1:7001\"\nrpc_listen = \"127.0.0.1:7101\"\nsecret = \"0123456789abcdef\"\n{extra}"
         )
     };
-    assert!(Config::from_toml(&cluster(""), "test.toml").is_ok());
-    let (field, reason) = invalid(&cluster("mode = \"lease\""));
-    assert_eq!(field, "cluster.mode");
-    assert!(reason.contains("not available"), "{reason}");
+    let lease = |extra: &str| format!("{}\n[cluster.lease]\n{extra}", cluster(""));
+    let config = Config::from_toml(&cluster(""), "test.toml").unwrap();
+    assert_eq!(
+        config.cluster.map(|c| c.mode),
+        Some(super::SyncMode::Lease),
+        "lease is the cluster default"
+    );
     // 1 s gossip with phi 8 detects a death within 18 s: a 15 s grace is too short.
     let (field, _) = invalid(&cluster(
         "gossip_interval = \"1s\"\ndead_node_grace = \"15s\"",
@@ -156,4 +159,33 @@ fn cluster_settings_that_break_the_promises_are_refused() {
         cluster("")
     ));
     assert_eq!(field, "limits.algorithm");
+    // Lease mode: an RPC address, a real secret, a ttl no shorter than detection.
+    let (field, _) = invalid(&cluster("").replace("rpc_listen = \"127.0.0.1:7101\"\n", ""));
+    assert_eq!(field, "cluster.rpc_listen");
+    let (field, _) = invalid(&cluster("").replace("0123456789abcdef", "short"));
+    assert_eq!(field, "cluster.secret");
+    // 100 ms gossip with phi 8 detects within 1.8 s: a 1 s lease would end first.
+    let (field, reason) = invalid(&lease("ttl = \"1s\""));
+    assert_eq!(field, "cluster.lease.ttl");
+    assert!(reason.contains("failure-detection"), "{reason}");
+    let (field, _) = invalid(&lease("rpc_timeout = \"2s\""));
+    assert_eq!(field, "cluster.lease.rpc_timeout");
+    let (field, _) = invalid(&lease("max_borrow = 1.5"));
+    assert_eq!(field, "cluster.lease.max_borrow");
+    let (field, _) = invalid(&lease("max_credit = 0.0"));
+    assert_eq!(field, "cluster.lease.max_credit");
+    match Config::from_toml(&lease("cut_off = \"sometimes\""), "test.toml") {
+        Err(ConfigError::Parse { message, .. }) => {
+            assert!(
+                message.contains("share`, `fail-closed`, `fail-open"),
+                "{message}"
+            )
+        }
+        other => panic!("expected a parse error naming the policies, got {other:?}"),
+    }
+    // Gossip and local modes need neither RPC nor secret.
+    let gossip = cluster("mode = \"gossip\"")
+        .replace("rpc_listen = \"127.0.0.1:7101\"\n", "")
+        .replace("secret = \"0123456789abcdef\"\n", "");
+    assert!(Config::from_toml(&gossip, "test.toml").is_ok());
 }

@@ -42,12 +42,6 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
     };
     check_id("cluster.cluster_id", &cluster.cluster_id)?;
     check_id("cluster.node_id", &cluster.node_id)?;
-    if cluster.mode == super::SyncMode::Lease {
-        return fail(
-            "cluster.mode",
-            "`lease` is not available in this build yet; use `gossip` (<= L x (1+e)) or `local`",
-        );
-    }
     if !(Duration::from_millis(50)..=Duration::from_secs(1)).contains(&cluster.sync_interval) {
         return fail("cluster.sync_interval", "must be between 50ms and 1s");
     }
@@ -77,6 +71,9 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
             ),
         );
     }
+    if cluster.mode == super::SyncMode::Lease {
+        validate_lease(cluster, detection)?;
+    }
     // Cluster counters publish the local window's buckets, which only the bucketed
     // sliding window has.
     let sliding = |q: &Quota| {
@@ -88,6 +85,58 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
         return fail(
             "limits.algorithm",
             "cluster modes need `sliding-window` for every limit",
+        );
+    }
+    Ok(())
+}
+
+fn validate_lease(cluster: &super::ClusterConfig, detection: Duration) -> Result<(), Violation> {
+    let Some(rpc) = cluster.rpc_listen else {
+        return fail(
+            "cluster.rpc_listen",
+            "`lease` mode needs an internal RPC address (TCP, not the proxy port)",
+        );
+    };
+    if rpc.port() == 0 {
+        return fail(
+            "cluster.rpc_listen",
+            "needs a fixed port: peers must be able to dial it",
+        );
+    }
+    if cluster.secret.as_deref().is_none_or(|s| s.len() < 16) {
+        return fail(
+            "cluster.secret",
+            "`lease` mode needs a shared secret of at least 16 characters (e.g. \"${TOLLGATE_CLUSTER_SECRET}\")",
+        );
+    }
+    let lease = &cluster.lease;
+    // A holder cut off by a dead owner must not see its credit end before the
+    // cluster has even noticed the death, and a dead holder's credit must not come
+    // back to the owner before its death is detected (docs/design/lease.md).
+    if lease.ttl < detection || lease.ttl < cluster.sync_interval * 4 {
+        return fail(
+            "cluster.lease.ttl",
+            format!(
+                "must be at least the failure-detection time ({detection:?} with these gossip settings) and 4 sync intervals"
+            ),
+        );
+    }
+    if lease.ttl > Duration::from_secs(600) {
+        return fail("cluster.lease.ttl", "must be at most 10 minutes");
+    }
+    if !(lease.max_credit > 0.0 && lease.max_credit <= 1.0) {
+        return fail("cluster.lease.max_credit", "must be in (0, 1]");
+    }
+    if !(0.0..=1.0).contains(&lease.max_borrow) {
+        return fail(
+            "cluster.lease.max_borrow",
+            "must be in [0, 1] (0 disables borrowing)",
+        );
+    }
+    if lease.rpc_timeout.is_zero() || lease.rpc_timeout * 2 > lease.ttl {
+        return fail(
+            "cluster.lease.rpc_timeout",
+            "must be > 0 and at most half of cluster.lease.ttl",
         );
     }
     Ok(())

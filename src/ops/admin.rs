@@ -138,7 +138,11 @@ async fn key_status(
     axum::Json(body).into_response()
 }
 
-async fn cluster_status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+async fn cluster_status(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
     if !admin_authorized(&state, &headers) {
         return ApiError::unauthorized().into_response();
     }
@@ -158,9 +162,33 @@ async fn cluster_status(State(state): State<Arc<AppState>>, headers: HeaderMap) 
         .map(|b| {
             (
                 b.key.clone(),
-                json!({"capacity": b.capacity, "allowance": b.allowance.get()}),
+                json!({
+                    "capacity": b.capacity,
+                    "allowance": b.allowance.as_ref().map(|a| a.get()),
+                    "credit": b.credit.as_ref().map(|c| c.with(|budget| {
+                        let now_ms = state.registry.clock().now_ns() / 1_000_000;
+                        json!({
+                            "credit": budget.credit(now_ms),
+                            "used": budget.used(now_ms),
+                            "cut_off": budget.is_cut_off(),
+                        })
+                    })),
+                }),
             )
         })
         .collect();
-    axum::Json(json!({"cluster": snapshot, "allowances": allowances})).into_response()
+    let mut body = json!({"cluster": snapshot, "allowances": allowances});
+    // `?keys=true`: each key's owner (lease mode) and the lines this node owns.
+    let wants_keys = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "keys=true"));
+    if wants_keys && let Some(book) = state.lease_book.get() {
+        let owners: serde_json::Map<String, serde_json::Value> = (state.bindings.iter())
+            .filter(|b| b.credit.is_some())
+            .map(|b| (b.key.clone(), json!(book.owner_of(&b.key))))
+            .collect();
+        body["owners"] = json!(owners);
+        body["owned"] = json!(book.owned());
+    }
+    axum::Json(body).into_response()
 }

@@ -51,6 +51,12 @@ pub struct Metrics {
     gossip_refused: Counter,
     members: Gauge,
     degraded: Family<Static<2>, Gauge>,
+    sync_received: Counter,
+    convergence_lag_ms: Gauge,
+    lease_statements: Family<Static<2>, Counter>,
+    lease_granted: Counter,
+    lease_expired: Counter,
+    rpc_refused: Family<Static<1>, Counter>,
     tenant_labels: bool,
 }
 
@@ -179,6 +185,12 @@ impl Metrics {
             gossip_refused: Counter::default(),
             members: Gauge::default(),
             degraded: Family::default(),
+            sync_received: Counter::default(),
+            convergence_lag_ms: Gauge::default(),
+            lease_statements: Family::default(),
+            lease_granted: Counter::default(),
+            lease_expired: Counter::default(),
+            rpc_refused: Family::default(),
             tenant_labels,
         };
         let r = &mut m.registry;
@@ -270,6 +282,36 @@ impl Metrics {
             "1 while this node runs degraded, by scope and reason",
             m.degraded.clone(),
         );
+        r.register(
+            "sync_received_bytes",
+            "Usage bytes this node read from live members' gossiped state",
+            m.sync_received.clone(),
+        );
+        r.register(
+            "sync_convergence_lag_ms",
+            "Age of the stalest live member's last published round, as seen here (ms)",
+            m.convergence_lag_ms.clone(),
+        );
+        r.register(
+            "lease_statements",
+            "Lease statements by side (holder: sent, owner: received) and outcome",
+            m.lease_statements.clone(),
+        );
+        r.register(
+            "lease_granted_units",
+            "Credit (requests, tokens or slots) this node granted as a key owner",
+            m.lease_granted.clone(),
+        );
+        r.register(
+            "lease_expiries",
+            "Credits that ended at this owner without a new statement (silent holders)",
+            m.lease_expired.clone(),
+        );
+        r.register(
+            "internal_rpc_refused",
+            "Internal RPCs refused, by reason (wrong secret, other cluster, bad input)",
+            m.rpc_refused.clone(),
+        );
         m
     }
 
@@ -321,6 +363,30 @@ impl Metrics {
         self.sync_bytes.inc_by(bytes_published);
         self.gossip_refused.inc_by(refused_values);
         self.members.set(live_members);
+    }
+
+    /// Bytes read from peers' gossiped state in one round, and the convergence lag.
+    pub fn sync_received(&self, bytes: u64, lag_ms: i64) {
+        self.sync_received.inc_by(bytes);
+        self.convergence_lag_ms.set(lag_ms);
+    }
+
+    /// One lease statement by `side` (`holder`, `owner`) with `outcome`.
+    pub fn lease_statement(&self, side: &'static str, outcome: &'static str) {
+        self.lease_statements
+            .get_or_create(&[("side", side), ("outcome", outcome)])
+            .inc();
+    }
+
+    /// Credit granted and credits expired at this owner.
+    pub fn lease_owner(&self, granted: u64, expired: u64) {
+        self.lease_granted.inc_by(granted);
+        self.lease_expired.inc_by(expired);
+    }
+
+    /// An internal RPC refused for `reason`.
+    pub fn rpc_refused(&self, reason: &'static str) {
+        self.rpc_refused.get_or_create(&[("reason", reason)]).inc();
     }
 
     /// Sets whether this node is degraded for `reason` (cluster scope).

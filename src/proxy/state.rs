@@ -106,6 +106,10 @@ pub struct AppState {
     /// Keys whose cluster allowance the sync engine maintains (empty on one node
     /// and in `local full` mode).
     pub bindings: Vec<crate::sync::engine::Binding>,
+    /// `lease` mode: the lines this node owns (set when the cluster starts).
+    pub lease_book: std::sync::OnceLock<Arc<crate::sync::lease::owner::OwnerBook>>,
+    /// Wakes the sync engine's lease holder loop when an actor runs low on credit.
+    pub credit_wake: Arc<tokio::sync::Notify>,
     /// The cluster as this node sees it (`[cluster]` configured only).
     pub cluster_status: Option<Arc<std::sync::Mutex<crate::sync::status::ClusterStatus>>>,
 }
@@ -131,20 +135,36 @@ fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) 
     }
 }
 
-/// In cluster modes that bound nodes (`local split`, `gossip`), gives every limited
-/// dimension of every scope an allowance starting at 0: a node admits nothing until
-/// its first sync round has computed its share (which `sync::start` runs before the
-/// node serves).
-fn bind_allowances(config: &Config, specs: &mut HashMap<ScopeId, ScopeSpec>) -> Vec<Binding> {
+/// In cluster modes that bound nodes, gives every limited dimension of every scope
+/// its cluster bound: an allowance starting at 0 (`local split`, `gossip`), or in
+/// `lease` mode an empty credit. Either way a node admits nothing until its first
+/// sync round (which `sync::start` runs before the node serves) or its first grant.
+fn bind_allowances(
+    config: &Config,
+    specs: &mut HashMap<ScopeId, ScopeSpec>,
+    wake: &Arc<tokio::sync::Notify>,
+) -> Vec<Binding> {
     use crate::actor::Dimension;
+    use crate::actor::credit::Credit;
     use crate::actor::scope::Allowance;
-    use crate::config::{LocalShare, SyncMode};
+    use crate::config::{CutOff, LocalShare, SyncMode};
+    use tollgate_cluster::lease::budget::{Budget, CutOffPolicy};
+    use tollgate_cluster::lease::line::Kind;
     let Some(cluster) = &config.cluster else {
         return Vec::new();
     };
     if cluster.mode == SyncMode::Local && cluster.local_share == LocalShare::Full {
         return Vec::new();
     }
+    let window = tollgate_cluster::counter::Window::try_new(
+        config.limits.window.as_millis() as u64,
+        config.limits.buckets,
+    );
+    let policy = match cluster.lease.cut_off {
+        CutOff::Share => CutOffPolicy::Share,
+        CutOff::FailClosed => CutOffPolicy::FailClosed,
+        CutOff::FailOpen => CutOffPolicy::FailOpen,
+    };
     let mut bindings = Vec::new();
     for (scope, spec) in specs.iter_mut() {
         let dims = [
@@ -154,21 +174,46 @@ fn bind_allowances(config: &Config, specs: &mut HashMap<ScopeId, ScopeSpec>) -> 
         ];
         for (dimension, capacity) in dims {
             let Some(capacity) = capacity else { continue };
-            let allowance = Allowance::new(0);
-            let slot = match dimension {
-                Dimension::Requests => &mut spec.allowances.requests,
-                Dimension::Tokens => &mut spec.allowances.tokens,
-                _ => &mut spec.allowances.concurrency,
-            };
-            *slot = Some(allowance.clone());
             let key = format!("{scope}:{}", dimension.as_str());
-            bindings.push(Binding {
+            let mut binding = Binding {
                 key,
                 scope: scope.clone(),
                 dimension,
                 capacity,
-                allowance,
-            });
+                allowance: None,
+                credit: None,
+            };
+            let kind = match (dimension, &window) {
+                (Dimension::Concurrency, _) => Some(Kind::Slots),
+                (_, Ok(w)) => Some(Kind::Windowed(*w)),
+                // validate() proved the window publishable; without one, the key
+                // stays on its local limit only.
+                (_, Err(_)) => None,
+            };
+            match (cluster.mode, kind) {
+                (SyncMode::Lease, Some(kind)) => {
+                    let credit = Credit::new(Budget::new(kind, policy), wake.clone());
+                    let slot = match dimension {
+                        Dimension::Requests => &mut spec.allowances.credits.requests,
+                        Dimension::Tokens => &mut spec.allowances.credits.tokens,
+                        _ => &mut spec.allowances.credits.concurrency,
+                    };
+                    *slot = Some(credit.clone());
+                    binding.credit = Some(credit);
+                }
+                (SyncMode::Lease, None) => continue,
+                _ => {
+                    let allowance = Allowance::new(0);
+                    let slot = match dimension {
+                        Dimension::Requests => &mut spec.allowances.requests,
+                        Dimension::Tokens => &mut spec.allowances.tokens,
+                        _ => &mut spec.allowances.concurrency,
+                    };
+                    *slot = Some(allowance.clone());
+                    binding.allowance = Some(allowance);
+                }
+            }
+            bindings.push(binding);
         }
     }
     bindings
@@ -254,7 +299,8 @@ impl AppState {
                 encoding: r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok()),
             })
             .collect();
-        let bindings = bind_allowances(&config, &mut specs);
+        let credit_wake = Arc::new(tokio::sync::Notify::new());
+        let bindings = bind_allowances(&config, &mut specs, &credit_wake);
         let cluster_status = config.cluster.as_ref().map(|c| {
             let id = c.node_id.clone();
             Arc::new(std::sync::Mutex::new(
@@ -292,6 +338,8 @@ impl AppState {
             draining: AtomicBool::new(false),
             rng_counter: AtomicU64::new(0),
             bindings,
+            credit_wake,
+            lease_book: std::sync::OnceLock::new(),
             cluster_status,
         })
     }

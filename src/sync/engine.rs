@@ -4,15 +4,33 @@
 
 use super::allowance::{KeyFigures, SyncPolicy, policy};
 use super::demand::Demand;
+use super::lease::owner::OwnerBook;
+use super::lease::{MemberAddr, View};
 use super::status::{ClusterStatus, MemberStatus};
+use crate::actor::credit::Credit;
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, SyncMode};
 use crate::proxy::AppState;
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use tollgate_cluster::counter::{ClusterUsage, LocalCounters, Window};
-use tollgate_cluster::membership::Membership;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
+use tollgate_cluster::lease::line::Terms;
+use tollgate_cluster::membership::{Member, Membership};
+
+/// The key every node publishes its sync round's time under (unix ms, decimal), so
+/// readers can tell how stale their view of each member is (convergence lag).
+pub const ROUND_AT_KEY: &str = "sync:at";
+
+/// What the engine feeds `lease` mode each round.
+pub struct LeaseFeed {
+    /// The view the holder loop and the owner book read.
+    pub view: Arc<RwLock<Arc<View>>>,
+    /// The lines this node owns.
+    pub book: Arc<OwnerBook>,
+    /// Borrowing beyond shares, as a fraction of L.
+    pub max_borrow: f64,
+}
 
 /// One limit key whose allowance the engine maintains.
 #[derive(Debug, Clone)]
@@ -25,8 +43,10 @@ pub struct Binding {
     pub dimension: Dimension,
     /// Capacity L (per window, or concurrent).
     pub capacity: u64,
-    /// The handle the actor reads.
-    pub allowance: Allowance,
+    /// The allowance the actor reads (`local split`, `gossip`).
+    pub allowance: Option<Allowance>,
+    /// The credit the actor spends (`lease`).
+    pub credit: Option<Credit>,
 }
 
 /// This node's own figures for one key, from its actors.
@@ -44,7 +64,8 @@ pub struct Engine {
     policy: Box<dyn SyncPolicy>,
     self_id: String,
     counters: LocalCounters,
-    usage: ClusterUsage,
+    usage: Arc<Mutex<ClusterUsage>>,
+    lease: Option<LeaseFeed>,
     demand: Demand,
     /// Each key's demand per every member, frozen when a member becomes unreachable:
     /// while anyone is unreachable, the unreachable are charged their share of these
@@ -69,9 +90,11 @@ impl Engine {
         state: Arc<AppState>,
         membership: Membership,
         config: &ClusterConfig,
-        window: Window,
+        usage: Arc<Mutex<ClusterUsage>>,
         status: Arc<Mutex<ClusterStatus>>,
+        lease: Option<LeaseFeed>,
     ) -> Engine {
+        let window = *lock(&usage).window();
         let self_id = membership.self_id().to_string();
         Engine {
             state,
@@ -80,7 +103,8 @@ impl Engine {
             policy: policy(config.mode, config.local_share),
             self_id,
             counters: LocalCounters::new(window),
-            usage: ClusterUsage::new(window),
+            usage,
+            lease,
             demand: Demand::new(window.window_ms()),
             last_demands: HashMap::new(),
             frozen: HashMap::new(),
@@ -99,7 +123,8 @@ impl Engine {
         let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
         let exports = self.state.registry.export_live().await;
         let own = self.record_own(&exports, now_ms);
-        let published = self.counters.publish(now_ms);
+        let mut published = self.counters.publish(now_ms);
+        published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
         let bytes: usize = published.iter().map(|(k, v)| k.len() + v.len()).sum();
         let publish_error = match self.membership.set_many(published).await {
             Ok(()) => None,
@@ -108,7 +133,7 @@ impl Engine {
                 Some(e.to_string())
             }
         };
-        let decode_errors = self.read_cluster().await;
+        let (decode_errors, received, lag_ms) = self.read_cluster(now_ms).await;
         let dead = self.membership.dead_members().await;
         let dead_now: Vec<String> = dead.iter().map(ToString::to_string).collect();
         if dead_now.iter().any(|d| !self.dead.contains(d)) {
@@ -129,10 +154,11 @@ impl Engine {
             self.frozen.clear();
         }
         self.dead = dead_now;
-        self.recompute(&own, now_ms);
         let members = self.membership.live_members().await;
+        self.recompute(&own, &members, now_ms);
         let metrics = &self.state.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
+        metrics.sync_received(received, lag_ms as i64);
         metrics.degraded("members_unreachable", !self.dead.is_empty());
         metrics.degraded("publish_failed", publish_error.is_some());
         let degraded = match (&publish_error, self.dead.is_empty()) {
@@ -144,12 +170,15 @@ impl Engine {
             (None, true) => None,
         };
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        status.self_id.clone_from(&self.self_id);
         status.members = members.iter().map(MemberStatus::from).collect();
         status.dead = dead.iter().map(ToString::to_string).collect();
         status.last_sync_ms = now_ms;
         status.bytes_published_total += bytes as u64;
         status.decode_errors_total += decode_errors;
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
+        status.bytes_received_total += received;
+        status.convergence_lag_ms = lag_ms;
         if status.degraded.is_none() != degraded.is_none() {
             match &degraded {
                 Some(reason) => tracing::warn!(%reason, "cluster sync degraded"),
@@ -209,33 +238,61 @@ impl Engine {
         own
     }
 
-    /// Applies every live member's published values; returns how many were refused.
-    async fn read_cluster(&mut self) -> u64 {
-        let mut refused = 0;
+    /// Applies every live member's published values; returns how many were refused,
+    /// the bytes that changed something, and the convergence lag: how old the
+    /// stalest live peer's last round is in this node's view (ms).
+    async fn read_cluster(&mut self, now_ms: u64) -> (u64, u64, u64) {
+        let (mut refused, mut received, mut lag) = (0, 0, 0);
         let mut live = HashSet::new();
-        for (member, values) in self.membership.live_values("").await {
+        let members = self.membership.live_values("").await;
+        let mut usage = lock(&self.usage);
+        for (member, values) in members {
             let node = member.to_string();
             for (key, value) in &values {
-                if let Err(e) = self.usage.apply(&node, key, value) {
-                    refused += 1;
-                    tracing::warn!(%node, %key, error = %e, "refused a gossip value");
+                if key == ROUND_AT_KEY {
+                    if node != self.self_id
+                        && let Ok(at) = value.parse::<u64>()
+                    {
+                        lag = lag.max(now_ms.saturating_sub(at));
+                    }
+                    continue;
+                }
+                match usage.apply(&node, key, value) {
+                    Ok(Applied::Updated) => received += (key.len() + value.len()) as u64,
+                    Ok(_) => {}
+                    Err(e) => {
+                        refused += 1;
+                        tracing::warn!(%node, %key, error = %e, "refused a gossip value");
+                    }
                 }
             }
             live.insert(node);
         }
         live.insert(self.self_id.clone());
-        self.usage.retain_nodes(&live);
-        refused
+        usage.retain_nodes(&live);
+        (refused, received, lag)
     }
 
-    fn recompute(&mut self, own: &HashMap<String, Own>, now_ms: u64) {
+    fn recompute(&mut self, own: &HashMap<String, Own>, members: &[Member], now_ms: u64) {
         let mut views = std::collections::BTreeMap::new();
+        let usage_guard = Arc::clone(&self.usage);
+        let usage = lock(&usage_guard);
+        let mut lease_view = View {
+            self_id: self.self_id.clone(),
+            members: (members.iter())
+                .map(|m| MemberAddr {
+                    id: m.id.to_string(),
+                    rpc: m.metadata.rpc_addr.clone(),
+                })
+                .collect(),
+            ..View::default()
+        };
         for binding in &self.state.bindings {
             let mine = own.get(&binding.key).copied().unwrap_or(Own {
                 used: 0,
                 demand: self.demand.current(&binding.key),
             });
-            let mut demands = self.usage.demand_by_node(&binding.key);
+            let mut demands = usage.demand_by_node(&binding.key);
             match demands.iter_mut().find(|(node, _)| *node == self.self_id) {
                 Some(entry) => entry.1 = mine.demand,
                 None => demands.push((self.self_id.clone(), mine.demand)),
@@ -247,12 +304,31 @@ impl Engine {
             seen.retain(|node, _| {
                 demands.iter().any(|(n, _)| n == node) || self.dead.contains(node)
             });
+            if let Some(feed) = &self.lease {
+                let frozen = self.frozen.get(&binding.key);
+                let cut = Cut {
+                    dead: &self.dead,
+                    frozen,
+                    self_id: &self.self_id,
+                };
+                let (terms, cut_off_share) =
+                    lease_terms(&usage, &cut, &demands, binding, feed.max_borrow, now_ms);
+                lease_view.terms.insert(binding.key.clone(), terms);
+                lease_view
+                    .cut_off_share
+                    .insert(binding.key.clone(), cut_off_share);
+                lease_view.demand.insert(binding.key.clone(), mine.demand);
+                if binding.dimension != Dimension::Concurrency {
+                    let live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
+                    views.insert(binding.key.clone(), mine.used.saturating_add(live));
+                }
+                continue;
+            }
             let (others_used, demands) = match (binding.dimension, self.mode) {
                 // A crashed node's requests died with it: its slots come back as soon
                 // as it is declared dead.
                 (Dimension::Concurrency, _) => {
-                    let live: u64 = self
-                        .usage
+                    let live: u64 = usage
                         .in_flight_by_node(&binding.key)
                         .iter()
                         .filter(|(node, _)| *node != self.self_id)
@@ -270,11 +346,9 @@ impl Engine {
                 // Gossip: unreachable members are charged their frozen share (or
                 // what they last published, if more) until GC.
                 _ => {
-                    let live =
-                        self.usage
-                            .global_usage_except(&binding.key, Some(&self.self_id), now_ms);
+                    let live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
                     let frozen = self.frozen.get(&binding.key).map_or(&[][..], Vec::as_slice);
-                    let dead = dead_charge(&self.usage, &self.dead, frozen, binding, now_ms);
+                    let dead = dead_charge(&usage, &self.dead, frozen, binding, now_ms);
                     views.insert(binding.key.clone(), mine.used.saturating_add(live));
                     (live.saturating_add(dead), demands)
                 }
@@ -286,8 +360,14 @@ impl Engine {
                 others_used,
                 demands: &demands,
             };
-            let value = self.policy.allowance(&figures).unwrap_or(u64::MAX);
-            binding.allowance.set(value);
+            if let Some(allowance) = &binding.allowance {
+                allowance.set(self.policy.allowance(&figures).unwrap_or(u64::MAX));
+            }
+        }
+        drop(usage);
+        if let Some(feed) = &self.lease {
+            *feed.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(lease_view);
+            feed.book.on_round();
         }
         self.status
             .lock()
@@ -296,6 +376,78 @@ impl Engine {
     }
 }
 
+fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
+    usage.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What is known about a cut: the unreachable members and the key's demands
+/// frozen when they became unreachable.
+#[derive(Clone, Copy)]
+struct Cut<'a> {
+    dead: &'a [String],
+    frozen: Option<&'a Vec<(String, u64)>>,
+    self_id: &'a str,
+}
+
+/// A key's lease terms and this node's cut-off share.
+///
+/// Healthy: every member's share of L by gossiped demand; borrowing allowed.
+/// While members are unreachable (windowed keys): each is charged a floor, its
+/// share of L by the demands **frozen at the cut** (both sides froze the same
+/// figures, so they agree without talking) or its last published usage if more;
+/// the live members share what is left by their *current* demand (a member that
+/// was idle at the cut can still get a share, and this side's total stays within
+/// its frozen shares); the cut-off share is the frozen one, the figure the other
+/// side charges this node. Concurrency has no floors: an unreachable member's
+/// slots come back with its credit's ttl (a crashed node's streams died with it).
+fn lease_terms(
+    usage: &ClusterUsage,
+    cut: &Cut<'_>,
+    demands: &[(String, u64)],
+    binding: &Binding,
+    max_borrow: f64,
+    now_ms: u64,
+) -> (Terms<String>, u64) {
+    let Cut {
+        dead,
+        frozen,
+        self_id,
+    } = *cut;
+    use tollgate_cluster::share::shares;
+    let current: BTreeMap<String, u64> = shares(binding.capacity, demands).into_iter().collect();
+    let windowed = binding.dimension != Dimension::Concurrency;
+    if dead.is_empty() || !windowed {
+        let borrow = if dead.is_empty() {
+            (binding.capacity as f64 * max_borrow) as u64
+        } else {
+            0
+        };
+        let own = current.get(self_id).copied().unwrap_or(0);
+        let terms = Terms {
+            shares: current,
+            borrow,
+            floors: BTreeMap::new(),
+        };
+        return (terms, own);
+    }
+    let basis = frozen.map_or(demands, Vec::as_slice);
+    let at_cut: BTreeMap<String, u64> = shares(binding.capacity, basis).into_iter().collect();
+    let mut floors = BTreeMap::new();
+    for node in dead {
+        let share = at_cut.get(node).copied().unwrap_or(0);
+        let published = usage.usage_of(node, &binding.key, now_ms).unwrap_or(0);
+        floors.insert(node.clone(), share.max(published));
+    }
+    let charged: u64 = floors.values().sum();
+    let live = shares(binding.capacity.saturating_sub(charged), demands);
+    let own = at_cut.get(self_id).copied().unwrap_or(0);
+    let terms = Terms {
+        shares: live.into_iter().collect(),
+        borrow: 0,
+        floors,
+    };
+    (terms, own)
+}
 /// What unreachable members are charged for `binding`: each its share of the
 /// capacity frozen at the demands last seen, or its last published usage if more.
 fn dead_charge(

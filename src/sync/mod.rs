@@ -9,38 +9,50 @@
 //! - [`allowance`]: per-mode arithmetic (pure).
 //! - [`demand`]: demand over the last window from the actors' cumulative counters.
 //! - [`engine`]: one round: export, publish, read, recompute.
+//! - [`lease`]: `lease` mode: the owner book, the internal RPC, the holder loop.
 //! - [`status`]: what `/admin/cluster` shows.
 
 pub mod allowance;
 pub mod demand;
 pub mod engine;
+pub mod lease;
 pub mod status;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, SyncMode};
 use crate::proxy::AppState;
-use engine::Engine;
+use engine::{Engine, LeaseFeed};
+use lease::owner::OwnerBook;
 use status::ClusterStatus;
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_cluster::chitchat::transport::Transport;
+use tollgate_cluster::counter::ClusterUsage;
 use tollgate_cluster::counter::Window;
+use tollgate_cluster::lease::MAX_HOLDERS;
+use tollgate_cluster::lease::line::{Kind, LineConfig};
 use tollgate_cluster::membership::{
     Membership, MembershipConfig, MembershipError, NodeMetadata, StateLimits,
 };
 
-/// A running sync engine.
+/// A running sync engine (and in `lease` mode its RPC server and holder loop).
 pub struct SyncHandle {
     stop: watch::Sender<bool>,
     task: JoinHandle<Membership>,
+    lease_tasks: Vec<JoinHandle<()>>,
 }
 
 impl SyncHandle {
     /// Stops the engine and leaves the cluster.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        for task in self.lease_tasks {
+            let _ = task.await;
+        }
         if let Ok(membership) = self.task.await
             && let Err(e) = membership.shutdown().await
         {
@@ -58,6 +70,22 @@ pub enum SyncError {
     /// The window cannot be published.
     #[error("cannot publish this window: {0}")]
     Window(String),
+    /// The internal RPC address cannot be bound.
+    #[error("cannot listen for lease RPCs on {addr}: {source}")]
+    Rpc {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key cannot be leased with these settings.
+    #[error("cannot lease {key}: {reason}")]
+    Lease {
+        /// The limit key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipConfig {
@@ -93,7 +121,8 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
 }
 
 /// Joins the cluster, runs one sync round (so allowances are set before the node
-/// serves), and keeps syncing every `sync_interval` until shut down.
+/// serves), and keeps syncing every `sync_interval` until shut down. In `lease` mode
+/// also serves the internal RPC and runs the holder loop.
 pub async fn start(
     state: Arc<AppState>,
     config: &ClusterConfig,
@@ -103,6 +132,15 @@ pub async fn start(
     let limits = &state.config.limits;
     let window = Window::try_new(limits.window.as_millis() as u64, limits.buckets)
         .map_err(|e| SyncError::Window(e.to_string()))?;
+    let usage = Arc::new(Mutex::new(ClusterUsage::new(window)));
+    let (stop, stopped) = watch::channel(false);
+    let (lease, lease_tasks) = match config.mode {
+        SyncMode::Lease => {
+            let (feed, tasks) = start_lease(&state, config, window, &usage, &stopped).await?;
+            (Some(feed), tasks)
+        }
+        _ => (None, Vec::new()),
+    };
     let membership = Membership::start(membership_config(config, proxy), transport).await?;
     let status = state.cluster_status.clone().unwrap_or_else(|| {
         Arc::new(Mutex::new(ClusterStatus::new(
@@ -110,10 +148,10 @@ pub async fn start(
             membership.self_id().to_string(),
         )))
     });
-    let mut engine = Engine::new(state, membership, config, window, status);
+    let mut engine = Engine::new(state, membership, config, usage, status, lease);
     engine.tick().await;
-    let (stop, mut stopped) = watch::channel(false);
     let interval = config.sync_interval;
+    let mut stopped = stopped;
     let task = tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -125,5 +163,105 @@ pub async fn start(
         }
         engine.into_membership()
     });
-    Ok(SyncHandle { stop, task })
+    Ok(SyncHandle {
+        stop,
+        task,
+        lease_tasks,
+    })
+}
+
+/// `lease` mode's parts: the owner book, the RPC server on `rpc_listen`, the
+/// holder loop. They read the view the engine writes each round.
+async fn start_lease(
+    state: &Arc<AppState>,
+    config: &ClusterConfig,
+    window: Window,
+    usage: &Arc<Mutex<ClusterUsage>>,
+    stopped: &watch::Receiver<bool>,
+) -> Result<(LeaseFeed, Vec<JoinHandle<()>>), SyncError> {
+    let lease = &config.lease;
+    let ttl_ms = lease.ttl.as_millis() as u64;
+    let mut configs = HashMap::new();
+    for binding in state.bindings.iter().filter(|b| b.credit.is_some()) {
+        let kind = match binding.dimension {
+            crate::actor::Dimension::Concurrency => Kind::Slots,
+            _ => Kind::Windowed(window),
+        };
+        let max = lease::holder::max_credit(binding.capacity, lease.max_credit);
+        let line =
+            LineConfig::try_new(binding.capacity, kind, max, MAX_HOLDERS, ttl_ms).map_err(|e| {
+                SyncError::Lease {
+                    key: binding.key.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+        configs.insert(binding.key.clone(), line);
+    }
+    let view = Arc::new(RwLock::new(Arc::new(lease::View::default())));
+    let clock = state.registry.clock();
+    let book = Arc::new(OwnerBook::new(
+        configs,
+        view.clone(),
+        usage.clone(),
+        clock,
+        state.metrics.clone(),
+    ));
+    let _ = state.lease_book.set(book.clone());
+    let secret = config.secret.clone().unwrap_or_default();
+    let addr = config.rpc_listen.unwrap_or(config.gossip_listen);
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| SyncError::Rpc { addr, source })?;
+    let rpc_state = Arc::new(lease::rpc::RpcState {
+        book: book.clone(),
+        secret: secret.clone(),
+        cluster_id: config.cluster_id.clone(),
+        metrics: state.metrics.clone(),
+        read_timeout: lease.rpc_timeout,
+    });
+    let mut rpc_stop = stopped.clone();
+    let server = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = rpc_stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = lease::rpc::serve(listener, rpc_state, shutdown).await {
+            tracing::error!(error = %e, "internal RPC server stopped");
+        }
+    });
+    let settings = lease::holder::HolderSettings {
+        cluster_id: config.cluster_id.clone(),
+        secret,
+        sync_interval: config.sync_interval,
+        ttl: lease.ttl,
+        window_ms: window.window_ms(),
+        max_credit: lease.max_credit,
+        rpc_timeout: lease.rpc_timeout,
+    };
+    let holder = lease::holder::Holder::new(state.clone(), book.clone(), view.clone(), settings);
+    if let Some(status) = &state.cluster_status {
+        let cut_off = holder.cut_off.clone();
+        let status = status.clone();
+        let mut stop = stopped.clone();
+        // Mirrors the holder's cut-off keys into the admin status (cheap, 1/s).
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    _ = stop.changed() => break,
+                }
+                let keys = cut_off.read().unwrap_or_else(|p| p.into_inner()).clone();
+                status
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .cut_off_keys = keys;
+            }
+        });
+    }
+    let holder_task = tokio::spawn(holder.run(stopped.clone()));
+    let feed = LeaseFeed {
+        view,
+        book,
+        max_borrow: lease.max_borrow,
+    };
+    Ok((feed, vec![server, holder_task]))
 }

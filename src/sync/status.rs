@@ -52,6 +52,12 @@ pub struct ClusterStatus {
     pub last_sync_ms: u64,
     /// Bytes of usage published since start.
     pub bytes_published_total: u64,
+    /// Bytes of peers' usage that changed this node's view, since start.
+    pub bytes_received_total: u64,
+    /// How old the stalest live peer's last sync round is in this node's view (ms).
+    pub convergence_lag_ms: u64,
+    /// `lease` mode: keys whose owner this node cannot reach.
+    pub cut_off_keys: Vec<String>,
     /// Gossip values refused (did not decode) since start.
     pub decode_errors_total: u64,
     /// Other processes seen claiming this cluster's node ids.
@@ -74,6 +80,9 @@ impl ClusterStatus {
             dead: Vec::new(),
             last_sync_ms: 0,
             bytes_published_total: 0,
+            bytes_received_total: 0,
+            convergence_lag_ms: 0,
+            cut_off_keys: Vec::new(),
             decode_errors_total: 0,
             duplicate_ids_seen: 0,
             degraded: None,

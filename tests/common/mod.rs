@@ -1,6 +1,8 @@
 //! Test harness: a real tollgate node on port 0 in front of real mock upstreams.
 #![allow(dead_code, clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
+pub mod cluster;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -149,6 +151,18 @@ api_key_hashes = ["{{HASH}}"]
 {tenant_limits}
 "#
     )
+}
+
+/// POSTs JSON with the test key to `base` (a node's `/v1` URL) + `path`.
+pub async fn post_url(base: &str, path: &str, body: serde_json::Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .send()
+        .await
+        .unwrap()
 }
 
 /// POSTs JSON with the test key.

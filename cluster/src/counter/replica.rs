@@ -313,22 +313,24 @@ impl ClusterUsage {
         Some(key.map_or(0, |k| k.usage(&self.window, now_ms)))
     }
 
-    /// Live nodes' consumption of `limit_key` per bucket that counts at `now_ms`,
-    /// summed over nodes, ascending by bucket: what a new lease owner rebuilds from.
-    pub fn buckets(&self, limit_key: &str, now_ms: u64) -> Vec<(u64, u64)> {
-        let mut sum: BTreeMap<u64, u64> = BTreeMap::new();
-        let keys = (self.nodes.values())
-            .filter(|r| r.live)
-            .filter_map(|r| r.keys.get(limit_key));
-        for key in keys {
-            for r in key.slots.values() {
-                if self.window.counts(r.value.0, now_ms) {
-                    let c = sum.entry(r.value.0).or_insert(0);
-                    *c = c.saturating_add(r.value.1);
-                }
-            }
+    /// Each live node's consumption of `limit_key` per bucket that counts at
+    /// `now_ms`, ascending by bucket, nodes sorted: what a new lease owner rebuilds
+    /// from.
+    pub fn buckets_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, Vec<(u64, u64)>)> {
+        let mut out = Vec::new();
+        for (node, replica) in self.nodes.iter().filter(|(_, r)| r.live) {
+            let Some(key) = replica.keys.get(limit_key) else {
+                continue;
+            };
+            let mut buckets: Vec<(u64, u64)> = (key.slots.values())
+                .filter(|r| self.window.counts(r.value.0, now_ms))
+                .map(|r| r.value)
+                .collect();
+            buckets.sort_unstable();
+            out.push((node.clone(), buckets));
         }
-        sum.into_iter().collect()
+        out.sort_unstable();
+        out
     }
 
     /// Demand for `limit_key` per live node (cost units per window, 0 if none

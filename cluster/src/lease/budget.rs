@@ -106,9 +106,7 @@ impl Budget {
     pub fn can_spend(&self, cost: u64, now_ms: u64) -> bool {
         match self.kind {
             Kind::Windowed(_) => self.credit(now_ms) >= cost || self.cut_off_allows(cost, now_ms),
-            Kind::Slots => {
-                self.in_use < self.credit(now_ms) || self.cut_off_allows(1, now_ms)
-            }
+            Kind::Slots => self.in_use < self.credit(now_ms) || self.cut_off_allows(1, now_ms),
         }
     }
 

@@ -274,7 +274,9 @@ impl<H: Ord + Clone> Line<H> {
     /// Everything counted against L at `now_ms` (see the module docs).
     pub fn committed(&self, now_ms: u64) -> u64 {
         let now_ms = now_ms.max(self.last_now_ms);
-        let mut total = self.rebuilt_in_window(now_ms).saturating_add(self.hidden(now_ms));
+        let mut total = self
+            .rebuilt_in_window(now_ms)
+            .saturating_add(self.hidden(now_ms));
         for (h, a) in &self.accounts {
             total = total.saturating_add(self.charged(h, a, now_ms));
         }
@@ -352,9 +354,9 @@ impl<H: Ord + Clone> Line<H> {
                 let used: u64 = usage.values().fold(0, |s, c| s.saturating_add(*c));
                 let accepted = match &known {
                     Some(a) => {
-                        let live = self.usage_in_window(&a.usage, now_ms).saturating_add(
-                            if a.until_ms > now_ms { a.credit } else { 0 },
-                        );
+                        let live = self
+                            .usage_in_window(&a.usage, now_ms)
+                            .saturating_add(if a.until_ms > now_ms { a.credit } else { 0 });
                         request.remaining.min(live.saturating_sub(used))
                     }
                     // First statement (a new holder, or the re-announce after a
@@ -375,8 +377,8 @@ impl<H: Ord + Clone> Line<H> {
         self.accounts.remove(holder);
         let others = self.committed(now_ms);
         let mine = own.saturating_add(accepted);
-        let share = (self.terms.shares.get(holder).copied().unwrap_or(0))
-            .saturating_add(self.terms.borrow);
+        let share =
+            (self.terms.shares.get(holder).copied().unwrap_or(0)).saturating_add(self.terms.borrow);
         let room = [
             cap.saturating_sub(others.saturating_add(mine)),
             share.saturating_sub(mine),
@@ -387,7 +389,10 @@ impl<H: Ord + Clone> Line<H> {
         account.credit = accepted.saturating_add(granted);
         account.until_ms = now_ms.saturating_add(self.config.ttl_ms);
         self.accounts.insert(holder.clone(), account);
-        debug_assert!(granted == 0 || self.committed(now_ms) <= cap, "over-granted");
+        debug_assert!(
+            granted == 0 || self.committed(now_ms) <= cap,
+            "over-granted"
+        );
         Ok(SyncReply {
             credit: accepted.saturating_add(granted),
             granted,
@@ -396,13 +401,15 @@ impl<H: Ord + Clone> Line<H> {
     }
 
     /// Moves expired credits into consumption, drops what left the window and
-    /// forgets holders with nothing left (bounded memory). Reads never depend on
-    /// when this runs.
-    pub fn settle(&mut self, now_ms: u64) {
+    /// forgets holders with nothing left (bounded memory); returns how many credits
+    /// expired (holders that went silent). Reads never depend on when this runs.
+    pub fn settle(&mut self, now_ms: u64) -> usize {
         let now_ms = now_ms.max(self.last_now_ms);
         let kind = self.config.kind;
+        let mut expired = 0;
         for a in self.accounts.values_mut() {
             if a.until_ms <= now_ms && a.credit > 0 {
+                expired += 1;
                 if let Kind::Windowed(w) = kind {
                     add(&mut a.expired, w.bucket_index(a.until_ms), a.credit);
                 }
@@ -427,25 +434,16 @@ impl<H: Ord + Clone> Line<H> {
         if let Some(r) = &self.recovery {
             let done = r.unknown.is_empty();
             let ended = r.until_ms <= now_ms;
-            let ended_counts = matches!(kind, Kind::Windowed(w) if w.counts(w.bucket_index(r.until_ms), now_ms));
+            let ended_counts =
+                matches!(kind, Kind::Windowed(w) if w.counts(w.bucket_index(r.until_ms), now_ms));
             if done || (ended && !ended_counts) {
                 self.recovery = None;
             }
         }
+        expired
     }
 
     fn check(&self, holder: &H, request: &SyncRequest) -> Result<(), Refusal> {
-        let known = self.accounts.get(holder);
-        if let Some(a) = known
-            && request.seq <= a.seq
-        {
-            return Err(Refusal::Stale(request.seq));
-        }
-        if known.is_none() && self.accounts.len() >= self.config.max_holders {
-            return Err(Refusal::TooManyHolders {
-                max: self.config.max_holders,
-            });
-        }
         let entries = request.usage.len() as u64;
         if entries > 0 {
             bounded("usage entries", entries, MAX_USAGE_ENTRIES)?;
@@ -459,6 +457,17 @@ impl<H: Ord + Clone> Line<H> {
         if request.want > 0 {
             bounded("want", request.want, self.config.capacity)?;
         }
+        let known = self.accounts.get(holder);
+        if let Some(a) = known
+            && request.seq <= a.seq
+        {
+            return Err(Refusal::Stale(request.seq));
+        }
+        if known.is_none() && self.accounts.len() >= self.config.max_holders {
+            return Err(Refusal::TooManyHolders {
+                max: self.config.max_holders,
+            });
+        }
         Ok(())
     }
 
@@ -466,12 +475,12 @@ impl<H: Ord + Clone> Line<H> {
         let credit = if a.until_ms > now_ms { a.credit } else { 0 };
         let own = match self.config.kind {
             Kind::Windowed(w) => {
-                let expired_now = if a.until_ms <= now_ms && w.counts(w.bucket_index(a.until_ms), now_ms)
-                {
-                    a.credit
-                } else {
-                    0
-                };
+                let expired_now =
+                    if a.until_ms <= now_ms && w.counts(w.bucket_index(a.until_ms), now_ms) {
+                        a.credit
+                    } else {
+                        0
+                    };
                 (self.usage_in_window(&a.usage, now_ms))
                     .saturating_add(self.usage_in_window(&a.expired, now_ms))
                     .saturating_add(expired_now)
@@ -502,8 +511,9 @@ impl<H: Ord + Clone> Line<H> {
             }
             _ => 0,
         };
-        (self.rebuilt.values())
-            .fold(hidden_spent, |s, part| s.saturating_add(self.usage_in_window(part, now_ms)))
+        (self.rebuilt.values()).fold(hidden_spent, |s, part| {
+            s.saturating_add(self.usage_in_window(part, now_ms))
+        })
     }
 
     fn reservation(&self, r: &Recovery<H>) -> u64 {
@@ -537,8 +547,8 @@ mod tests {
 
     fn line(capacity: u64, max_credit: u64) -> Line<&'static str> {
         let w = Window::try_new(1_000, 10).expect("window");
-        let config = LineConfig::try_new(capacity, Kind::Windowed(w), max_credit, 3, 500)
-            .expect("config");
+        let config =
+            LineConfig::try_new(capacity, Kind::Windowed(w), max_credit, 3, 500).expect("config");
         let mut line = Line::new(config);
         line.set_terms(Terms {
             borrow: capacity,
@@ -562,12 +572,14 @@ mod tests {
         let r = l.sync(&"a", &statement(1, &[], 0, 40), 0).expect("granted");
         assert_eq!(r.credit, 40);
         // a goes silent; its credit ends at 500 (owner clock), bucket 5.
-        l.settle(800);
+        assert_eq!(l.settle(800), 1);
         assert_eq!(l.available(800), 60, "taken as spent at expiry");
         assert_eq!(l.available(1_599), 60);
         assert_eq!(l.available(1_600), 100, "bucket 5 left the window");
         // A later statement does not drop the expired charge early.
-        let r = l.sync(&"a", &statement(2, &[(1, 10)], 0, 0), 900).expect("ok");
+        let r = l
+            .sync(&"a", &statement(2, &[(1, 10)], 0, 0), 900)
+            .expect("ok");
         assert_eq!(r.credit, 0);
         assert_eq!(l.available(900), 100 - 10 - 40);
     }
@@ -577,10 +589,14 @@ mod tests {
         let mut l = line(100, 40);
         l.sync(&"a", &statement(1, &[], 0, 40), 0).expect("granted");
         // It spent 30 (usage) and claims 35 left: only 10 are accepted.
-        let r = l.sync(&"a", &statement(2, &[(1, 30)], 35, 0), 100).expect("ok");
+        let r = l
+            .sync(&"a", &statement(2, &[(1, 30)], 35, 0), 100)
+            .expect("ok");
         assert_eq!(r.credit, 10);
         // A refund moves cost from usage back to credit one for one.
-        let r = l.sync(&"a", &statement(3, &[(1, 20)], 20, 0), 200).expect("ok");
+        let r = l
+            .sync(&"a", &statement(3, &[(1, 20)], 20, 0), 200)
+            .expect("ok");
         assert_eq!(r.credit, 20);
         assert_eq!(l.charge_of(&"a", 200), 40);
     }
@@ -593,7 +609,9 @@ mod tests {
             borrow: 0,
             floors: BTreeMap::from([("c", 30)]),
         });
-        let r = l.sync(&"a", &statement(1, &[(0, 50)], 0, 100), 0).expect("ok");
+        let r = l
+            .sync(&"a", &statement(1, &[(0, 50)], 0, 100), 0)
+            .expect("ok");
         assert_eq!(r.credit, 10, "a's share is 60, it used 50");
         let r = l.sync(&"b", &statement(1, &[], 0, 100), 0).expect("ok");
         assert_eq!(r.credit, 10, "100 - 60 (a) - 30 (c's floor)");
@@ -603,8 +621,7 @@ mod tests {
     #[test]
     fn a_rebuilt_owner_grants_nothing_until_every_holder_stated() {
         let w = Window::try_new(1_000, 10).expect("window");
-        let config =
-            LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 500).expect("config");
+        let config = LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 500).expect("config");
         let counters = [("a", vec![(0, 10)]), ("b", vec![(0, 20)])];
         let mut l = Line::rebuild(config, &counters, &["a", "b"], 50);
         l.set_terms(Terms {
@@ -612,16 +629,24 @@ mod tests {
             ..Terms::default()
         });
         assert!(l.recovering(50));
-        let r = l.sync(&"a", &statement(1, &[(0, 10)], 15, 40), 60).expect("ok");
-        assert_eq!((r.credit, r.granted), (15, 0), "its old credit, nothing new");
-        let r = l.sync(&"b", &statement(1, &[(0, 20)], 0, 40), 70).expect("ok");
+        let r = l
+            .sync(&"a", &statement(1, &[(0, 10)], 15, 40), 60)
+            .expect("ok");
+        assert_eq!(
+            (r.credit, r.granted),
+            (15, 0),
+            "its old credit, nothing new"
+        );
+        let r = l
+            .sync(&"b", &statement(1, &[(0, 20)], 0, 40), 70)
+            .expect("ok");
         assert!(!l.recovering(70));
         assert_eq!(r.granted, 40);
         assert_eq!(l.available(70), 100 - 10 - 15 - 20 - 40);
         // Silent holders: one ttl later, each is charged max_credit as spent.
         let mut l: Line<&str> = Line::rebuild(config, &[], &["a", "b"], 0);
         assert_eq!(l.available(499), 0);
-        l.settle(500);
+        let _ = l.settle(500);
         assert_eq!(l.available(500), 100 - 2 * 40);
         assert_eq!(l.available(1_600), 100);
     }
@@ -629,13 +654,18 @@ mod tests {
     #[test]
     fn bad_statements_are_refused_and_change_nothing() {
         let mut l = line(100, 40);
-        l.sync(&"a", &statement(5, &[(0, 5)], 0, 10), 0).expect("ok");
+        l.sync(&"a", &statement(5, &[(0, 5)], 0, 10), 0)
+            .expect("ok");
         l.sync(&"b", &statement(1, &[], 0, 10), 0).expect("ok");
         l.sync(&"c", &statement(1, &[], 0, 10), 0).expect("ok");
         let before = l.clone();
         let refused = [
             (&"a", statement(5, &[], 0, 1), Refusal::Stale(5)),
-            (&"d", statement(1, &[], 0, 1), Refusal::TooManyHolders { max: 3 }),
+            (
+                &"d",
+                statement(1, &[], 0, 1),
+                Refusal::TooManyHolders { max: 3 },
+            ),
             (
                 &"a",
                 statement(6, &[], 0, 101),

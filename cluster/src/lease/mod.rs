@@ -58,6 +58,9 @@ pub enum Refusal {
     /// This node does not own the key (membership moved it); ask the owner.
     #[error("not the owner of this key")]
     NotOwner,
+    /// The sender is not a live member in the owner's view.
+    #[error("not a live member of this cluster")]
+    NotMember,
 }
 
 /// Checks `1 <= amount <= max`.

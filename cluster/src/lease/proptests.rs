@@ -63,8 +63,7 @@ struct World {
 impl World {
     fn new(shares: bool) -> Self {
         let window = Window::try_new(1_000, 10).expect("window");
-        let config =
-            LineConfig::try_new(L, Kind::Windowed(window), L / 4, 8, TTL).expect("config");
+        let config = LineConfig::try_new(L, Kind::Windowed(window), L / 4, 8, TTL).expect("config");
         let mut owner = Line::new(config);
         owner.set_terms(terms(shares));
         let holders = (0..HOLDERS)
@@ -92,7 +91,9 @@ impl World {
                 // Greedy: demand well above what the holder holds.
                 let x = &mut self.holders[h];
                 for _ in 0..8 {
-                    let Some(spent) = x.budget.try_spend(cost, now) else { break };
+                    let Some(spent) = x.budget.try_spend(cost, now) else {
+                        break;
+                    };
                     *x.truth.entry(spent.bucket).or_insert(0) += cost;
                     x.open.push((spent, cost));
                 }
@@ -133,7 +134,7 @@ impl World {
             }
             Op::Advance { ms } => {
                 self.now += ms;
-                self.owner.settle(self.now);
+                let _ = self.owner.settle(self.now);
             }
             Op::Failover => {
                 // The old owner is gone with whatever it was about to answer; the
@@ -281,5 +282,8 @@ fn a_silent_holders_slots_return_within_one_ttl() {
     let snap = b.snapshot(2, 999);
     assert_eq!(owner.sync(&2, &snap.request, 999).map(|r| r.credit), Ok(0));
     let snap = b.snapshot(2, 1_000);
-    assert_eq!(owner.sync(&2, &snap.request, 1_000).map(|r| r.credit), Ok(2));
+    assert_eq!(
+        owner.sync(&2, &snap.request, 1_000).map(|r| r.credit),
+        Ok(2)
+    );
 }

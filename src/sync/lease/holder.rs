@@ -1,0 +1,255 @@
+//! The holder side: a loop, off the request path, that states each active key to
+//! its owner and adopts the answer. A key is stated when its owner changed (the
+//! re-announce a new owner waits for), when its actor ran low or was refused
+//! (woken at once), or as a heartbeat every ttl/3 while it holds credit or usage.
+//! Statements for one owner travel in one batch; batches to different owners go
+//! out concurrently, each bounded by the RPC timeout.
+
+use super::owner::OwnerBook;
+use super::rpc::{self, CallError};
+use super::wire::{Batch, Entry};
+use super::{MemberAddr, View};
+use crate::actor::Dimension;
+use crate::proxy::AppState;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tollgate_cluster::lease::budget::Snapshot;
+use tollgate_cluster::lease::line::SyncReply;
+
+/// Shortest gap between two rounds woken by actors (coalesces a burst of wakes).
+const MIN_WAKE_GAP: Duration = Duration::from_millis(5);
+
+/// Settings of the holder loop.
+pub struct HolderSettings {
+    /// Cluster id sent with every batch.
+    pub cluster_id: String,
+    /// Shared secret.
+    pub secret: String,
+    /// Heartbeat rhythm (and the regular round).
+    pub sync_interval: Duration,
+    /// Credit life.
+    pub ttl: Duration,
+    /// Window length, to turn demand per window into a rate.
+    pub window_ms: u64,
+    /// Most credit per holder, as a fraction of L.
+    pub max_credit: f64,
+    /// RPC timeout.
+    pub rpc_timeout: Duration,
+}
+
+/// The holder loop's state.
+pub struct Holder {
+    state: Arc<AppState>,
+    book: Arc<OwnerBook>,
+    view: Arc<RwLock<Arc<View>>>,
+    client: reqwest::Client,
+    settings: HolderSettings,
+    last_owner: HashMap<String, String>,
+    last_stated_ms: HashMap<String, u64>,
+    unreachable: HashSet<String>,
+    /// Keys currently cut off from their owner (for `/admin/cluster` and metrics).
+    pub cut_off: Arc<RwLock<Vec<String>>>,
+}
+
+type Items = Vec<(usize, Snapshot)>;
+type Answered = Result<Vec<Result<SyncReply, String>>, CallError>;
+
+/// Most credit one holder holds for a key of capacity `capacity`.
+pub fn max_credit(capacity: u64, fraction: f64) -> u64 {
+    ((capacity as f64 * fraction).floor() as u64).clamp(1, capacity.max(1))
+}
+
+impl Holder {
+    /// A holder loop over `state`'s credit bindings.
+    pub fn new(
+        state: Arc<AppState>,
+        book: Arc<OwnerBook>,
+        view: Arc<RwLock<Arc<View>>>,
+        settings: HolderSettings,
+    ) -> Holder {
+        Holder {
+            state,
+            book,
+            view,
+            client: rpc::client(settings.rpc_timeout),
+            settings,
+            last_owner: HashMap::new(),
+            last_stated_ms: HashMap::new(),
+            unreachable: HashSet::new(),
+            cut_off: Arc::default(),
+        }
+    }
+
+    /// Runs rounds every sync interval and whenever an actor asks, until `stop`.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let wake = self.state.credit_wake.clone();
+        let mut ticker = tokio::time::interval(self.settings.sync_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                () = wake.notified() => tokio::time::sleep(MIN_WAKE_GAP).await,
+                _ = stop.changed() => break,
+            }
+            self.round().await;
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.state.registry.clock().now_ns() / 1_000_000
+    }
+
+    /// One round: snapshot what is due, send, adopt.
+    pub async fn round(&mut self) {
+        let view = self.view.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if view.members.is_empty() {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let mut batches: BTreeMap<String, (MemberAddr, Items)> = BTreeMap::new();
+        for (i, binding) in self.state.bindings.iter().enumerate() {
+            let Some(credit) = &binding.credit else {
+                continue;
+            };
+            let Some(owner) = view.owner(&binding.key) else {
+                continue;
+            };
+            let (wanted, wanted_cost) = credit.take_wanted();
+            let moved = self.last_owner.get(&binding.key) != Some(&owner.id);
+            let (idle, held) = credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms)));
+            let last = self.last_stated_ms.get(&binding.key).copied().unwrap_or(0);
+            let heartbeat = now_ms.saturating_sub(last) >= self.ttl_ms() / 3;
+            if !(moved || wanted || (!idle && heartbeat)) {
+                continue;
+            }
+            let max = max_credit(binding.capacity, self.settings.max_credit);
+            let want = match binding.dimension {
+                Dimension::Concurrency if wanted || !idle => max,
+                Dimension::Concurrency => 0,
+                _ => {
+                    let demand = view.demand.get(&binding.key).copied().unwrap_or(0);
+                    // Enough for about four sync intervals at the recent rate.
+                    let horizon = 4 * self.settings.sync_interval.as_millis() as u64;
+                    let rate = demand.saturating_mul(horizon) / self.settings.window_ms.max(1);
+                    let target = rate.max(wanted_cost).max(u64::from(wanted)).min(max);
+                    target.saturating_sub(held)
+                }
+            };
+            credit.set_low_water(want / 2);
+            let snapshot = credit.with(|b| b.snapshot(want, now_ms));
+            self.last_stated_ms.insert(binding.key.clone(), now_ms);
+            let entry = batches.entry(owner.id.clone());
+            entry
+                .or_insert_with(|| (owner.clone(), Vec::new()))
+                .1
+                .push((i, snapshot));
+        }
+        if batches.is_empty() {
+            return;
+        }
+        let this = &*self;
+        let sends = batches.into_values().map(|(owner, items)| {
+            let view = &view;
+            async move {
+                let answered = this.send(&owner, &items, view).await;
+                (owner, items, answered)
+            }
+        });
+        let results = futures_util::future::join_all(sends).await;
+        for (owner, items, answered) in results {
+            self.adopt(&view, &owner, items, answered);
+        }
+        let mut cut: Vec<String> = self.unreachable.iter().cloned().collect();
+        cut.sort();
+        *self.cut_off.write().unwrap_or_else(|p| p.into_inner()) = cut;
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.settings.ttl.as_millis() as u64
+    }
+
+    async fn send(&self, owner: &MemberAddr, items: &Items, view: &View) -> Answered {
+        let bindings = &self.state.bindings;
+        if owner.id == view.self_id {
+            return Ok((items.iter())
+                .map(|(i, s)| {
+                    let key = &bindings[*i].key;
+                    (self.book.sync(&view.self_id, key, &s.request))
+                        .map_err(|e| super::wire::refusal_code(&e).to_owned())
+                })
+                .collect());
+        }
+        let batch = Batch {
+            cluster_id: self.settings.cluster_id.clone(),
+            from: view.self_id.clone(),
+            entries: (items.iter())
+                .map(|(i, s)| Entry::new(&bindings[*i].key, &s.request))
+                .collect(),
+        };
+        let answers = rpc::call(&self.client, &owner.rpc, &self.settings.secret, &batch).await?;
+        Ok(answers.into_iter().map(|a| a.into_result()).collect())
+    }
+
+    fn adopt(&mut self, view: &View, owner: &MemberAddr, items: Items, answered: Answered) {
+        let now_ms = self.now_ms();
+        let metrics = &self.state.metrics;
+        let answers = match answered {
+            Ok(answers) => answers,
+            Err(e) => {
+                // Policy `share`: the frozen share per window once the credit ends.
+                if self.unreachable.insert(owner.id.clone()) {
+                    tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
+                }
+                for (i, _) in &items {
+                    let binding = &self.state.bindings[*i];
+                    let share = view.own_share(&binding.key);
+                    if let Some(credit) = &binding.credit {
+                        credit.with(|b| b.set_cut_off(Some(share)));
+                    }
+                    self.state.registry.wake(&binding.scope);
+                    metrics.lease_statement("holder", "unreachable");
+                }
+                return;
+            }
+        };
+        if self.unreachable.remove(&owner.id) {
+            tracing::info!(owner = %owner.id, "lease owner reachable again");
+        }
+        for ((i, snapshot), answer) in items.into_iter().zip(answers) {
+            let binding = &self.state.bindings[i];
+            let Some(credit) = &binding.credit else {
+                continue;
+            };
+            match answer {
+                Ok(reply) => {
+                    credit.with(|b| {
+                        b.apply(&snapshot, &reply, now_ms);
+                        b.set_cut_off(None);
+                    });
+                    self.last_owner
+                        .insert(binding.key.clone(), owner.id.clone());
+                    let outcome = if reply.granted > 0 {
+                        "granted"
+                    } else {
+                        "nothing_granted"
+                    };
+                    metrics.lease_statement("holder", outcome);
+                    if reply.credit > 0 {
+                        self.state.registry.wake(&binding.scope);
+                    }
+                }
+                Err(code) => {
+                    if code != "not_owner" && code != "stale" {
+                        tracing::warn!(key = %binding.key, owner = %owner.id, %code, "lease statement refused");
+                    }
+                    metrics.lease_statement("holder", "refused");
+                    // Stated again next round (views of the membership may differ
+                    // for a moment).
+                    self.last_owner.remove(&binding.key);
+                }
+            }
+        }
+    }
+}

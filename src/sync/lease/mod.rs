@@ -1,0 +1,67 @@
+//! `lease` mode, wired (docs/design/lease.md): every node is both a **holder** (its
+//! actors spend credit locally; a loop off the request path states each active
+//! key's usage to the key's owner and adopts the answer) and an **owner** (the
+//! keys rendezvous hashing gives it: a credit line per key, answering statements
+//! over the internal RPC).
+//!
+//! - [`wire`]: the RPC's messages and the secret check.
+//! - [`owner`]: the lines this node owns.
+//! - [`rpc`]: the internal HTTP server (axum, `cluster.rpc_listen`) and client.
+//! - [`holder`]: the statement rounds.
+//!
+//! The sync engine feeds both sides a [`View`] each round: live members with their
+//! RPC addresses, and each key's terms (shares by gossiped demand, floors for
+//! unreachable members, borrowing).
+
+pub mod holder;
+pub mod owner;
+pub mod rpc;
+pub mod wire;
+
+use std::collections::HashMap;
+use tollgate_cluster::lease::line::Terms;
+use tollgate_cluster::lease::rendezvous;
+
+/// A live member as the lease side needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberAddr {
+    /// Member id (`node/generation@gossip-addr`), as in the counters.
+    pub id: String,
+    /// Its internal RPC address.
+    pub rpc: String,
+}
+
+/// What the engine tells the lease side each round.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// This node's member id.
+    pub self_id: String,
+    /// Live members, this node included.
+    pub members: Vec<MemberAddr>,
+    /// Each key's terms (shares, borrowing, floors).
+    pub terms: HashMap<String, Terms<String>>,
+    /// This node's demand per key (cost per window), to size what it asks.
+    pub demand: HashMap<String, u64>,
+    /// This node's share per key as the rest of the cluster charges it when it is
+    /// unreachable: what it may spend per window when cut off (policy `share`).
+    pub cut_off_share: HashMap<String, u64>,
+}
+
+impl View {
+    /// The owner of `key` among the live members.
+    pub fn owner(&self, key: &str) -> Option<&MemberAddr> {
+        let ids: Vec<&str> = self.members.iter().map(|m| m.id.as_str()).collect();
+        let owner = rendezvous::owner(key, &ids)?;
+        self.members.iter().find(|m| m.id == *owner)
+    }
+
+    /// Whether this node owns `key`.
+    pub fn owns(&self, key: &str) -> bool {
+        self.owner(key).is_some_and(|m| m.id == self.self_id)
+    }
+
+    /// This node's cut-off allowance for `key` under policy `share`.
+    pub fn own_share(&self, key: &str) -> u64 {
+        self.cut_off_share.get(key).copied().unwrap_or(0)
+    }
+}

@@ -1,0 +1,196 @@
+//! The internal RPC: an axum server on `cluster.rpc_listen` (never the proxy port)
+//! taking statement batches, and a pooled reqwest client sending them. Every
+//! request carries the shared cluster secret; a wrong secret, another cluster's
+//! id, a malformed or oversized batch is refused with a status, a log line and
+//! `tollgate_internal_rpc_refused_total{reason}`, and changes nothing.
+
+use super::owner::OwnerBook;
+use super::wire::{self, Answer, Answers, Batch};
+use crate::ops::metrics::Metrics;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// What the server needs.
+pub struct RpcState {
+    /// The lines this node owns.
+    pub book: Arc<OwnerBook>,
+    /// The shared secret.
+    pub secret: String,
+    /// This cluster's id.
+    pub cluster_id: String,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Longest time to read a request body.
+    pub read_timeout: Duration,
+}
+
+/// The router (also used by tests on their own listener).
+pub fn app(state: Arc<RpcState>) -> Router {
+    Router::new()
+        .route(wire::SYNC_PATH, post(sync))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<RpcState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+fn refuse(state: &RpcState, status: StatusCode, reason: &'static str, detail: String) -> Response {
+    state.metrics.rpc_refused(reason);
+    tracing::warn!(reason, %detail, "internal RPC refused");
+    let body = serde_json::json!({ "error": { "code": reason, "message": detail } });
+    (status, axum::Json(body)).into_response()
+}
+
+async fn sync(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body) -> Response {
+    let given = headers
+        .get(wire::SECRET_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if !wire::secrets_match(given, state.secret.as_bytes()) {
+        return refuse(
+            &state,
+            StatusCode::UNAUTHORIZED,
+            "secret",
+            "missing or wrong cluster secret".into(),
+        );
+    }
+    let read = axum::body::to_bytes(body, wire::MAX_BODY_BYTES);
+    let bytes = match tokio::time::timeout(state.read_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            return refuse(&state, StatusCode::PAYLOAD_TOO_LARGE, "body", e.to_string());
+        }
+        Err(_) => {
+            return refuse(
+                &state,
+                StatusCode::REQUEST_TIMEOUT,
+                "body",
+                "body too slow".into(),
+            );
+        }
+    };
+    let batch: Batch = match serde_json::from_slice(&bytes) {
+        Ok(batch) => batch,
+        Err(e) => return refuse(&state, StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+    };
+    if batch.cluster_id != state.cluster_id {
+        let detail = format!("cluster id {:?} is not this cluster's", batch.cluster_id);
+        return refuse(&state, StatusCode::FORBIDDEN, "cluster_id", detail);
+    }
+    if batch.entries.len() > wire::MAX_ENTRIES {
+        let detail = format!(
+            "{} entries (max {})",
+            batch.entries.len(),
+            wire::MAX_ENTRIES
+        );
+        return refuse(
+            &state,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_entries",
+            detail,
+        );
+    }
+    let entries = (batch.entries.iter())
+        .map(|entry| {
+            let result = state.book.sync(&batch.from, &entry.key, &entry.request());
+            if let Err(refusal) = &result {
+                let code = wire::refusal_code(refusal);
+                // Ownership races and retransmissions are normal; the rest is bad input.
+                if !matches!(code, "not_owner" | "stale") {
+                    state.metrics.rpc_refused(code);
+                    tracing::warn!(from = %batch.from, key = %entry.key, %refusal, "lease statement refused");
+                }
+            }
+            Answer::from_result(&result)
+        })
+        .collect();
+    axum::Json(Answers { entries }).into_response()
+}
+
+/// Why a batch got no answers.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// Connect, timeout or transport failure: the owner is unreachable.
+    #[error("owner unreachable: {0}")]
+    Unreachable(String),
+    /// The owner answered with an error status (secret, cluster id, malformed).
+    #[error("owner refused the batch: {status} {body}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// Its body.
+        body: String,
+    },
+    /// The answer did not parse or did not match the batch.
+    #[error("bad answer: {0}")]
+    BadAnswer(String),
+}
+
+/// Posts `batch` to the owner at `rpc_addr`; the client carries the timeouts.
+pub async fn call(
+    client: &reqwest::Client,
+    rpc_addr: &str,
+    secret: &str,
+    batch: &Batch,
+) -> Result<Vec<Answer>, CallError> {
+    let url = format!("http://{rpc_addr}{}", wire::SYNC_PATH);
+    let body = serde_json::to_vec(batch).map_err(|e| CallError::BadAnswer(e.to_string()))?;
+    let response = client
+        .post(url)
+        .header(wire::SECRET_HEADER, secret)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| CallError::Unreachable(e.to_string()))?;
+    let status = response.status();
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|e| CallError::Unreachable(e.to_string()))?;
+    if !status.is_success() {
+        let body = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
+        return Err(CallError::Refused {
+            status: status.as_u16(),
+            body,
+        });
+    }
+    let answers: Answers =
+        serde_json::from_slice(&bytes).map_err(|e| CallError::BadAnswer(e.to_string()))?;
+    if answers.entries.len() != batch.entries.len() {
+        return Err(CallError::BadAnswer(format!(
+            "{} answers to {} statements",
+            answers.entries.len(),
+            batch.entries.len()
+        )));
+    }
+    Ok(answers.entries)
+}
+
+/// The pooled client for statements: every call bounded by `timeout`.
+pub fn client(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(4)
+        .no_proxy()
+        .build()
+        .unwrap_or_default()
+}

@@ -1,0 +1,182 @@
+//! The internal RPC's messages (JSON over HTTP on `cluster.rpc_listen`): one batch
+//! of statements from a holder to one owner, one answer per statement.
+
+use serde::{Deserialize, Serialize};
+use tollgate_cluster::lease::Refusal;
+use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
+
+/// The path statements are posted to.
+pub const SYNC_PATH: &str = "/internal/v1/lease/sync";
+
+/// Header carrying the shared cluster secret.
+pub const SECRET_HEADER: &str = "x-tollgate-cluster-secret";
+
+/// Largest statement batch body accepted, in bytes.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Most statements in one batch (a node has at most this many limit keys bound).
+pub const MAX_ENTRIES: usize = 100_000;
+
+/// A holder's statements for the keys one owner owns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    /// The sender's cluster id (a node of another cluster is refused).
+    pub cluster_id: String,
+    /// The sender's member id (`node/generation@gossip-addr`).
+    pub from: String,
+    /// One statement per key.
+    pub entries: Vec<Entry>,
+}
+
+/// One key's statement.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// The limit key, e.g. `tenant:acme:tokens`.
+    pub key: String,
+    /// Orders statements of one holder for one key.
+    pub seq: u64,
+    /// `(bucket, cost)` pairs over the holder's window.
+    pub usage: Vec<(u64, u64)>,
+    /// Credit left (windowed) or slots in use.
+    pub remaining: u64,
+    /// How much more is wanted.
+    pub want: u64,
+}
+
+impl Entry {
+    /// The statement for `key`.
+    pub fn new(key: &str, request: &SyncRequest) -> Entry {
+        Entry {
+            key: key.to_owned(),
+            seq: request.seq,
+            usage: request.usage.clone(),
+            remaining: request.remaining,
+            want: request.want,
+        }
+    }
+
+    /// The statement as the ledger takes it.
+    pub fn request(&self) -> SyncRequest {
+        SyncRequest {
+            seq: self.seq,
+            usage: self.usage.clone(),
+            remaining: self.remaining,
+            want: self.want,
+        }
+    }
+}
+
+/// The owner's answers, in the batch's order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Answers {
+    /// One per entry.
+    pub entries: Vec<Answer>,
+}
+
+/// One key's answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    /// The holder's credit.
+    Credit {
+        /// Whole credit (or slots) as of the statement.
+        credit: u64,
+        /// Of which new.
+        granted: u64,
+        /// Valid this long from the holder's send time.
+        ttl_ms: u64,
+    },
+    /// Refused; nothing changed.
+    Refused {
+        /// Machine-readable reason (`not_owner`, `unknown_key`, `absurd`, ...).
+        code: String,
+        /// Human-readable detail.
+        message: String,
+    },
+}
+
+impl Answer {
+    /// The answer for a ledger result.
+    pub fn from_result(result: &Result<SyncReply, Refusal>) -> Answer {
+        match result {
+            Ok(r) => Answer::Credit {
+                credit: r.credit,
+                granted: r.granted,
+                ttl_ms: r.ttl_ms,
+            },
+            Err(e) => Answer::Refused {
+                code: refusal_code(e).to_owned(),
+                message: e.to_string(),
+            },
+        }
+    }
+
+    /// The reply, or the refusal's code.
+    pub fn into_result(self) -> Result<SyncReply, String> {
+        match self {
+            Answer::Credit {
+                credit,
+                granted,
+                ttl_ms,
+            } => Ok(SyncReply {
+                credit,
+                granted,
+                ttl_ms,
+            }),
+            Answer::Refused { code, .. } => Err(code),
+        }
+    }
+}
+
+/// A stable code per refusal, for metrics and the wire.
+pub fn refusal_code(refusal: &Refusal) -> &'static str {
+    match refusal {
+        Refusal::UnknownKey => "unknown_key",
+        Refusal::Absurd { .. } => "absurd",
+        Refusal::TooManyHolders { .. } => "too_many_holders",
+        Refusal::Stale(_) => "stale",
+        Refusal::NotOwner => "not_owner",
+        Refusal::NotMember => "not_member",
+    }
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub fn secrets_match(given: &[u8], expected: &[u8]) -> bool {
+    if given.len() != expected.len() {
+        return false;
+    }
+    given
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_exactly() {
+        assert!(secrets_match(b"0123456789abcdef", b"0123456789abcdef"));
+        assert!(!secrets_match(b"0123456789abcdeg", b"0123456789abcdef"));
+        assert!(!secrets_match(b"0123456789abcde", b"0123456789abcdef"));
+    }
+
+    #[test]
+    fn answers_round_trip() {
+        let ok = Answer::from_result(&Ok(SyncReply {
+            credit: 5,
+            granted: 2,
+            ttl_ms: 3000,
+        }));
+        let json = serde_json::to_string(&ok).expect("serializes");
+        let back: Answer = serde_json::from_str(&json).expect("parses");
+        assert_eq!(back, ok);
+        let refused = Answer::from_result(&Err(Refusal::NotOwner));
+        assert_eq!(refused.into_result(), Err("not_owner".to_owned()));
+    }
+}

@@ -1,0 +1,368 @@
+//! `lease` mode's promises with 3 nodes in one process over real UDP gossip and
+//! real internal RPC (HTTP on loopback), in front of one real mock upstream whose
+//! counters are the ground truth: <= L and >= 95% of L with demand well above the
+//! limit spread unevenly; owner death moves ownership without exceeding L; a
+//! killed node's slots come back within one lease ttl; a gossip partition keeps
+//! both sides within L together while each serves its share.
+
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
+mod common;
+
+use common::cluster::*;
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const KEY_REQUESTS: &str = "tenant:t:requests";
+
+/// Requests may wait up to `max_wait` for credit (clients that honour backpressure).
+fn lease_toml(i: usize, ports: &[u16], max_wait: &str) -> String {
+    cluster_toml(i, ports, "lease", "full")
+        .replace("max_wait = \"0s\"", &format!("max_wait = \"{max_wait}\""))
+}
+
+async fn lease_cluster(upstream: &tollgate::mock::MockHandle, max_wait: &str) -> Vec<Arc<Node>> {
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(Arc::new(
+            node(&lease_toml(i, &ports, max_wait), &[upstream]).await,
+        ));
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    nodes
+}
+
+async fn wait_members(node: &Node, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while members_seen(node).await != n {
+        assert!(Instant::now() < deadline, "never saw {n} members");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The member id of the owner of `key`, as `node` sees it.
+async fn owner_of(node: &Node, key: &str) -> String {
+    let body = admin(node, "/admin/cluster?keys=true").await;
+    body["owners"][key].as_str().unwrap_or_default().to_owned()
+}
+
+async fn self_id(node: &Node) -> String {
+    let body = admin(node, "/admin/cluster").await;
+    body["cluster"]["self_id"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_admits_at_most_l_and_uses_at_least_95_percent_of_it() {
+    let upstream = mock(|_| {}).await;
+    let nodes = lease_cluster(&upstream, "300ms").await;
+    let admitted = uneven_demand(&nodes, [20, 10, 4], 4).await;
+    let truth = upstream.stats().admitted;
+    assert_eq!(admitted, truth, "every 200 reached the upstream once");
+    println!(
+        "lease: demand ~136 over 4 s vs L = {LIMIT}: admitted {truth}, utilisation {:.2}",
+        truth as f64 / LIMIT as f64
+    );
+    assert!(truth <= LIMIT, "lease admitted {truth} > L = {LIMIT}");
+    assert!(
+        truth * 100 >= LIMIT * 95,
+        "lease used only {truth} of {LIMIT}"
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// Sends at `per_second` from each node for `seconds`; admissions per node.
+async fn load(nodes: &[Arc<Node>], per_second: &[u64], seconds: f64) -> Vec<u64> {
+    let mut tasks = Vec::new();
+    for (node, rate) in nodes.iter().zip(per_second) {
+        let node = node.clone();
+        let gap = Duration::from_millis(1000 / rate);
+        let end = Instant::now() + Duration::from_secs_f64(seconds);
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            while Instant::now() < end {
+                let response = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+                if response.status() == 200 {
+                    admitted += 1;
+                }
+                tokio::time::sleep(gap).await;
+            }
+            admitted
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_death_moves_ownership_without_exceeding_l() {
+    const L: u64 = 120;
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let toml = lease_toml(i, &ports, "300ms")
+            .replace(&format!("rpm = {LIMIT}\n"), &format!("rpm = {L}\n"));
+        nodes.push(node(&toml, &[&upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let before = load_all(&nodes, &[10, 10, 10], 1.5).await;
+    // Crash the owner of the request key (no drain, no goodbye).
+    let owner = owner_of(&nodes[0], KEY_REQUESTS).await;
+    let mut index = None;
+    for (i, n) in nodes.iter().enumerate() {
+        if self_id(n).await == owner {
+            index = Some(i);
+        }
+    }
+    let Some(index) = index else {
+        let body = admin(&nodes[0], "/admin/cluster?keys=true").await;
+        panic!("the owner {owner:?} is not one of the nodes: {body}");
+    };
+    let crashed = nodes.remove(index);
+    crashed.crash().await;
+    let survivors: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
+    let after = load(&survivors, &[40, 40], 3.0).await;
+    let truth = upstream.stats().admitted;
+    let new_owner = owner_of(&survivors[0], KEY_REQUESTS).await;
+    println!(
+        "owner death: before {before:?}, survivors after {after:?}; upstream admitted {truth} of L = {L}; owner {owner} -> {new_owner}"
+    );
+    assert!(
+        truth <= L,
+        "admitted {truth} > L = {L} across an owner death"
+    );
+    assert_ne!(new_owner, owner, "ownership moved");
+    assert!(
+        after.iter().sum::<u64>() > 0,
+        "the survivors got credit from the new owner"
+    );
+    stop_all(survivors).await;
+    upstream.shutdown().await.unwrap();
+}
+
+async fn load_all(nodes: &[Node], per_second: &[u64], seconds: f64) -> Vec<u64> {
+    // `load` wants shared nodes; these are owned for crashing later.
+    let mut out = Vec::new();
+    let mut tasks = Vec::new();
+    for (node, rate) in nodes.iter().zip(per_second) {
+        let url = node.url();
+        let gap = Duration::from_millis(1000 / rate);
+        let end = Instant::now() + Duration::from_secs_f64(seconds);
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            while Instant::now() < end {
+                let response = post_url(&url, "/chat/completions", chat_body("hi", 5)).await;
+                if response.status() == 200 {
+                    admitted += 1;
+                }
+                tokio::time::sleep(gap).await;
+            }
+            admitted
+        }));
+    }
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
+    let upstream = mock(|m| {
+        m.inter_token_ms = 100;
+        m.completion_min_tokens = 100;
+        m.completion_max_tokens = 100;
+    })
+    .await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let toml = lease_toml(i, &ports, "10s").replace(
+            &format!("rpm = {LIMIT}\n"),
+            &format!("rpm = {LIMIT}\nconcurrency = 2\n"),
+        );
+        nodes.push(node(&toml, &[&upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let stream = |node: &Node| {
+        let url = node.url();
+        async move {
+            let mut body = chat_body("long story", 100);
+            body["stream"] = serde_json::json!(true);
+            let mut response = post_url(&url, "/chat/completions", body).await;
+            assert_eq!(response.status(), 200);
+            assert!(response.chunk().await.unwrap().is_some());
+            response
+        }
+    };
+    // The third node and the first take the cluster's two slots with 10 s streams.
+    let held = stream(&nodes[2]).await;
+    let first = stream(&nodes[0]).await;
+    let crashed = nodes.pop().unwrap();
+    let crashed_at = Instant::now();
+    crashed.crash().await;
+    drop(held);
+    // The second node's stream waits for the crashed node's slot.
+    let second = tokio::time::timeout(Duration::from_secs(8), stream(&nodes[1]))
+        .await
+        .expect("the crashed node's slot never came back");
+    let back = crashed_at.elapsed();
+    println!("a killed node's concurrency slot came back after {back:?} (lease ttl 1 s)");
+    // Detection (< 1 s at 50 ms gossip) or the slot's ttl (1 s after its last
+    // heartbeat), whichever frees it, plus a statement round.
+    assert!(back < Duration::from_millis(2_000), "{back:?}");
+    drop((first, second));
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gossip_partition_keeps_both_sides_within_l_and_each_serves_its_share() {
+    use tollgate_cluster::chitchat::transport::{ChannelTransport, Transport};
+    let upstream = mock(|_| {}).await;
+    let transport = ChannelTransport::default();
+    let ports = [12_001u16, 12_002, 12_003];
+    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let shared: Arc<dyn Transport> = Arc::new(transport.clone());
+        let toml = lease_toml(i, &ports, "300ms");
+        nodes.push(Arc::new(
+            node_with_transport(&toml, &[&upstream], Some(shared)).await,
+        ));
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    // Healthy: every node shows demand, so shares are about equal.
+    let warm = load(&nodes, &[4, 4, 4], 1.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    transport.remove_link(addr(2), addr(0)).await;
+    transport.remove_link(addr(2), addr(1)).await;
+    let cut = Instant::now() + Duration::from_secs(10);
+    while members_seen(&nodes[0]).await != 2 || members_seen(&nodes[2]).await != 1 {
+        assert!(Instant::now() < cut, "the cut was never detected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let during = load(&nodes, &[20, 10, 20], 2.0).await;
+    let truth = upstream.stats().admitted;
+    println!(
+        "lease partition {{1,2}} | {{3}}: warm-up {warm:?}, during {during:?}; upstream admitted {truth} of L = {LIMIT}"
+    );
+    assert!(truth <= LIMIT, "both sides together admitted {truth} > L");
+    assert!(
+        during[0] + during[1] > 0,
+        "the majority side served nothing"
+    );
+    assert!(during[2] > 0, "the minority side served nothing");
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_internal_rpcs_are_refused_counted_and_change_nothing() {
+    let upstream = mock(|_| {}).await;
+    let port = free_udp_port();
+    let node = node(&lease_toml(0, &[port], "2s"), &[&upstream]).await;
+    wait_members(&node, 1).await;
+    // Give the node a line to own (its own first statement).
+    assert_eq!(
+        post(&node, "/chat/completions", chat_body("hi", 5), &[])
+            .await
+            .status(),
+        200
+    );
+    let body = admin(&node, "/admin/cluster?keys=true").await;
+    let rpc = body["cluster"]["members"][0]["rpc_addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let me = body["cluster"]["self_id"].as_str().unwrap().to_owned();
+    let owned_before = body["owned"].clone();
+    assert!(
+        owned_before.as_array().is_some_and(|o| !o.is_empty()),
+        "{body}"
+    );
+    let url = format!("http://{rpc}/internal/v1/lease/sync");
+    let batch = |cluster: &str, from: &str, key: &str, want: u64| {
+        serde_json::json!({
+            "cluster_id": cluster, "from": from,
+            "entries": [{"key": key, "seq": 1, "usage": [], "remaining": 0, "want": want}],
+        })
+    };
+    let cluster_id = format!("test-{port}");
+    let send = |secret: &str, body: Vec<u8>| {
+        reqwest::Client::new()
+            .post(&url)
+            .header("x-tollgate-cluster-secret", secret)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let good = serde_json::to_vec(&batch(&cluster_id, &me, KEY_REQUESTS, 1)).unwrap();
+    let status = |r: reqwest::Response| r.status().as_u16();
+    assert_eq!(
+        status(send("wrong-secret", good.clone()).send().await.unwrap()),
+        401
+    );
+    let other = serde_json::to_vec(&batch("another-cluster", &me, KEY_REQUESTS, 1)).unwrap();
+    assert_eq!(status(send(SECRET, other).send().await.unwrap()), 403);
+    assert_eq!(
+        status(send(SECRET, b"{not json".to_vec()).send().await.unwrap()),
+        400
+    );
+    for (entry, code) in [
+        (
+            batch(&cluster_id, &me, "tenant:nobody:requests", 1),
+            "unknown_key",
+        ),
+        (batch(&cluster_id, &me, KEY_REQUESTS, 1 << 40), "absurd"),
+        (
+            batch(&cluster_id, "stranger/1@10.0.0.1:1", KEY_REQUESTS, 1),
+            "not_member",
+        ),
+    ] {
+        let r = send(SECRET, serde_json::to_vec(&entry).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let answers = json(r).await;
+        assert_eq!(answers["entries"][0]["refused"]["code"], code, "{answers}");
+    }
+    let after = admin(&node, "/admin/cluster?keys=true").await;
+    assert_eq!(after["owned"], owned_before, "refused RPCs changed nothing");
+    let metrics = reqwest::get(format!("http://{}/metrics", node.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for reason in [
+        "secret",
+        "cluster_id",
+        "malformed",
+        "unknown_key",
+        "absurd",
+        "not_member",
+    ] {
+        let line = format!("tollgate_internal_rpc_refused_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}

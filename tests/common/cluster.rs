@@ -1,0 +1,165 @@
+//! Cluster test support: 3-node clusters over real UDP gossip (or chitchat's
+//! in-memory transport), admin reads, and client load spread over the nodes.
+
+use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+pub const LIMIT: u64 = 30;
+
+/// The shared secret of test clusters.
+pub const SECRET: &str = "test-cluster-secret-0123456789";
+
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Node `i`'s config: gossip on `ports[i]`, a free RPC port, the shared secret,
+/// 50 ms gossip (failure detection under 1 s) and a 1 s lease ttl.
+pub fn cluster_toml(i: usize, ports: &[u16], mode: &str, share: &str) -> String {
+    let seeds: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .map(|(_, p)| format!("\"127.0.0.1:{p}\""))
+        .collect();
+    format!(
+        r#"{}
+[cluster]
+cluster_id = "test-{}"
+node_id = "node-{i}"
+gossip_listen = "127.0.0.1:{}"
+rpc_listen = "127.0.0.1:{}"
+secret = "{SECRET}"
+seeds = [{}]
+gossip_interval = "50ms"
+sync_interval = "100ms"
+mode = "{mode}"
+local_share = "{share}"
+
+[cluster.lease]
+ttl = "1s"
+rpc_timeout = "200ms"
+"#,
+        single(&format!("rpm = {LIMIT}\nmax_wait = \"0s\"")),
+        ports[0],
+        ports[i],
+        free_tcp_port(),
+        seeds.join(", ")
+    )
+}
+
+pub async fn cluster(
+    mode: &str,
+    share: &str,
+    upstream: &tollgate::mock::MockHandle,
+) -> Vec<Arc<Node>> {
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(Arc::new(
+            node(&cluster_toml(i, &ports, mode, share), &[upstream]).await,
+        ));
+    }
+    // Wait until every node sees all three members.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in &nodes {
+        loop {
+            let body = admin(n, "/admin/cluster").await;
+            if body["cluster"]["members"]
+                .as_array()
+                .is_some_and(|m| m.len() == 3)
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster did not form: {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    nodes
+}
+
+pub async fn admin(node: &Node, path: &str) -> serde_json::Value {
+    let response = reqwest::Client::new()
+        .get(format!("http://{}{path}", node.addr))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    json(response).await
+}
+
+/// Each node sends at its own rate (fail fast) for `seconds`; returns admissions.
+pub async fn uneven_demand(nodes: &[Arc<Node>], per_second: [u64; 3], seconds: u64) -> u64 {
+    let mut tasks = Vec::new();
+    for (node, rate) in nodes.iter().zip(per_second) {
+        let node = node.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            let gap = Duration::from_millis(1000 / rate);
+            let end = Instant::now() + Duration::from_secs(seconds);
+            while Instant::now() < end {
+                if post(&node, "/chat/completions", chat_body("hi", 5), &[])
+                    .await
+                    .status()
+                    == 200
+                {
+                    admitted += 1;
+                }
+                tokio::time::sleep(gap).await;
+            }
+            admitted
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+pub async fn stop_all(nodes: Vec<Arc<Node>>) {
+    for n in nodes {
+        if let Ok(n) = Arc::try_unwrap(n) {
+            n.stop().await;
+        }
+    }
+}
+
+pub fn allowance(body: &serde_json::Value, key: &str) -> u64 {
+    body["allowances"][key]["allowance"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no allowance for {key}: {body}"))
+}
+
+/// The view every node has of `key`'s global usage.
+pub async fn views(nodes: &[Node], key: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    for n in nodes {
+        out.push(
+            admin(n, "/admin/cluster").await["cluster"]["global_usage"][key]
+                .as_u64()
+                .unwrap_or(0),
+        );
+    }
+    out
+}
+
+pub async fn members_seen(node: &Node) -> usize {
+    admin(node, "/admin/cluster").await["cluster"]["members"]
+        .as_array()
+        .map_or(0, |m| m.len())
+}
