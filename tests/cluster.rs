@@ -203,39 +203,18 @@ async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_through_a_partition_and_convergence_after_healing() {
-    use tollgate_cluster::chitchat::transport::ChannelTransport;
     let upstream = mock(|_| {}).await;
-    let transport = ChannelTransport::default();
     // Logical gossip ports in the in-memory transport (never bound on the host).
     let ports = [11_001u16, 11_002, 11_003];
     let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let toml = cluster_toml(i, &ports, "gossip", "full")
-            .replace("max_wait = \"0s\"", "max_wait = \"1s\"");
-        let shared: Arc<dyn tollgate_cluster::chitchat::transport::Transport> =
-            Arc::new(transport.clone());
-        nodes.push(node_with_transport(&toml, &[&upstream], Some(shared)).await);
-    }
-    let formed = Instant::now() + Duration::from_secs(10);
-    for n in &nodes {
-        while members_seen(n).await < 3 {
-            assert!(Instant::now() < formed, "cluster did not form");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    let nodes: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
+    let toml = |i: usize, ports: &[u16]| {
+        cluster_toml(i, ports, "gossip", "full").replace("max_wait = \"0s\"", "max_wait = \"1s\"")
+    };
+    let (transport, nodes) = channel_cluster(ports, toml, &upstream).await;
     // Healthy: every node shows some demand.
     uneven_demand(&nodes, [4, 4, 4], 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // Cut node 3 off from nodes 1 and 2.
-    transport.remove_link(addr(2), addr(0)).await;
-    transport.remove_link(addr(2), addr(1)).await;
-    let cut = Instant::now() + Duration::from_secs(10);
-    while members_seen(&nodes[0]).await != 2 || members_seen(&nodes[2]).await != 1 {
-        assert!(Instant::now() < cut, "the cut was never detected");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cut_off_third(&transport, ports, &nodes).await;
     let degraded = admin(&nodes[2], "/admin/cluster").await;
     assert!(
         degraded["cluster"]["degraded"]

@@ -37,14 +37,6 @@ async fn lease_cluster(upstream: &tollgate::mock::MockHandle, max_wait: &str) ->
     nodes
 }
 
-async fn wait_members(node: &Node, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while members_seen(node).await != n {
-        assert!(Instant::now() < deadline, "never saw {n} members");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The member id of the owner of `key`, as `node` sees it.
 async fn owner_of(node: &Node, key: &str) -> String {
     let body = admin(node, "/admin/cluster?keys=true").await;
@@ -76,32 +68,6 @@ async fn lease_mode_admits_at_most_l_and_uses_at_least_95_percent_of_it() {
     upstream.shutdown().await.unwrap();
 }
 
-/// Sends at `per_second` from each node for `seconds`; admissions per node.
-async fn load(nodes: &[Arc<Node>], per_second: &[u64], seconds: f64) -> Vec<u64> {
-    let mut tasks = Vec::new();
-    for (node, rate) in nodes.iter().zip(per_second) {
-        let node = node.clone();
-        let gap = Duration::from_millis(1000 / rate);
-        let end = Instant::now() + Duration::from_secs_f64(seconds);
-        tasks.push(tokio::spawn(async move {
-            let mut admitted = 0;
-            while Instant::now() < end {
-                let response = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
-                if response.status() == 200 {
-                    admitted += 1;
-                }
-                tokio::time::sleep(gap).await;
-            }
-            admitted
-        }));
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_death_moves_ownership_without_exceeding_l() {
     const L: u64 = 120;
@@ -116,7 +82,7 @@ async fn owner_death_moves_ownership_without_exceeding_l() {
     for n in &nodes {
         wait_members(n, 3).await;
     }
-    let before = load_all(&nodes, &[10, 10, 10], 1.5).await;
+    let before = load(urls(&nodes), &[10, 10, 10], 1.5).await;
     // Crash the owner of the request key (no drain, no goodbye).
     let owner = owner_of(&nodes[0], KEY_REQUESTS).await;
     let mut index = None;
@@ -132,11 +98,32 @@ async fn owner_death_moves_ownership_without_exceeding_l() {
     let crashed = nodes.remove(index);
     crashed.crash().await;
     let survivors: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
-    let after = load(&survivors, &[40, 40], 3.0).await;
+    // Until the death is detected, holders cannot reach the owner: degraded, and
+    // they spend their credit, then their share (policy `share`).
+    let watcher = survivors[0].clone();
+    let seen_cut_off = tokio::spawn(async move {
+        let end = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < end {
+            let body = admin(&watcher, "/admin/cluster").await;
+            if let Some(reason) = body["cluster"]["degraded"].as_str()
+                && reason.starts_with("owner_unreachable")
+            {
+                return Some(reason.to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    });
+    let after = load(urls(&survivors), &[40, 40], 3.0).await;
+    let cut_off = seen_cut_off.await.unwrap();
+    assert!(
+        cut_off.is_some(),
+        "the unreachable owner was never reported"
+    );
     let truth = upstream.stats().admitted;
     let new_owner = owner_of(&survivors[0], KEY_REQUESTS).await;
     println!(
-        "owner death: before {before:?}, survivors after {after:?}; upstream admitted {truth} of L = {L}; owner {owner} -> {new_owner}"
+        "owner death: before {before:?}, survivors after {after:?}; upstream admitted {truth} of L = {L}; owner {owner} -> {new_owner}; degraded meanwhile: {cut_off:?}"
     );
     assert!(
         truth <= L,
@@ -149,32 +136,6 @@ async fn owner_death_moves_ownership_without_exceeding_l() {
     );
     stop_all(survivors).await;
     upstream.shutdown().await.unwrap();
-}
-
-async fn load_all(nodes: &[Node], per_second: &[u64], seconds: f64) -> Vec<u64> {
-    // `load` wants shared nodes; these are owned for crashing later.
-    let mut out = Vec::new();
-    let mut tasks = Vec::new();
-    for (node, rate) in nodes.iter().zip(per_second) {
-        let url = node.url();
-        let gap = Duration::from_millis(1000 / rate);
-        let end = Instant::now() + Duration::from_secs_f64(seconds);
-        tasks.push(tokio::spawn(async move {
-            let mut admitted = 0;
-            while Instant::now() < end {
-                let response = post_url(&url, "/chat/completions", chat_body("hi", 5)).await;
-                if response.status() == 200 {
-                    admitted += 1;
-                }
-                tokio::time::sleep(gap).await;
-            }
-            admitted
-        }));
-    }
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,33 +194,15 @@ async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gossip_partition_keeps_both_sides_within_l_and_each_serves_its_share() {
-    use tollgate_cluster::chitchat::transport::{ChannelTransport, Transport};
     let upstream = mock(|_| {}).await;
-    let transport = ChannelTransport::default();
     let ports = [12_001u16, 12_002, 12_003];
-    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let shared: Arc<dyn Transport> = Arc::new(transport.clone());
-        let toml = lease_toml(i, &ports, "300ms");
-        nodes.push(Arc::new(
-            node_with_transport(&toml, &[&upstream], Some(shared)).await,
-        ));
-    }
-    for n in &nodes {
-        wait_members(n, 3).await;
-    }
+    let toml = |i: usize, ports: &[u16]| lease_toml(i, ports, "300ms");
+    let (transport, nodes) = channel_cluster(ports, toml, &upstream).await;
     // Healthy: every node shows demand, so shares are about equal.
-    let warm = load(&nodes, &[4, 4, 4], 1.0).await;
+    let warm = load(urls(&nodes), &[4, 4, 4], 1.0).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    transport.remove_link(addr(2), addr(0)).await;
-    transport.remove_link(addr(2), addr(1)).await;
-    let cut = Instant::now() + Duration::from_secs(10);
-    while members_seen(&nodes[0]).await != 2 || members_seen(&nodes[2]).await != 1 {
-        assert!(Instant::now() < cut, "the cut was never detected");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let during = load(&nodes, &[20, 10, 20], 2.0).await;
+    cut_off_third(&transport, ports, &nodes).await;
+    let during = load(urls(&nodes), &[20, 10, 20], 2.0).await;
     let truth = upstream.stats().admitted;
     println!(
         "lease partition {{1,2}} | {{3}}: warm-up {warm:?}, during {during:?}; upstream admitted {truth} of L = {LIMIT}"

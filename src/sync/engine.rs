@@ -30,6 +30,11 @@ pub struct LeaseFeed {
     pub book: Arc<OwnerBook>,
     /// Borrowing beyond shares, as a fraction of L.
     pub max_borrow: f64,
+    /// Owners the holder loop cannot reach (degraded while any).
+    pub cut_off: Arc<RwLock<Vec<String>>>,
+    /// Lenders are provably live while every member's last published round is at
+    /// most this old here: borrowing is allowed only then.
+    pub fresh_within_ms: u64,
 }
 
 /// One limit key whose allowance the engine maintains.
@@ -77,6 +82,8 @@ pub struct Engine {
     last_demands: HashMap<String, HashMap<String, u64>>,
     /// Members declared dead and not yet garbage-collected, as counter node ids.
     dead: Vec<String>,
+    /// How old the stalest live member's last round is here (ms).
+    lag_ms: u64,
     status: Arc<Mutex<ClusterStatus>>,
 }
 
@@ -109,6 +116,7 @@ impl Engine {
             last_demands: HashMap::new(),
             frozen: HashMap::new(),
             dead: Vec::new(),
+            lag_ms: 0,
             status,
         }
     }
@@ -154,6 +162,7 @@ impl Engine {
             self.frozen.clear();
         }
         self.dead = dead_now;
+        self.lag_ms = lag_ms;
         let members = self.membership.live_members().await;
         self.recompute(&own, &members, now_ms);
         let metrics = &self.state.metrics;
@@ -161,13 +170,26 @@ impl Engine {
         metrics.sync_received(received, lag_ms as i64);
         metrics.degraded("members_unreachable", !self.dead.is_empty());
         metrics.degraded("publish_failed", publish_error.is_some());
-        let degraded = match (&publish_error, self.dead.is_empty()) {
-            (Some(e), _) => Some(format!("publish_failed: {e}")),
-            (None, false) => Some(format!(
+        let cut_off = (self.lease.as_ref())
+            .map(|feed| {
+                feed.cut_off
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+            })
+            .unwrap_or_default();
+        metrics.degraded("owner_unreachable", !cut_off.is_empty());
+        let degraded = match (&publish_error, self.dead.is_empty(), cut_off.is_empty()) {
+            (Some(e), _, _) => Some(format!("publish_failed: {e}")),
+            (None, false, _) => Some(format!(
                 "members_unreachable: {} charged their frozen share until they return or are collected",
                 self.dead.join(", ")
             )),
-            (None, true) => None,
+            (None, true, false) => Some(format!(
+                "owner_unreachable: {}: keys they own spend the credit held, then the cut-off policy",
+                cut_off.join(", ")
+            )),
+            (None, true, true) => None,
         };
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         status.self_id.clone_from(&self.self_id);
@@ -178,6 +200,7 @@ impl Engine {
         status.decode_errors_total += decode_errors;
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
         status.bytes_received_total += received;
+        status.unreachable_owners = cut_off;
         status.convergence_lag_ms = lag_ms;
         if status.degraded.is_none() != degraded.is_none() {
             match &degraded {
@@ -311,8 +334,13 @@ impl Engine {
                     frozen,
                     self_id: &self.self_id,
                 };
+                let borrow = if self.lag_ms <= feed.fresh_within_ms {
+                    feed.max_borrow
+                } else {
+                    0.0
+                };
                 let (terms, cut_off_share) =
-                    lease_terms(&usage, &cut, &demands, binding, feed.max_borrow, now_ms);
+                    lease_terms(&usage, &cut, &demands, binding, borrow, now_ms);
                 lease_view.terms.insert(binding.key.clone(), terms);
                 lease_view
                     .cut_off_share

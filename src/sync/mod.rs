@@ -238,30 +238,14 @@ async fn start_lease(
         rpc_timeout: lease.rpc_timeout,
     };
     let holder = lease::holder::Holder::new(state.clone(), book.clone(), view.clone(), settings);
-    if let Some(status) = &state.cluster_status {
-        let cut_off = holder.cut_off.clone();
-        let status = status.clone();
-        let mut stop = stopped.clone();
-        // Mirrors the holder's cut-off keys into the admin status (cheap, 1/s).
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                    _ = stop.changed() => break,
-                }
-                let keys = cut_off.read().unwrap_or_else(|p| p.into_inner()).clone();
-                status
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .cut_off_keys = keys;
-            }
-        });
-    }
+    let holder_cut_off = holder.cut_off.clone();
     let holder_task = tokio::spawn(holder.run(stopped.clone()));
     let feed = LeaseFeed {
         view,
         book,
         max_borrow: lease.max_borrow,
+        cut_off: holder_cut_off,
+        fresh_within_ms: 2 * (config.sync_interval + config.gossip_interval).as_millis() as u64,
     };
     Ok((feed, vec![server, holder_task]))
 }

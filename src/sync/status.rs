@@ -56,8 +56,8 @@ pub struct ClusterStatus {
     pub bytes_received_total: u64,
     /// How old the stalest live peer's last sync round is in this node's view (ms).
     pub convergence_lag_ms: u64,
-    /// `lease` mode: keys whose owner this node cannot reach.
-    pub cut_off_keys: Vec<String>,
+    /// `lease` mode: key owners this node cannot reach.
+    pub unreachable_owners: Vec<String>,
     /// Gossip values refused (did not decode) since start.
     pub decode_errors_total: u64,
     /// Other processes seen claiming this cluster's node ids.
@@ -82,7 +82,7 @@ impl ClusterStatus {
             bytes_published_total: 0,
             bytes_received_total: 0,
             convergence_lag_ms: 0,
-            cut_off_keys: Vec::new(),
+            unreachable_owners: Vec::new(),
             decode_errors_total: 0,
             duplicate_ids_seen: 0,
             degraded: None,

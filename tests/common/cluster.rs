@@ -163,3 +163,83 @@ pub async fn members_seen(node: &Node) -> usize {
         .as_array()
         .map_or(0, |m| m.len())
 }
+
+/// Three nodes gossiping over chitchat's in-memory transport (logical ports, never
+/// bound), each config made by `toml(i, ports)`; returns once all see three members.
+pub async fn channel_cluster(
+    ports: [u16; 3],
+    toml: impl Fn(usize, &[u16]) -> String,
+    upstream: &tollgate::mock::MockHandle,
+) -> (
+    tollgate_cluster::chitchat::transport::ChannelTransport,
+    Vec<Arc<Node>>,
+) {
+    use tollgate_cluster::chitchat::transport::{ChannelTransport, Transport};
+    let transport = ChannelTransport::default();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let shared: Arc<dyn Transport> = Arc::new(transport.clone());
+        let node = node_with_transport(&toml(i, &ports), &[upstream], Some(shared)).await;
+        nodes.push(Arc::new(node));
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    (transport, nodes)
+}
+
+/// Cuts node 3 off from nodes 1 and 2 and waits until both sides noticed.
+pub async fn cut_off_third(
+    transport: &tollgate_cluster::chitchat::transport::ChannelTransport,
+    ports: [u16; 3],
+    nodes: &[Arc<Node>],
+) {
+    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
+    transport.remove_link(addr(2), addr(0)).await;
+    transport.remove_link(addr(2), addr(1)).await;
+    let cut = Instant::now() + Duration::from_secs(10);
+    while members_seen(&nodes[0]).await != 2 || members_seen(&nodes[2]).await != 1 {
+        assert!(Instant::now() < cut, "the cut was never detected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `node` sees `n` live members (10 s at most).
+pub async fn wait_members(node: &Node, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while members_seen(node).await != n {
+        assert!(Instant::now() < deadline, "never saw {n} members");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Each of `urls` (nodes' `/v1` URLs) sends at its rate for `seconds`, one request
+/// at a time; returns admissions per URL.
+pub async fn load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<u64> {
+    let mut tasks = Vec::new();
+    for (url, rate) in urls.into_iter().zip(per_second) {
+        let gap = Duration::from_millis(1000 / rate);
+        let end = Instant::now() + Duration::from_secs_f64(seconds);
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            while Instant::now() < end {
+                let response = post_url(&url, "/chat/completions", chat_body("hi", 5)).await;
+                if response.status() == 200 {
+                    admitted += 1;
+                }
+                tokio::time::sleep(gap).await;
+            }
+            admitted
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// The `/v1` URLs of `nodes`.
+pub fn urls<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Vec<String> {
+    nodes.iter().map(|n| n.borrow().url()).collect()
+}

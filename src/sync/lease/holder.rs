@@ -49,7 +49,7 @@ pub struct Holder {
     last_owner: HashMap<String, String>,
     last_stated_ms: HashMap<String, u64>,
     unreachable: HashSet<String>,
-    /// Keys currently cut off from their owner (for `/admin/cluster` and metrics).
+    /// Owners this node cannot reach now (for `/admin/cluster` and metrics).
     pub cut_off: Arc<RwLock<Vec<String>>>,
 }
 
@@ -88,10 +88,13 @@ impl Holder {
         let mut ticker = tokio::time::interval(self.settings.sync_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Stop first: a node going away states nothing more (its credit ends
+            // with its ttl at the owners, as a crash would).
             tokio::select! {
+                biased;
+                _ = stop.changed() => break,
                 _ = ticker.tick() => {}
                 () = wake.notified() => tokio::time::sleep(MIN_WAKE_GAP).await,
-                _ = stop.changed() => break,
             }
             self.round().await;
         }
