@@ -10,8 +10,8 @@
 //!   consumption per key, published coalesced into a fixed ring of keys; global
 //!   usage is the sum over live members. Pure.
 //! - [`share`]: demand-weighted shares of a capacity that always sum to it. Pure.
-//! - [`lease`]: the lease ledger (owner side), holder accounting and rendezvous
-//!   ownership for `lease` mode. Pure.
+//! - [`lease`]: `lease` mode's core: rendezvous ownership, the owner's credit line
+//!   per key and holder, and the holder's budget with its cut-off policy. Pure.
 
 pub mod counter;
 pub mod lease;

@@ -204,6 +204,16 @@ pub async fn cut_off_third(
     }
 }
 
+/// Undoes [`cut_off_third`].
+pub async fn heal_third(
+    transport: &tollgate_cluster::chitchat::transport::ChannelTransport,
+    ports: [u16; 3],
+) {
+    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
+    transport.add_link(addr(2), addr(0)).await;
+    transport.add_link(addr(2), addr(1)).await;
+}
+
 /// Waits until `node` sees `n` live members (10 s at most).
 pub async fn wait_members(node: &Node, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
