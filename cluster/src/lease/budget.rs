@@ -201,6 +201,15 @@ impl Budget {
         self.until_ms = snapshot.at_ms.saturating_add(reply.ttl_ms);
     }
 
+    /// Gives back what is not in use (windowed: all credit; slots: the slots not in
+    /// use); the next snapshot states it, so the owner frees it at once.
+    pub fn return_credit(&mut self, now_ms: u64) {
+        match self.kind {
+            Kind::Windowed(_) => self.credit = 0,
+            Kind::Slots => self.credit = self.in_use.min(self.credit(now_ms)),
+        }
+    }
+
     /// The owner cannot be reached (`Some(share)`: the frozen share for policy
     /// `share`) or can again (`None`).
     pub fn set_cut_off(&mut self, share: Option<u64>) {
@@ -320,6 +329,22 @@ mod tests {
         // Buckets are 100 ms: the credit's bucket 1 leaves at 1,200, bucket 6 at 1,700.
         assert!(b.try_spend(2, 1_200).is_some() && b.try_spend(1, 1_200).is_none());
         assert!(b.try_spend(3, 1_700).is_some(), "the share is per window");
+    }
+
+    #[test]
+    fn returned_credit_is_stated_as_nothing_left() {
+        let mut b = windowed(CutOffPolicy::Share);
+        grant(&mut b, 10, 0);
+        b.try_spend(3, 10).expect("fits");
+        b.return_credit(20);
+        assert!(b.try_spend(1, 20).is_none());
+        let snap = b.snapshot(0, 30);
+        assert_eq!((snap.request.remaining, b.used(30)), (0, 3));
+        let mut s = Budget::new(Kind::Slots, CutOffPolicy::Share);
+        grant(&mut s, 3, 0);
+        s.try_spend(1, 10).expect("slot");
+        s.return_credit(20);
+        assert_eq!(s.credit(20), 1, "the slot in use is kept");
     }
 
     #[test]

@@ -266,26 +266,45 @@ impl<H: Ord + Clone> Line<H> {
         &self.config
     }
 
-    /// Replaces the members' shares and floors (the engine, every round).
+    /// Replaces the members' shares and floors (the engine, every round). A member
+    /// that became unreachable is no longer waited for: its floor (its share at the
+    /// cut, at least what the old owner let it commit with borrowing off) charges it.
     pub fn set_terms(&mut self, terms: Terms<H>) {
+        if let (Some(r), Kind::Windowed(_)) = (&mut self.recovery, self.config.kind) {
+            for member in terms.floors.keys() {
+                r.unknown.remove(member);
+            }
+        }
         self.terms = terms;
     }
 
     /// Everything counted against L at `now_ms` (see the module docs).
     pub fn committed(&self, now_ms: u64) -> u64 {
         let now_ms = now_ms.max(self.last_now_ms);
-        let mut total = self
-            .rebuilt_in_window(now_ms)
-            .saturating_add(self.hidden(now_ms));
-        for (h, a) in &self.accounts {
-            total = total.saturating_add(self.charged(h, a, now_ms));
+        let mut members: BTreeSet<&H> = self.accounts.keys().collect();
+        members.extend(self.rebuilt.keys());
+        members.extend(self.terms.floors.keys());
+        if let Some(r) = &self.recovery {
+            members.extend(r.unknown.iter());
         }
-        for (h, floor) in &self.terms.floors {
-            if !self.accounts.contains_key(h) {
-                total = total.saturating_add(*floor);
+        (members.into_iter())
+            .map(|m| self.member_charge(m, now_ms))
+            .fold(self.hidden(now_ms), u64::saturating_add)
+    }
+
+    /// One member's charge: what its account (or, before its first statement, its
+    /// counters and the silent-holder charge) says, but at least its floor when it
+    /// is unreachable. Each figure counts once, however many sources know of it.
+    fn member_charge(&self, member: &H, now_ms: u64) -> u64 {
+        let own = match self.accounts.get(member) {
+            Some(a) => self.account_charge(a, now_ms),
+            None => {
+                let counters =
+                    (self.rebuilt.get(member)).map_or(0, |part| self.usage_in_window(part, now_ms));
+                counters.saturating_add(self.silent_charge_of(member, now_ms))
             }
-        }
-        total
+        };
+        own.max(self.terms.floors.get(member).copied().unwrap_or(0))
     }
 
     /// What may still be granted at `now_ms`.
@@ -306,9 +325,9 @@ impl<H: Ord + Clone> Line<H> {
         self.hidden(now_ms) > 0
     }
 
-    /// `holder`'s commitment at `now_ms` (0 if unknown).
+    /// `holder`'s charge at `now_ms` (0 if nothing is known of it).
     pub fn charge_of(&self, holder: &H, now_ms: u64) -> u64 {
-        (self.accounts.get(holder)).map_or(0, |a| self.charged(holder, a, now_ms))
+        self.member_charge(holder, now_ms)
     }
 
     /// Holders with an account.
@@ -382,7 +401,9 @@ impl<H: Ord + Clone> Line<H> {
         let room = [
             cap.saturating_sub(others.saturating_add(mine)),
             share.saturating_sub(mine),
-            self.config.max_credit.saturating_sub(accepted),
+            // A single request may cost more than max_credit (a big prompt under
+            // a small TPM): the cap stretches to what was asked, never beyond L.
+            (self.config.max_credit.max(request.want)).saturating_sub(accepted),
             request.want,
         ];
         let granted = room.into_iter().min().unwrap_or(0);
@@ -471,9 +492,9 @@ impl<H: Ord + Clone> Line<H> {
         Ok(())
     }
 
-    fn charged(&self, holder: &H, a: &Account, now_ms: u64) -> u64 {
+    fn account_charge(&self, a: &Account, now_ms: u64) -> u64 {
         let credit = if a.until_ms > now_ms { a.credit } else { 0 };
-        let own = match self.config.kind {
+        match self.config.kind {
             Kind::Windowed(w) => {
                 let expired_now =
                     if a.until_ms <= now_ms && w.counts(w.bucket_index(a.until_ms), now_ms) {
@@ -487,8 +508,7 @@ impl<H: Ord + Clone> Line<H> {
                     .saturating_add(credit)
             }
             Kind::Slots => credit,
-        };
-        own.max(self.terms.floors.get(holder).copied().unwrap_or(0))
+        }
     }
 
     fn usage_in_window(&self, usage: &BTreeMap<u64, u64>, now_ms: u64) -> u64 {
@@ -500,20 +520,20 @@ impl<H: Ord + Clone> Line<H> {
         }
     }
 
-    fn rebuilt_in_window(&self, now_ms: u64) -> u64 {
-        let hidden_spent = match (&self.recovery, self.config.kind) {
-            // After one ttl, an unknown holder may have spent all it could: its
-            // reservation is consumption in the bucket the ttl ended in.
+    /// After one ttl, a holder that never stated may have spent all the credit the
+    /// old owner could have given it: `max_credit`, as consumption in the bucket
+    /// the ttl ended in (windowed keys; a silent holder's slots simply return).
+    fn silent_charge_of(&self, member: &H, now_ms: u64) -> u64 {
+        match (&self.recovery, self.config.kind) {
             (Some(r), Kind::Windowed(w))
-                if r.until_ms <= now_ms && w.counts(w.bucket_index(r.until_ms), now_ms) =>
+                if r.unknown.contains(member)
+                    && r.until_ms <= now_ms
+                    && w.counts(w.bucket_index(r.until_ms), now_ms) =>
             {
-                self.silent_charge(r)
+                self.config.max_credit
             }
             _ => 0,
-        };
-        (self.rebuilt.values()).fold(hidden_spent, |s, part| {
-            s.saturating_add(self.usage_in_window(part, now_ms))
-        })
+        }
     }
 
     fn reservation(&self, r: &Recovery<H>) -> u64 {
@@ -522,12 +542,6 @@ impl<H: Ord + Clone> Line<H> {
         } else {
             self.config.capacity
         }
-    }
-
-    fn silent_charge(&self, r: &Recovery<H>) -> u64 {
-        let n = r.unknown.len() as u64;
-        n.saturating_mul(self.config.max_credit)
-            .min(self.config.capacity)
     }
 }
 
@@ -619,6 +633,20 @@ mod tests {
     }
 
     #[test]
+    fn borrowing_goes_beyond_the_share_by_at_most_borrow() {
+        let mut l = line(100, 100);
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 50), ("b", 50)]),
+            borrow: 20,
+            floors: BTreeMap::new(),
+        });
+        let r = l.sync(&"a", &statement(1, &[], 0, 100), 0).expect("ok");
+        assert_eq!(r.credit, 70, "share 50 + borrow 20");
+        let r = l.sync(&"b", &statement(1, &[], 0, 100), 0).expect("ok");
+        assert_eq!(r.credit, 30, "what is left of L");
+    }
+
+    #[test]
     fn a_rebuilt_owner_grants_nothing_until_every_holder_stated() {
         let w = Window::try_new(1_000, 10).expect("window");
         let config = LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 500).expect("config");
@@ -649,6 +677,27 @@ mod tests {
         let _ = l.settle(500);
         assert_eq!(l.available(500), 100 - 2 * 40);
         assert_eq!(l.available(1_600), 100);
+    }
+
+    #[test]
+    fn an_unreachable_member_is_charged_once_the_most_any_source_says() {
+        // A new owner after a cut: b is unreachable, known from the counters (12)
+        // and charged its floor (30): the most of the two, not their sum, and it is
+        // not waited for (its floor covers what it may spend).
+        let w = Window::try_new(1_000, 10).expect("window");
+        let config = LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 500).expect("config");
+        let counters = [("b", vec![(0, 42)]), ("c", vec![(0, 12)])];
+        let mut l = Line::rebuild(config, &counters, &["a", "b", "c"], 0);
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 40)]),
+            borrow: 0,
+            floors: BTreeMap::from([("b", 30), ("c", 30)]),
+        });
+        let r = l.sync(&"a", &statement(1, &[], 0, 40), 10).expect("ok");
+        assert!(!l.recovering(10), "unreachable members are not waited for");
+        assert_eq!(l.charge_of(&"b", 10), 42, "counters above the floor");
+        assert_eq!(l.charge_of(&"c", 10), 30, "the floor, not floor + counters");
+        assert_eq!(r.granted, 100 - 42 - 30);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The holder side: a loop, off the request path, that states each active key to
 //! its owner and adopts the answer. A key is stated when its owner changed (the
 //! re-announce a new owner waits for), when its actor ran low or was refused
-//! (woken at once), or as a heartbeat every ttl/3 while it holds credit or usage.
+//! (woken at once), or as a heartbeat every ttl/3 while it holds credit or usage;
+//! a heartbeat with nothing spent since the last statement returns the unused
+//! credit, and a graceful stop returns all of it.
 //! Statements for one owner travel in one batch; batches to different owners go
 //! out concurrently, each bounded by the RPC timeout.
 
@@ -48,9 +50,19 @@ pub struct Holder {
     settings: HolderSettings,
     last_owner: HashMap<String, String>,
     last_stated_ms: HashMap<String, u64>,
+    last_used: HashMap<String, u64>,
     unreachable: HashSet<String>,
     /// Owners this node cannot reach now (for `/admin/cluster` and metrics).
     pub cut_off: Arc<RwLock<Vec<String>>>,
+}
+
+/// What a round does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// State what is due (owner changed, asked for, heartbeat), renew, return unused.
+    Normal,
+    /// Graceful stop: return every credit.
+    ReturnAll,
 }
 
 type Items = Vec<(usize, Snapshot)>;
@@ -77,6 +89,7 @@ impl Holder {
             settings,
             last_owner: HashMap::new(),
             last_stated_ms: HashMap::new(),
+            last_used: HashMap::new(),
             unreachable: HashSet::new(),
             cut_off: Arc::default(),
         }
@@ -92,11 +105,18 @@ impl Holder {
             // with its ttl at the owners, as a crash would).
             tokio::select! {
                 biased;
-                _ = stop.changed() => break,
+                stopped = stop.changed() => {
+                    // A graceful stop (not a dropped handle) gives credit back at
+                    // once instead of letting it run out its ttl.
+                    if stopped.is_ok() && *stop.borrow() {
+                        self.round(Round::ReturnAll).await;
+                    }
+                    break;
+                }
                 _ = ticker.tick() => {}
                 () = wake.notified() => tokio::time::sleep(MIN_WAKE_GAP).await,
             }
-            self.round().await;
+            self.round(Round::Normal).await;
         }
     }
 
@@ -105,7 +125,7 @@ impl Holder {
     }
 
     /// One round: snapshot what is due, send, adopt.
-    pub async fn round(&mut self) {
+    pub async fn round(&mut self, round: Round) {
         let view = self.view.read().unwrap_or_else(|p| p.into_inner()).clone();
         if view.members.is_empty() {
             return;
@@ -121,14 +141,24 @@ impl Holder {
             };
             let (wanted, wanted_cost) = credit.take_wanted();
             let moved = self.last_owner.get(&binding.key) != Some(&owner.id);
-            let (idle, held) = credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms)));
+            let (idle, held, used) =
+                credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms), b.used(now_ms)));
             let last = self.last_stated_ms.get(&binding.key).copied().unwrap_or(0);
             let heartbeat = now_ms.saturating_sub(last) >= self.ttl_ms() / 3;
-            if !(moved || wanted || (!idle && heartbeat)) {
+            let returning = round == Round::ReturnAll && held > 0;
+            if !(moved || wanted || returning || (!idle && heartbeat)) {
                 continue;
             }
+            // Nothing spent since the last statement: give unused credit back, so
+            // nodes whose demand moved on do not hold capacity others need.
+            let unused = heartbeat && !wanted && self.last_used.get(&binding.key) == Some(&used);
+            if returning || (unused && held > 0) {
+                credit.with(|b| b.return_credit(now_ms));
+            }
+            self.last_used.insert(binding.key.clone(), used);
             let max = max_credit(binding.capacity, self.settings.max_credit);
             let want = match binding.dimension {
+                _ if round == Round::ReturnAll || (unused && !moved) => 0,
                 Dimension::Concurrency if wanted || !idle => max,
                 Dimension::Concurrency => 0,
                 _ => {
@@ -136,7 +166,9 @@ impl Holder {
                     // Enough for about four sync intervals at the recent rate.
                     let horizon = 4 * self.settings.sync_interval.as_millis() as u64;
                     let rate = demand.saturating_mul(horizon) / self.settings.window_ms.max(1);
-                    let target = rate.max(wanted_cost).max(u64::from(wanted)).min(max);
+                    // At most max_credit, or the one request that costs more.
+                    let cap = max.max(wanted_cost).min(binding.capacity);
+                    let target = rate.max(wanted_cost).max(u64::from(wanted)).min(cap);
                     target.saturating_sub(held)
                 }
             };
