@@ -13,7 +13,9 @@
 //!   upstreams with fallback and retries, streaming with usage capture.
 //! - [`ops`]: metrics, health and admin endpoints.
 //! - [`server`]: binds the listener, runs the app, drains on shutdown.
-//! - [`sync`]: joins a cluster and keeps every limit's cluster allowance current.
+//! - [`sync`]: joins a cluster and keeps every limit's cluster bound current
+//!   (allowances for `local`/`gossip`, leased credit for `lease`).
+//! - [`redis`]: the optional Redis strict modes: Lua scripts and their client.
 //! - [`up`]: `tollgate up`, a local cluster on 127.0.0.1.
 //! - [`mock`]: the mock upstream, a strict and honest stand-in for a provider whose
 //!   log is the ground truth.
@@ -26,6 +28,7 @@ pub mod load;
 pub mod mock;
 pub mod ops;
 pub mod proxy;
+pub mod redis;
 pub mod server;
 pub mod sync;
 pub mod tokens;

@@ -30,6 +30,11 @@ fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
+/// 50 us .. ~0.8 s: Redis round trips.
+fn micros_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 15))
+}
+
 /// Every metric of a node.
 pub struct Metrics {
     registry: Registry,
@@ -57,6 +62,8 @@ pub struct Metrics {
     lease_granted: Counter,
     lease_expired: Counter,
     rpc_refused: Family<Static<1>, Counter>,
+    redis_latency: HistogramFamily<Static<1>>,
+    redis_errors: Family<Static<2>, Counter>,
     tenant_labels: bool,
 }
 
@@ -191,6 +198,8 @@ impl Metrics {
             lease_granted: Counter::default(),
             lease_expired: Counter::default(),
             rpc_refused: Family::default(),
+            redis_latency: Family::new_with_constructor(micros_histogram),
+            redis_errors: Family::default(),
             tenant_labels,
         };
         let r = &mut m.registry;
@@ -308,6 +317,16 @@ impl Metrics {
             m.lease_expired.clone(),
         );
         r.register(
+            "redis_script_seconds",
+            "Latency of Redis script calls, by script",
+            m.redis_latency.clone(),
+        );
+        r.register(
+            "redis_errors",
+            "Redis script calls without an answer, by script and kind (timeout, error)",
+            m.redis_errors.clone(),
+        );
+        r.register(
             "internal_rpc_refused",
             "Internal RPCs refused, by reason (wrong secret, other cluster, bad input)",
             m.rpc_refused.clone(),
@@ -382,6 +401,18 @@ impl Metrics {
     pub fn lease_owner(&self, granted: u64, expired: u64) {
         self.lease_granted.inc_by(granted);
         self.lease_expired.inc_by(expired);
+    }
+
+    /// One Redis script call: its latency, and its failure kind if it failed.
+    pub fn redis_call(&self, script: &'static str, seconds: f64, failed: Option<&'static str>) {
+        self.redis_latency
+            .get_or_create(&[("script", script)])
+            .observe(seconds);
+        if let Some(kind) = failed {
+            self.redis_errors
+                .get_or_create(&[("script", script), ("kind", kind)])
+                .inc();
+        }
     }
 
     /// An internal RPC refused for `reason`.

@@ -1,0 +1,16 @@
+//! # Redis strict modes (issue 4)
+//!
+//! Optional: nothing else needs Redis. The scripts in `lua/` do every decision
+//! atomically in Redis, with Redis `TIME`:
+//!
+//! - [`scripts`]: the scripts, compiled in (`lib.lua` + each entry script).
+//! - [`keys`]: key names; every key of a scope shares its `{hash tag}`.
+//! - [`store`]: the client (multiplexed, reconnecting, timeouts, metrics) and the
+//!   typed calls: reserve, settle, semaphore.
+
+pub mod keys;
+pub mod scripts;
+pub mod store;
+
+pub use keys::ScopeKeys;
+pub use store::{Algorithm, DimSpec, LeaseLine, RedisStore, Reservation, Reserved, StoreError};

@@ -1,0 +1,388 @@
+//! The Redis client: one multiplexed, reconnecting connection (redis-rs
+//! `ConnectionManager`, or a cluster connection for Redis Cluster), every script
+//! call bounded by the configured timeout (default 15 ms) and measured
+//! (`tollgate_redis_script_seconds{script}`, `tollgate_redis_errors_total`).
+
+use super::keys::ScopeKeys;
+use super::scripts;
+use crate::ops::metrics::Metrics;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, ScriptInvocation};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
+
+/// How one window dimension is limited in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Not limited.
+    None,
+    /// Bucketed sliding window with buckets of `bucket_ms`.
+    Window {
+        /// Bucket width.
+        bucket_ms: u64,
+    },
+    /// GCRA with a burst of `burst` units.
+    Gcra {
+        /// Burst (at most the capacity).
+        burst: u64,
+    },
+    /// Exact sliding log.
+    Log,
+}
+
+/// One window dimension: algorithm, capacity L per `window_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DimSpec {
+    /// Algorithm.
+    pub algorithm: Algorithm,
+    /// Capacity L.
+    pub capacity: u64,
+    /// Window W.
+    pub window_ms: u64,
+}
+
+impl DimSpec {
+    /// A dimension that is not limited.
+    pub const NONE: DimSpec = DimSpec {
+        algorithm: Algorithm::None,
+        capacity: 0,
+        window_ms: 0,
+    };
+
+    fn args(&self) -> [String; 4] {
+        let (alg, p) = match self.algorithm {
+            Algorithm::None => ("none", 0),
+            Algorithm::Window { bucket_ms } => ("window", bucket_ms),
+            Algorithm::Gcra { burst } => ("gcra", burst),
+            Algorithm::Log => ("log", 0),
+        };
+        [
+            alg.to_owned(),
+            self.capacity.to_string(),
+            self.window_ms.to_string(),
+            p.to_string(),
+        ]
+    }
+}
+
+/// One request's reservation on one scope.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    /// Requests dimension.
+    pub requests: DimSpec,
+    /// Tokens dimension.
+    pub tokens: DimSpec,
+    /// Token cost (prompt + completion estimate).
+    pub token_cost: u64,
+    /// Concurrency cap (0: none).
+    pub concurrency: u64,
+    /// Semaphore member for this request.
+    pub permit_id: String,
+    /// Slot ttl: a crashed holder's slot comes back after it.
+    pub slot_ttl_ms: u64,
+}
+
+/// One key's credit line as `lease.lua` enforces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseLine {
+    /// Windowed (requests, tokens) or slots (concurrency).
+    pub windowed: bool,
+    /// Capacity L.
+    pub capacity: u64,
+    /// Window W.
+    pub window_ms: u64,
+    /// Bucket width w.
+    pub bucket_ms: u64,
+    /// Most credit per holder (stretched to one large request).
+    pub max_credit: u64,
+    /// Credit life.
+    pub ttl_ms: u64,
+}
+
+/// What `reserve` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserved {
+    /// Charged on every dimension; the refs settle it.
+    Admitted {
+        /// Requests ref (bucket id, log member or "0").
+        requests_ref: String,
+        /// Tokens ref.
+        tokens_ref: String,
+        /// Redis time of the decision (ms).
+        now_ms: u64,
+    },
+    /// Charged nowhere.
+    Refused {
+        /// `requests`, `tokens` or `concurrency`.
+        dimension: String,
+        /// When trying again can help; `None`: never (cost above the capacity).
+        retry_after_ms: Option<u64>,
+    },
+}
+
+/// Why a Redis call gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No answer within the configured timeout.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Connection or protocol error.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The script answered something it never answers.
+    #[error("unexpected answer from {script}: {detail}")]
+    Unexpected {
+        /// Which script.
+        script: &'static str,
+        /// What came back.
+        detail: String,
+    },
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// A Redis server or cluster running tollgate's scripts.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Conn,
+    timeout: Duration,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl RedisStore {
+    /// A store on one server at `url` (`redis://host:port/db`). Connects lazily and
+    /// reconnects by itself, so a node starts (degraded) while Redis is down.
+    pub fn single(
+        url: &str,
+        timeout: Duration,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let manager = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(RedisStore {
+            conn: Conn::Single(manager),
+            timeout,
+            metrics,
+        })
+    }
+
+    /// A store on a Redis Cluster reached through `urls` (any of its nodes).
+    pub async fn cluster(
+        urls: &[String],
+        timeout: Duration,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<RedisStore, StoreError> {
+        let client = redis::cluster::ClusterClientBuilder::new(urls.to_vec())
+            .response_timeout(timeout)
+            .connection_timeout(timeout.max(Duration::from_millis(100)))
+            .build()?;
+        let conn = client.get_async_connection().await?;
+        Ok(RedisStore {
+            conn: Conn::Cluster(conn),
+            timeout,
+            metrics,
+        })
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn run<T: FromRedisValue>(
+        &self,
+        script: &'static str,
+        invocation: ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let call = async {
+            match self.conn.clone() {
+                Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
+                Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+            }
+        };
+        let result = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        };
+        if let Some(m) = &self.metrics {
+            let kind = match &result {
+                Ok(_) => None,
+                Err(StoreError::Timeout(_)) => Some("timeout"),
+                Err(_) => Some("error"),
+            };
+            m.redis_call(script, started.elapsed().as_secs_f64(), kind);
+        }
+        result
+    }
+
+    /// Reserves one request on every dimension of `keys`' scope, or on none.
+    pub async fn reserve(&self, keys: &ScopeKeys, r: &Reservation) -> Result<Reserved, StoreError> {
+        let mut inv = scripts::RESERVE.prepare_invoke();
+        inv.key(&keys.requests)
+            .key(&keys.tokens)
+            .key(&keys.concurrency)
+            .arg(r.token_cost)
+            .arg(&r.permit_id)
+            .arg(r.slot_ttl_ms)
+            .arg(&r.requests.args()[..])
+            .arg(&r.tokens.args()[..])
+            .arg(r.concurrency);
+        let answer: Vec<redis::Value> = self.run("reserve", inv).await?;
+        parse_reserved(&answer)
+    }
+
+    /// Settles a reservation: each dimension to its real cost, its slot freed.
+    /// Returns the corrections applied `(requests, tokens)`.
+    pub async fn settle(
+        &self,
+        keys: &ScopeKeys,
+        r: &Reservation,
+        refs: (&str, &str),
+        actual: (u64, u64),
+    ) -> Result<(i64, i64), StoreError> {
+        let mut inv = scripts::SETTLE.prepare_invoke();
+        let permit = if r.concurrency > 0 {
+            r.permit_id.as_str()
+        } else {
+            ""
+        };
+        inv.key(&keys.requests)
+            .key(&keys.tokens)
+            .key(&keys.concurrency)
+            .arg(permit)
+            .arg(&r.requests.args()[..])
+            .arg(refs.0)
+            .arg(1)
+            .arg(actual.0)
+            .arg(&r.tokens.args()[..])
+            .arg(refs.1)
+            .arg(r.token_cost)
+            .arg(actual.1);
+        self.run("settle", inv).await
+    }
+
+    /// Runs a semaphore operation (`acquire`, `heartbeat`, `release`).
+    pub async fn semaphore(
+        &self,
+        key: &str,
+        op: &str,
+        permit_id: &str,
+        cap: u64,
+        ttl_ms: u64,
+    ) -> Result<i64, StoreError> {
+        let mut inv = scripts::SEMAPHORE.prepare_invoke();
+        inv.key(key).arg(op).arg(permit_id).arg(cap).arg(ttl_ms);
+        self.run("semaphore", inv).await
+    }
+
+    /// States `holder`'s credit line for one key to Redis (`redis-lease` mode) and
+    /// returns the owner's reply, or the script's refusal (`stale`).
+    pub async fn lease(
+        &self,
+        key: &str,
+        holder: &str,
+        line: &LeaseLine,
+        request: &SyncRequest,
+        floors: &[(String, u64)],
+    ) -> Result<Result<SyncReply, String>, StoreError> {
+        let mut inv = scripts::LEASE.prepare_invoke();
+        let kind = if line.windowed { "window" } else { "slots" };
+        inv.key(key)
+            .arg(holder)
+            .arg(kind)
+            .arg(line.capacity)
+            .arg(line.window_ms)
+            .arg(line.bucket_ms)
+            .arg(line.max_credit)
+            .arg(line.ttl_ms)
+            .arg(request.seq)
+            .arg(request.remaining)
+            .arg(request.want)
+            .arg(floors.len());
+        for (member, floor) in floors {
+            inv.arg(member).arg(*floor);
+        }
+        for (bucket, cost) in &request.usage {
+            inv.arg(*bucket).arg(*cost);
+        }
+        let answer: Vec<redis::Value> = self.run("lease", inv).await?;
+        let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).ok();
+        match answer.as_slice() {
+            [credit, granted, ttl] => match (int(credit), int(granted), int(ttl)) {
+                (Some(c), Some(g), Some(t)) if c >= 0 && g >= 0 && t > 0 => Ok(Ok(SyncReply {
+                    credit: c as u64,
+                    granted: g as u64,
+                    ttl_ms: t as u64,
+                })),
+                _ => Err(StoreError::Unexpected {
+                    script: "lease",
+                    detail: format!("{answer:?}"),
+                }),
+            },
+            [_, reason] => {
+                Ok(Err(redis::from_redis_value_ref::<String>(reason)
+                    .unwrap_or_else(|_| "refused".into())))
+            }
+            _ => Err(StoreError::Unexpected {
+                script: "lease",
+                detail: format!("{answer:?}"),
+            }),
+        }
+    }
+
+    /// Runs a plain command (tests and tools: `SCRIPT FLUSH`, `PING`).
+    pub async fn command<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let call = async {
+            match self.conn.clone() {
+                Conn::Single(mut c) => c.req_packed_command(cmd).await,
+                Conn::Cluster(mut c) => c.req_packed_command(cmd).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), call).await {
+            Ok(Ok(value)) => redis::from_redis_value(value).map_err(|e| StoreError::Unexpected {
+                script: "command",
+                detail: e.to_string(),
+            }),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+fn parse_reserved(answer: &[redis::Value]) -> Result<Reserved, StoreError> {
+    let unexpected = || StoreError::Unexpected {
+        script: "reserve",
+        detail: format!("{answer:?}"),
+    };
+    let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).ok();
+    let text = |v: &redis::Value| redis::from_redis_value_ref::<String>(v).ok();
+    match answer {
+        [ok, a, b, now] if int(ok) == Some(1) => Ok(Reserved::Admitted {
+            requests_ref: text(a).ok_or_else(unexpected)?,
+            tokens_ref: text(b).ok_or_else(unexpected)?,
+            now_ms: int(now).ok_or_else(unexpected)? as u64,
+        }),
+        [ok, dim, retry] if int(ok) == Some(0) => {
+            let retry = int(retry).ok_or_else(unexpected)?;
+            Ok(Reserved::Refused {
+                dimension: text(dim).ok_or_else(unexpected)?,
+                retry_after_ms: u64::try_from(retry).ok(),
+            })
+        }
+        _ => Err(unexpected()),
+    }
+}

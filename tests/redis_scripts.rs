@@ -1,0 +1,324 @@
+//! The Lua scripts against a real redis-server (and a real 3-shard Redis Cluster)
+//! started by the tests: window boundaries, refunds, debt, all-or-nothing, GCRA,
+//! the exact log's retry-after, ghost slots expiring, NOSCRIPT after SCRIPT FLUSH,
+//! concurrent callers from several clients, and a stalled Redis timing out.
+
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
+mod common;
+
+use common::redis::{RedisCluster, RedisServer};
+use std::time::Duration;
+use tollgate::redis::{Algorithm, DimSpec, RedisStore, Reservation, Reserved, ScopeKeys};
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::single(&server.url(), TIMEOUT, None).unwrap()
+}
+
+fn window(capacity: u64) -> DimSpec {
+    DimSpec {
+        algorithm: Algorithm::Window { bucket_ms: 100 },
+        capacity,
+        window_ms: 1_000,
+    }
+}
+
+fn reservation(requests: DimSpec, tokens: DimSpec, token_cost: u64) -> Reservation {
+    Reservation {
+        requests,
+        tokens,
+        token_cost,
+        concurrency: 0,
+        permit_id: String::new(),
+        slot_ttl_ms: 0,
+    }
+}
+
+fn admitted(r: &Reserved) -> (String, String) {
+    match r {
+        Reserved::Admitted {
+            requests_ref,
+            tokens_ref,
+            ..
+        } => (requests_ref.clone(), tokens_ref.clone()),
+        other => panic!("expected admission, got {other:?}"),
+    }
+}
+
+fn refused(r: &Reserved) -> (String, Option<u64>) {
+    match r {
+        Reserved::Refused {
+            dimension,
+            retry_after_ms,
+        } => (dimension.clone(), *retry_after_ms),
+        other => panic!("expected refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn window_admits_its_capacity_then_refuses_with_the_time_until_room() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "tenant:w");
+    let r = reservation(window(5), DimSpec::NONE, 0);
+    for _ in 0..5 {
+        admitted(&s.reserve(&keys, &r).await.unwrap());
+    }
+    let (dim, retry) = refused(&s.reserve(&keys, &r).await.unwrap());
+    assert_eq!(dim, "requests");
+    // The bucket holding the five counts until its end has left the window: within
+    // (W - w, W + w] from now.
+    let retry = retry.unwrap();
+    assert!((900..=1_100).contains(&retry), "retry {retry}");
+    tokio::time::sleep(Duration::from_millis(retry)).await;
+    admitted(&s.reserve(&keys, &r).await.unwrap());
+    // A cost above the capacity can never fit.
+    let big = reservation(DimSpec::NONE, window(10), 11);
+    assert_eq!(
+        refused(&s.reserve(&keys, &big).await.unwrap()),
+        ("tokens".into(), None)
+    );
+}
+
+#[tokio::test]
+async fn all_or_nothing_refunds_and_debt_go_to_the_reservations_bucket() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "tenant:t");
+    let r = reservation(window(100), window(1_000), 600);
+    let first = admitted(&s.reserve(&keys, &r).await.unwrap());
+    // 600 + 600 > 1000 tokens: refused, and the request dimension is not charged.
+    assert_eq!(refused(&s.reserve(&keys, &r).await.unwrap()).0, "tokens");
+    // Settle the first at 100 real tokens: 500 refunded into its bucket.
+    let corrections = s
+        .settle(&keys, &r, (&first.0, &first.1), (1, 100))
+        .await
+        .unwrap();
+    assert_eq!(corrections, (0, -500));
+    let second = admitted(&s.reserve(&keys, &r).await.unwrap());
+    // 700 used; a debt of 300 on the second fills the window exactly.
+    s.settle(&keys, &r, (&second.0, &second.1), (1, 900))
+        .await
+        .unwrap();
+    let one = reservation(DimSpec::NONE, window(1_000), 1);
+    assert_eq!(refused(&s.reserve(&keys, &one).await.unwrap()).0, "tokens");
+    // Two requests were charged, never the refused one: 98 more fit, not 99.
+    let req = reservation(window(100), DimSpec::NONE, 0);
+    for _ in 0..98 {
+        admitted(&s.reserve(&keys, &req).await.unwrap());
+    }
+    assert_eq!(
+        refused(&s.reserve(&keys, &req).await.unwrap()).0,
+        "requests"
+    );
+}
+
+#[tokio::test]
+async fn gcra_spaces_requests_by_the_emission_interval() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "tenant:g");
+    let gcra = DimSpec {
+        algorithm: Algorithm::Gcra { burst: 10 },
+        capacity: 10,
+        window_ms: 1_000,
+    };
+    let r = reservation(gcra, DimSpec::NONE, 0);
+    for _ in 0..10 {
+        admitted(&s.reserve(&keys, &r).await.unwrap());
+    }
+    let (_, retry) = refused(&s.reserve(&keys, &r).await.unwrap());
+    // One emission interval (100 ms) minus the little time that passed.
+    assert!((50..=100).contains(&retry.unwrap()), "{retry:?}");
+    tokio::time::sleep(Duration::from_millis(retry.unwrap())).await;
+    admitted(&s.reserve(&keys, &r).await.unwrap());
+}
+
+#[tokio::test]
+async fn the_exact_log_says_when_enough_cost_has_left_not_just_the_oldest_entry() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "tenant:l");
+    let log = DimSpec {
+        algorithm: Algorithm::Log,
+        capacity: 10,
+        window_ms: 1_000,
+    };
+    let three = reservation(DimSpec::NONE, log, 3);
+    admitted(&s.reserve(&keys, &three).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    admitted(&s.reserve(&keys, &three).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    admitted(&s.reserve(&keys, &three).await.unwrap());
+    // 9 used at t = 0, 300, 600; 5 more need 4 freed: the first two entries
+    // (3 + 3), so the time until the *second* leaves (t = 1300, ~700 ms from now),
+    // not the oldest (t = 1000, ~400 ms), which would only free 3.
+    let five = reservation(DimSpec::NONE, log, 5);
+    let retry = refused(&s.reserve(&keys, &five).await.unwrap()).1.unwrap();
+    assert!((600..=720).contains(&retry), "retry {retry}");
+    tokio::time::sleep(Duration::from_millis(retry)).await;
+    admitted(&s.reserve(&keys, &five).await.unwrap());
+}
+
+#[tokio::test]
+async fn ghost_slots_expire_and_heartbeats_keep_live_ones() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let key = ScopeKeys::new("tg", "tenant:s").concurrency;
+    assert_eq!(s.semaphore(&key, "acquire", "a", 2, 300).await.unwrap(), 0);
+    assert_eq!(s.semaphore(&key, "acquire", "b", 2, 300).await.unwrap(), 0);
+    let retry = s.semaphore(&key, "acquire", "c", 2, 300).await.unwrap();
+    assert!((1..=300).contains(&retry), "retry {retry}");
+    // a keeps beating, b's holder crashed: b's slot comes back by itself.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            s.semaphore(&key, "heartbeat", "a", 0, 300).await.unwrap(),
+            1
+        );
+    }
+    assert_eq!(s.semaphore(&key, "acquire", "c", 2, 300).await.unwrap(), 0);
+    assert_eq!(
+        s.semaphore(&key, "heartbeat", "b", 0, 300).await.unwrap(),
+        0,
+        "b expired"
+    );
+    assert_eq!(s.semaphore(&key, "release", "a", 0, 0).await.unwrap(), 1);
+    assert_eq!(s.semaphore(&key, "acquire", "d", 2, 300).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn scripts_reload_after_script_flush() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "tenant:f");
+    let r = reservation(window(10), DimSpec::NONE, 0);
+    admitted(&s.reserve(&keys, &r).await.unwrap());
+    let _: () = s.command(redis::cmd("SCRIPT").arg("FLUSH")).await.unwrap();
+    let loaded: Vec<bool> = s
+        .command(
+            redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(tollgate::redis::scripts::RESERVE.get_hash()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(loaded, vec![false], "flushed");
+    admitted(&s.reserve(&keys, &r).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_from_several_clients_never_exceed_the_capacity() {
+    let server = RedisServer::start();
+    let keys = ScopeKeys::new("tg", "tenant:c");
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        // Four "nodes", each with its own connection, 50 concurrent callers each.
+        let s = store(&server);
+        for _ in 0..50 {
+            let s = s.clone();
+            let keys = keys.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = Reservation {
+                    requests: window(1_000),
+                    tokens: window(100),
+                    token_cost: 1,
+                    concurrency: 0,
+                    permit_id: String::new(),
+                    slot_ttl_ms: 0,
+                };
+                matches!(
+                    s.reserve(&keys, &r).await.unwrap(),
+                    Reserved::Admitted { .. }
+                )
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += u32::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 100, "exactly the capacity, from 200 callers");
+}
+
+#[tokio::test]
+async fn a_stalled_redis_times_out_fast_and_recovers() {
+    let server = RedisServer::start();
+    let s = RedisStore::single(&server.url(), Duration::from_millis(15), None).unwrap();
+    let keys = ScopeKeys::new("tg", "tenant:p");
+    let r = reservation(window(10), DimSpec::NONE, 0);
+    admitted(&s.reserve(&keys, &r).await.unwrap());
+    server.pause(true);
+    let started = tokio::time::Instant::now();
+    let err = s.reserve(&keys, &r).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            tollgate::redis::StoreError::Timeout(_) | tollgate::redis::StoreError::Redis(_)
+        ),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        started.elapsed()
+    );
+    server.pause(false);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(r) = s.reserve(&keys, &r).await {
+            admitted(&r);
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
+    let cluster = RedisCluster::start(3);
+    let s = RedisStore::cluster(&cluster.urls(), TIMEOUT, None)
+        .await
+        .unwrap();
+    // Scopes hash to different slots (and so shards); each scope's keys share one.
+    for scope in [
+        "tenant:a",
+        "tenant:b",
+        "tenant:c",
+        "upstream:x",
+        "upstream:y",
+    ] {
+        let keys = ScopeKeys::new("tg", scope);
+        let r = Reservation {
+            requests: window(3),
+            tokens: DimSpec {
+                algorithm: Algorithm::Log,
+                capacity: 100,
+                window_ms: 1_000,
+            },
+            token_cost: 10,
+            concurrency: 2,
+            permit_id: format!("{scope}-1"),
+            slot_ttl_ms: 1_000,
+        };
+        let refs = admitted(&s.reserve(&keys, &r).await.unwrap());
+        s.settle(&keys, &r, (&refs.0, &refs.1), (1, 5))
+            .await
+            .unwrap();
+        for i in 2..=3 {
+            let r = Reservation {
+                permit_id: format!("{scope}-{i}"),
+                ..r.clone()
+            };
+            admitted(&s.reserve(&keys, &r).await.unwrap());
+        }
+        assert_eq!(
+            refused(&s.reserve(&keys, &r).await.unwrap()).0,
+            "requests",
+            "{scope}"
+        );
+    }
+}
