@@ -9,7 +9,10 @@
 -- ARGV[1] holder id, ARGV[2] kind ('window' | 'slots'), ARGV[3] cap L,
 -- ARGV[4] window_ms, ARGV[5] bucket_ms, ARGV[6] max_credit, ARGV[7] ttl_ms,
 -- ARGV[8] seq (only grows per holder), ARGV[9] remaining credit (slots: in use),
--- ARGV[10] want, ARGV[11] n = number of floors, then n pairs (member, floor):
+-- ARGV[10] want, ARGV[11] the holder's share cap (its demand-weighted share of L
+--         plus borrowing, from gossip: what it may commit in a window, so that if
+--         Redis is lost every node falls back to its share and the total stays
+--         <= L; -1 = no cap), ARGV[12] n = number of floors, then n pairs (member, floor):
 --         members that announced over gossip they lost Redis, charged at least
 --         their share; then (bucket, cost) pairs: the holder's usage.
 -- Returns {credit, granted, ttl_ms} or {-1, reason} ('stale') with nothing changed.
@@ -23,9 +26,10 @@ local key, me_id, kind = KEYS[1], ARGV[1], ARGV[2]
 local cap, window_ms, bucket_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_credit, ttl, seq = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local remaining, want = tonumber(ARGV[9]), tonumber(ARGV[10])
-local n_floors = tonumber(ARGV[11])
+local share_cap = tonumber(ARGV[11])
+local n_floors = tonumber(ARGV[12])
 local floors = {}
-for i = 0, n_floors - 1 do floors[ARGV[12 + 2 * i]] = tonumber(ARGV[13 + 2 * i]) end
+for i = 0, n_floors - 1 do floors[ARGV[13 + 2 * i]] = tonumber(ARGV[14 + 2 * i]) end
 local windowed = kind == 'window'
 local now_b = math.floor(now / bucket_ms)
 
@@ -62,7 +66,7 @@ if me and seq <= me.s then return { -1, 'stale' } end
 
 local usage, used = {}, 0
 if windowed then
-  for i = 12 + 2 * n_floors, #ARGV, 2 do
+  for i = 13 + 2 * n_floors, #ARGV, 2 do
     local b, c = math.min(tonumber(ARGV[i]), now_b), tonumber(ARGV[i + 1])
     if counts(b) and c > 0 then
       usage[tostring(b)] = (usage[tostring(b)] or 0) + c
@@ -90,8 +94,9 @@ for id, f in pairs(floors) do
 end
 local expired = me and (windowed and sum_in_window(me.x) or 0) or 0
 local mine = used + expired + accepted
-local granted = math.max(0, math.min(want, cap - others - mine,
-  math.max(max_credit, want) - accepted))
+local room = math.min(want, cap - others - mine, math.max(max_credit, want) - accepted)
+if share_cap >= 0 then room = math.min(room, share_cap - mine) end
+local granted = math.max(0, room)
 
 local account = { u = usage, c = accepted + granted, t = now + ttl,
                   x = me and me.x or {}, s = seq }

@@ -322,3 +322,143 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
         );
     }
 }
+
+fn line(windowed: bool, capacity: u64, max_credit: u64, ttl_ms: u64) -> tollgate::redis::LeaseLine {
+    tollgate::redis::LeaseLine {
+        windowed,
+        capacity,
+        window_ms: 1_000,
+        bucket_ms: 100,
+        max_credit,
+        ttl_ms,
+    }
+}
+
+fn statement(
+    seq: u64,
+    usage: &[(u64, u64)],
+    remaining: u64,
+    want: u64,
+) -> tollgate_cluster::lease::line::SyncRequest {
+    tollgate_cluster::lease::line::SyncRequest {
+        seq,
+        usage: usage.to_vec(),
+        remaining,
+        want,
+    }
+}
+
+#[tokio::test]
+async fn lease_lines_grant_within_capacity_conserve_and_charge_expired_credit() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let key = ScopeKeys::lease("tg", "tenant:q", "tokens");
+    let l = line(true, 100, 40, 300);
+    let credit = |r: Result<tollgate_cluster::lease::line::SyncReply, String>| r.unwrap().credit;
+    assert_eq!(
+        credit(
+            s.lease(&key, "a", &l, &statement(1, &[], 0, 40), None, &[])
+                .await
+                .unwrap()
+        ),
+        40
+    );
+    // b asks for more than max_credit: the cap stretches to one large request.
+    assert_eq!(
+        credit(
+            s.lease(&key, "b", &l, &statement(1, &[], 0, 70), None, &[])
+                .await
+                .unwrap()
+        ),
+        60
+    );
+    assert_eq!(
+        credit(
+            s.lease(&key, "c", &l, &statement(1, &[], 0, 10), None, &[])
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    // A stale statement changes nothing.
+    assert_eq!(
+        s.lease(&key, "a", &l, &statement(1, &[], 40, 0), None, &[])
+            .await
+            .unwrap(),
+        Err("stale".to_owned())
+    );
+    // a spent 30 (in the current bucket) and claims 35 left: only 10 accepted.
+    let now_bucket = {
+        let t: Vec<u64> = s.command(&redis::cmd("TIME")).await.unwrap();
+        (t[0] * 1000 + t[1] / 1000) / 100
+    };
+    let r = s
+        .lease(
+            &key,
+            "a",
+            &l,
+            &statement(2, &[(now_bucket, 30)], 35, 0),
+            None,
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(credit(r), 10);
+    // b goes silent: after its ttl its 60 count as spent until they leave the window.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(
+        credit(
+            s.lease(&key, "c", &l, &statement(2, &[], 0, 10), None, &[])
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    // A member that lost Redis is charged its floor: room shrinks accordingly.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let floors = vec![("z".to_owned(), 70)];
+    assert_eq!(
+        credit(
+            s.lease(&key, "c", &l, &statement(3, &[], 0, 40), None, &floors)
+                .await
+                .unwrap()
+        ),
+        30
+    );
+    // A share cap bounds what a holder commits in the window (its fallback share).
+    let capped = ScopeKeys::lease("tg", "tenant:cap", "tokens");
+    let r = s
+        .lease(&capped, "a", &l, &statement(1, &[], 0, 40), Some(15), &[])
+        .await
+        .unwrap();
+    assert_eq!(credit(r), 15);
+    // Slots: held until ttl, in-use always counted.
+    let slots = ScopeKeys::lease("tg", "tenant:q", "concurrency");
+    let sl = line(false, 2, 2, 300);
+    assert_eq!(
+        credit(
+            s.lease(&slots, "a", &sl, &statement(1, &[], 1, 1), None, &[])
+                .await
+                .unwrap()
+        ),
+        2
+    );
+    assert_eq!(
+        credit(
+            s.lease(&slots, "b", &sl, &statement(1, &[], 0, 1), None, &[])
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(
+        credit(
+            s.lease(&slots, "b", &sl, &statement(2, &[], 0, 1), None, &[])
+                .await
+                .unwrap()
+        ),
+        1,
+        "a's slots expired"
+    );
+}

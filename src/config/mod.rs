@@ -106,6 +106,11 @@ impl Config {
             cluster.secret =
                 Some(expand_env(secret, env).map_err(|r| invalid("cluster.secret".into(), r))?);
         }
+        if let Some(redis) = &mut self.redis
+            && let Some(url) = &redis.url
+        {
+            redis.url = Some(expand_env(url, env).map_err(|r| invalid("redis.url".into(), r))?);
+        }
         for (i, upstream) in self.upstreams.iter_mut().enumerate() {
             if let Some(key) = &upstream.api_key {
                 upstream.api_key = Some(

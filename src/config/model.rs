@@ -81,6 +81,9 @@ pub struct Config {
     /// Join a cluster: share every limit with the other nodes (absent: one node).
     #[serde(default)]
     pub cluster: Option<ClusterConfig>,
+    /// `[redis]`: the server (or cluster) of the Redis strict modes.
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
 }
 
 /// How a node learns what the rest of the cluster spent. Each mode makes a written
@@ -103,6 +106,52 @@ pub enum SyncMode {
     /// `max_borrow = 0`, the default). The cluster default.
     #[default]
     Lease,
+    /// Strict: one atomic Lua call per reservation and per settlement. Promise:
+    /// <= L; a node that loses Redis falls back to its share and says so over
+    /// gossip. Needs `[redis]`.
+    Redis,
+    /// Credit carved from Redis by a Lua script, spent locally. Promise: <= L; a
+    /// node that loses Redis spends its credit, then its share, and says so over
+    /// gossip so peers charge it there. Needs `[redis]`.
+    RedisLease,
+}
+
+impl SyncMode {
+    /// Whether the mode needs `[redis]`.
+    pub fn uses_redis(self) -> bool {
+        matches!(self, SyncMode::Redis | SyncMode::RedisLease)
+    }
+
+    /// Whether keys are bounded by leased credit (`lease`, `redis-lease`).
+    pub fn leases(self) -> bool {
+        matches!(self, SyncMode::Lease | SyncMode::RedisLease)
+    }
+}
+
+/// `[redis]`: where the Redis strict modes keep their state.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// One server: `redis://host:port/db` (`${ENV}` is expanded, for passwords).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// A Redis Cluster: any of its nodes (`redis://host:port`).
+    #[serde(default)]
+    pub cluster_urls: Vec<String>,
+    /// Longest wait for one script call; beyond it the node degrades to its share.
+    #[serde(default = "default_redis_timeout", with = "super::duration")]
+    pub timeout: Duration,
+    /// Prefix of every key tollgate writes.
+    #[serde(default = "default_redis_prefix")]
+    pub key_prefix: String,
+}
+
+fn default_redis_timeout() -> Duration {
+    Duration::from_millis(15)
+}
+
+fn default_redis_prefix() -> String {
+    "tg".to_owned()
 }
 
 /// What `local` mode gives each node.

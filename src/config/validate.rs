@@ -72,7 +72,13 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
         );
     }
     if cluster.mode == super::SyncMode::Lease {
+        validate_rpc(cluster)?;
+    }
+    if cluster.mode.leases() {
         validate_lease(cluster, detection)?;
+    }
+    if cluster.mode.uses_redis() {
+        validate_redis(config)?;
     }
     // Cluster counters publish the local window's buckets, which only the bucketed
     // sliding window has.
@@ -90,7 +96,7 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
     Ok(())
 }
 
-fn validate_lease(cluster: &super::ClusterConfig, detection: Duration) -> Result<(), Violation> {
+fn validate_rpc(cluster: &super::ClusterConfig) -> Result<(), Violation> {
     let Some(rpc) = cluster.rpc_listen else {
         return fail(
             "cluster.rpc_listen",
@@ -109,6 +115,10 @@ fn validate_lease(cluster: &super::ClusterConfig, detection: Duration) -> Result
             "`lease` mode needs a shared secret of at least 16 characters (e.g. \"${TOLLGATE_CLUSTER_SECRET}\")",
         );
     }
+    Ok(())
+}
+
+fn validate_lease(cluster: &super::ClusterConfig, detection: Duration) -> Result<(), Violation> {
     let lease = &cluster.lease;
     // A holder cut off by a dead owner must not see its credit end before the
     // cluster has even noticed the death, and a dead holder's credit must not come
@@ -137,6 +147,43 @@ fn validate_lease(cluster: &super::ClusterConfig, detection: Duration) -> Result
         return fail(
             "cluster.lease.rpc_timeout",
             "must be > 0 and at most half of cluster.lease.ttl",
+        );
+    }
+    Ok(())
+}
+
+fn validate_redis(config: &Config) -> Result<(), Violation> {
+    let Some(redis) = &config.redis else {
+        return fail(
+            "redis",
+            "modes `redis` and `redis-lease` need a [redis] section with `url` or `cluster_urls`",
+        );
+    };
+    match (&redis.url, redis.cluster_urls.is_empty()) {
+        (Some(_), false) => {
+            return fail("redis.url", "give either `url` or `cluster_urls`, not both");
+        }
+        (None, true) => return fail("redis.url", "missing: `url` (or `cluster_urls`)"),
+        _ => {}
+    }
+    for (field, url) in (redis.url.iter().map(|u| ("redis.url".to_owned(), u))).chain(
+        redis
+            .cluster_urls
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (format!("redis.cluster_urls[{i}]"), u)),
+    ) {
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            return fail(field, format!("{url:?} is not a redis:// URL"));
+        }
+    }
+    if !(Duration::from_millis(1)..=Duration::from_secs(1)).contains(&redis.timeout) {
+        return fail("redis.timeout", "must be between 1ms and 1s");
+    }
+    if redis.key_prefix.is_empty() || redis.key_prefix.contains(['{', '}', ' ']) {
+        return fail(
+            "redis.key_prefix",
+            "must be non-empty, without braces or spaces",
         );
     }
     Ok(())

@@ -191,7 +191,7 @@ fn bind_allowances(
                 (_, Err(_)) => None,
             };
             match (cluster.mode, kind) {
-                (SyncMode::Lease, Some(kind)) => {
+                (mode, Some(kind)) if mode.leases() => {
                     let credit = Credit::new(Budget::new(kind, policy), wake.clone());
                     let slot = match dimension {
                         Dimension::Requests => &mut spec.allowances.credits.requests,
@@ -201,7 +201,7 @@ fn bind_allowances(
                     *slot = Some(credit.clone());
                     binding.credit = Some(credit);
                 }
-                (SyncMode::Lease, None) => continue,
+                (mode, None) if mode.leases() => continue,
                 _ => {
                     let allowance = Allowance::new(0);
                     let slot = match dimension {

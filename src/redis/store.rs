@@ -290,13 +290,15 @@ impl RedisStore {
     }
 
     /// States `holder`'s credit line for one key to Redis (`redis-lease` mode) and
-    /// returns the owner's reply, or the script's refusal (`stale`).
+    /// returns the owner's reply, or the script's refusal (`stale`). `share_cap`:
+    /// the most the holder may commit in a window (its share + borrowing).
     pub async fn lease(
         &self,
         key: &str,
         holder: &str,
         line: &LeaseLine,
         request: &SyncRequest,
+        share_cap: Option<u64>,
         floors: &[(String, u64)],
     ) -> Result<Result<SyncReply, String>, StoreError> {
         let mut inv = scripts::LEASE.prepare_invoke();
@@ -312,6 +314,7 @@ impl RedisStore {
             .arg(request.seq)
             .arg(request.remaining)
             .arg(request.want)
+            .arg(share_cap.map_or(-1, |c| c.min(i64::MAX as u64) as i64))
             .arg(floors.len());
         for (member, floor) in floors {
             inv.arg(member).arg(*floor);

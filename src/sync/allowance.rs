@@ -74,12 +74,15 @@ impl SyncPolicy for GossipPolicy {
     }
 }
 
-/// The policy of a configured mode. `lease` is refused by config validation until it
-/// is built; should it get here, it is held to the gossip rule.
+/// The allowance policy of a configured mode. Leased modes (`lease`,
+/// `redis-lease`) bound keys with credit instead and never read an allowance;
+/// `redis` uses allowances only as its fallback while Redis is lost (its share).
 pub fn policy(mode: SyncMode, share: LocalShare) -> Box<dyn SyncPolicy> {
     match mode {
         SyncMode::Local => Box::new(LocalPolicy { share }),
-        SyncMode::Gossip | SyncMode::Lease => Box::new(GossipPolicy),
+        SyncMode::Gossip | SyncMode::Lease | SyncMode::Redis | SyncMode::RedisLease => {
+            Box::new(GossipPolicy)
+        }
     }
 }
 

@@ -22,12 +22,16 @@ use tollgate_cluster::membership::{Member, Membership};
 /// readers can tell how stale their view of each member is (convergence lag).
 pub const ROUND_AT_KEY: &str = "sync:at";
 
+/// The key a node sets to `1` while it cannot reach Redis (`redis-lease`), so peers
+/// that still reach Redis charge its share there.
+pub const REDIS_LOST_KEY: &str = "redis:lost";
+
 /// What the engine feeds `lease` mode each round.
 pub struct LeaseFeed {
     /// The view the holder loop and the owner book read.
     pub view: Arc<RwLock<Arc<View>>>,
-    /// The lines this node owns.
-    pub book: Arc<OwnerBook>,
+    /// The lines this node owns (`lease`; `None` in `redis-lease`, where Redis owns).
+    pub book: Option<Arc<OwnerBook>>,
     /// Borrowing beyond shares, as a fraction of L.
     pub max_borrow: f64,
     /// Owners the holder loop cannot reach (degraded while any).
@@ -84,6 +88,8 @@ pub struct Engine {
     dead: Vec<String>,
     /// How old the stalest live member's last round is here (ms).
     lag_ms: u64,
+    /// Members (this one included) that announced they cannot reach Redis.
+    redis_lost: Vec<String>,
     status: Arc<Mutex<ClusterStatus>>,
 }
 
@@ -117,6 +123,7 @@ impl Engine {
             frozen: HashMap::new(),
             dead: Vec::new(),
             lag_ms: 0,
+            redis_lost: Vec::new(),
             status,
         }
     }
@@ -133,6 +140,10 @@ impl Engine {
         let own = self.record_own(&exports, now_ms);
         let mut published = self.counters.publish(now_ms);
         published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
+        if self.mode.uses_redis() {
+            let lost = self.redis_lost_here();
+            published.push((REDIS_LOST_KEY.to_owned(), u8::from(lost).to_string()));
+        }
         let bytes: usize = published.iter().map(|(k, v)| k.len() + v.len()).sum();
         let publish_error = match self.membership.set_many(published).await {
             Ok(()) => None,
@@ -178,13 +189,18 @@ impl Engine {
                     .clone()
             })
             .unwrap_or_default();
-        metrics.degraded("owner_unreachable", !cut_off.is_empty());
+        let redis_lost = self.redis_lost_here();
+        metrics.degraded("owner_unreachable", !cut_off.is_empty() && !redis_lost);
+        metrics.degraded("redis_unreachable", redis_lost);
         let degraded = match (&publish_error, self.dead.is_empty(), cut_off.is_empty()) {
             (Some(e), _, _) => Some(format!("publish_failed: {e}")),
             (None, false, _) => Some(format!(
                 "members_unreachable: {} charged their frozen share until they return or are collected",
                 self.dead.join(", ")
             )),
+            (None, true, false) if redis_lost => Some(
+                "redis_unreachable: spending the credit held, then this node's share (peers charge that share in Redis)".to_owned(),
+            ),
             (None, true, false) => Some(format!(
                 "owner_unreachable: {}: keys they own spend the credit held, then the cut-off policy",
                 cut_off.join(", ")
@@ -266,12 +282,19 @@ impl Engine {
     /// stalest live peer's last round is in this node's view (ms).
     async fn read_cluster(&mut self, now_ms: u64) -> (u64, u64, u64) {
         let (mut refused, mut received, mut lag) = (0, 0, 0);
+        let mut redis_lost = Vec::new();
         let mut live = HashSet::new();
         let members = self.membership.live_values("").await;
         let mut usage = lock(&self.usage);
         for (member, values) in members {
             let node = member.to_string();
             for (key, value) in &values {
+                if key == REDIS_LOST_KEY {
+                    if value == "1" {
+                        redis_lost.push(node.clone());
+                    }
+                    continue;
+                }
                 if key == ROUND_AT_KEY {
                     if node != self.self_id
                         && let Ok(at) = value.parse::<u64>()
@@ -293,6 +316,8 @@ impl Engine {
         }
         live.insert(self.self_id.clone());
         usage.retain_nodes(&live);
+        redis_lost.sort();
+        self.redis_lost = redis_lost;
         (refused, received, lag)
     }
 
@@ -308,6 +333,7 @@ impl Engine {
                     rpc: m.metadata.rpc_addr.clone(),
                 })
                 .collect(),
+            redis_lost: self.redis_lost.clone(),
             ..View::default()
         };
         for binding in &self.state.bindings {
@@ -395,12 +421,25 @@ impl Engine {
         drop(usage);
         if let Some(feed) = &self.lease {
             *feed.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(lease_view);
-            feed.book.on_round();
+            if let Some(book) = &feed.book {
+                book.on_round();
+            }
         }
         self.status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .global_usage = views;
+    }
+}
+
+impl Engine {
+    /// Whether this node's holder loop currently cannot reach Redis.
+    fn redis_lost_here(&self) -> bool {
+        (self.lease.as_ref()).is_some_and(|feed| {
+            (feed.cut_off.read().unwrap_or_else(|p| p.into_inner()))
+                .iter()
+                .any(|o| o == super::lease::holder::REDIS_OWNER)
+        })
     }
 }
 

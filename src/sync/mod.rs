@@ -78,6 +78,9 @@ pub enum SyncError {
         /// Why.
         source: std::io::Error,
     },
+    /// The Redis store cannot be set up (bad URL, cluster unreachable at start).
+    #[error("cannot use Redis: {0}")]
+    Redis(String),
     /// A key cannot be leased with these settings.
     #[error("cannot lease {key}: {reason}")]
     Lease {
@@ -135,7 +138,7 @@ pub async fn start(
     let usage = Arc::new(Mutex::new(ClusterUsage::new(window)));
     let (stop, stopped) = watch::channel(false);
     let (lease, lease_tasks) = match config.mode {
-        SyncMode::Lease => {
+        mode if mode.leases() => {
             let (feed, tasks) = start_lease(&state, config, window, &usage, &stopped).await?;
             (Some(feed), tasks)
         }
@@ -170,8 +173,9 @@ pub async fn start(
     })
 }
 
-/// `lease` mode's parts: the owner book, the RPC server on `rpc_listen`, the
-/// holder loop. They read the view the engine writes each round.
+/// The leased modes' parts. `lease`: the owner book, the RPC server on
+/// `rpc_listen`, the holder loop. `redis-lease`: the holder loop with Redis as
+/// the owner of every key. They read the view the engine writes each round.
 async fn start_lease(
     state: &Arc<AppState>,
     config: &ClusterConfig,
@@ -179,6 +183,75 @@ async fn start_lease(
     usage: &Arc<Mutex<ClusterUsage>>,
     stopped: &watch::Receiver<bool>,
 ) -> Result<(LeaseFeed, Vec<JoinHandle<()>>), SyncError> {
+    let lease = &config.lease;
+    let view = Arc::new(RwLock::new(Arc::new(lease::View::default())));
+    let mut tasks = Vec::new();
+    let (owners, book) = if config.mode == SyncMode::RedisLease {
+        let redis = state
+            .config
+            .redis
+            .as_ref()
+            .ok_or_else(|| SyncError::Lease {
+                key: "*".into(),
+                reason: "redis-lease needs [redis]".into(),
+            })?;
+        let store = connect_redis(redis, state).await?;
+        let owners = lease::holder::Owners::Redis {
+            store,
+            prefix: redis.key_prefix.clone(),
+            bucket_ms: window.bucket_ms(),
+        };
+        (owners, None)
+    } else {
+        let book = peer_book(state, config, window, usage, &view)?;
+        tasks.push(serve_rpc(state, config, &book, stopped).await?);
+        (lease::holder::Owners::Peers(book.clone()), Some(book))
+    };
+    let settings = lease::holder::HolderSettings {
+        cluster_id: config.cluster_id.clone(),
+        secret: config.secret.clone().unwrap_or_default(),
+        sync_interval: config.sync_interval,
+        ttl: lease.ttl,
+        window_ms: window.window_ms(),
+        max_credit: lease.max_credit,
+        rpc_timeout: lease.rpc_timeout,
+    };
+    let holder = lease::holder::Holder::new(state.clone(), owners, view.clone(), settings);
+    let holder_cut_off = holder.cut_off.clone();
+    tasks.push(tokio::spawn(holder.run(stopped.clone())));
+    let feed = LeaseFeed {
+        view,
+        book,
+        max_borrow: lease.max_borrow,
+        cut_off: holder_cut_off,
+        fresh_within_ms: 2 * (config.sync_interval + config.gossip_interval).as_millis() as u64,
+    };
+    Ok((feed, tasks))
+}
+
+/// The Redis store of `[redis]` (one server, lazily connected, or a cluster).
+async fn connect_redis(
+    redis: &crate::config::RedisConfig,
+    state: &Arc<AppState>,
+) -> Result<crate::redis::RedisStore, SyncError> {
+    let metrics = Some(state.metrics.clone());
+    let store = match &redis.url {
+        Some(url) => crate::redis::RedisStore::single(url, redis.timeout, metrics),
+        None => {
+            crate::redis::RedisStore::cluster(&redis.cluster_urls, redis.timeout, metrics).await
+        }
+    };
+    store.map_err(|e| SyncError::Redis(e.to_string()))
+}
+
+/// `lease` mode's owner book over the configured keys.
+fn peer_book(
+    state: &Arc<AppState>,
+    config: &ClusterConfig,
+    window: Window,
+    usage: &Arc<Mutex<ClusterUsage>>,
+    view: &Arc<RwLock<Arc<lease::View>>>,
+) -> Result<Arc<OwnerBook>, SyncError> {
     let lease = &config.lease;
     let ttl_ms = lease.ttl.as_millis() as u64;
     let mut configs = HashMap::new();
@@ -197,55 +270,42 @@ async fn start_lease(
             })?;
         configs.insert(binding.key.clone(), line);
     }
-    let view = Arc::new(RwLock::new(Arc::new(lease::View::default())));
-    let clock = state.registry.clock();
     let book = Arc::new(OwnerBook::new(
         configs,
         view.clone(),
         usage.clone(),
-        clock,
+        state.registry.clock(),
         state.metrics.clone(),
     ));
     let _ = state.lease_book.set(book.clone());
-    let secret = config.secret.clone().unwrap_or_default();
+    Ok(book)
+}
+
+/// The internal RPC server on `rpc_listen`, until `stopped`.
+async fn serve_rpc(
+    state: &Arc<AppState>,
+    config: &ClusterConfig,
+    book: &Arc<OwnerBook>,
+    stopped: &watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, SyncError> {
     let addr = config.rpc_listen.unwrap_or(config.gossip_listen);
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| SyncError::Rpc { addr, source })?;
     let rpc_state = Arc::new(lease::rpc::RpcState {
         book: book.clone(),
-        secret: secret.clone(),
+        secret: config.secret.clone().unwrap_or_default(),
         cluster_id: config.cluster_id.clone(),
         metrics: state.metrics.clone(),
-        read_timeout: lease.rpc_timeout,
+        read_timeout: config.lease.rpc_timeout,
     });
     let mut rpc_stop = stopped.clone();
-    let server = tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         let shutdown = async move {
             let _ = rpc_stop.wait_for(|s| *s).await;
         };
         if let Err(e) = lease::rpc::serve(listener, rpc_state, shutdown).await {
             tracing::error!(error = %e, "internal RPC server stopped");
         }
-    });
-    let settings = lease::holder::HolderSettings {
-        cluster_id: config.cluster_id.clone(),
-        secret,
-        sync_interval: config.sync_interval,
-        ttl: lease.ttl,
-        window_ms: window.window_ms(),
-        max_credit: lease.max_credit,
-        rpc_timeout: lease.rpc_timeout,
-    };
-    let holder = lease::holder::Holder::new(state.clone(), book.clone(), view.clone(), settings);
-    let holder_cut_off = holder.cut_off.clone();
-    let holder_task = tokio::spawn(holder.run(stopped.clone()));
-    let feed = LeaseFeed {
-        view,
-        book,
-        max_borrow: lease.max_borrow,
-        cut_off: holder_cut_off,
-        fresh_within_ms: 2 * (config.sync_interval + config.gossip_interval).as_millis() as u64,
-    };
-    Ok((feed, vec![server, holder_task]))
+    }))
 }

@@ -13,12 +13,32 @@ use super::wire::{Batch, Entry};
 use super::{MemberAddr, View};
 use crate::actor::Dimension;
 use crate::proxy::AppState;
+use crate::redis::{LeaseLine, RedisStore, ScopeKeys};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_cluster::lease::budget::Snapshot;
 use tollgate_cluster::lease::line::SyncReply;
+
+/// The id the holder loop gives Redis as a key's owner (`redis-lease`).
+pub const REDIS_OWNER: &str = "redis";
+
+/// Who owns the keys.
+pub enum Owners {
+    /// `lease`: each key's owner among the live members (rendezvous hashing),
+    /// this node's own book directly, the others over the internal RPC.
+    Peers(Arc<OwnerBook>),
+    /// `redis-lease`: Redis owns every key (`lease.lua`).
+    Redis {
+        /// The store.
+        store: RedisStore,
+        /// Key prefix.
+        prefix: String,
+        /// Bucket width of the shared window.
+        bucket_ms: u64,
+    },
+}
 
 /// Shortest gap between two rounds woken by actors (coalesces a burst of wakes).
 const MIN_WAKE_GAP: Duration = Duration::from_millis(5);
@@ -44,7 +64,7 @@ pub struct HolderSettings {
 /// The holder loop's state.
 pub struct Holder {
     state: Arc<AppState>,
-    book: Arc<OwnerBook>,
+    owners: Owners,
     view: Arc<RwLock<Arc<View>>>,
     client: reqwest::Client,
     settings: HolderSettings,
@@ -77,13 +97,13 @@ impl Holder {
     /// A holder loop over `state`'s credit bindings.
     pub fn new(
         state: Arc<AppState>,
-        book: Arc<OwnerBook>,
+        owners: Owners,
         view: Arc<RwLock<Arc<View>>>,
         settings: HolderSettings,
     ) -> Holder {
         Holder {
             state,
-            book,
+            owners,
             view,
             client: rpc::client(settings.rpc_timeout),
             settings,
@@ -136,8 +156,15 @@ impl Holder {
             let Some(credit) = &binding.credit else {
                 continue;
             };
-            let Some(owner) = view.owner(&binding.key) else {
-                continue;
+            let owner = match &self.owners {
+                Owners::Peers(_) => match view.owner(&binding.key) {
+                    Some(owner) => owner.clone(),
+                    None => continue,
+                },
+                Owners::Redis { .. } => MemberAddr {
+                    id: REDIS_OWNER.to_owned(),
+                    rpc: String::new(),
+                },
             };
             let (wanted, wanted_cost) = credit.take_wanted();
             let moved = self.last_owner.get(&binding.key) != Some(&owner.id);
@@ -207,11 +234,23 @@ impl Holder {
 
     async fn send(&self, owner: &MemberAddr, items: &Items, view: &View) -> Answered {
         let bindings = &self.state.bindings;
+        let book = match &self.owners {
+            Owners::Peers(book) => book,
+            Owners::Redis {
+                store,
+                prefix,
+                bucket_ms,
+            } => {
+                return self
+                    .send_redis(store, prefix, *bucket_ms, items, view)
+                    .await;
+            }
+        };
         if owner.id == view.self_id {
             return Ok((items.iter())
                 .map(|(i, s)| {
                     let key = &bindings[*i].key;
-                    (self.book.sync(&view.self_id, key, &s.request))
+                    (book.sync(&view.self_id, key, &s.request))
                         .map_err(|e| super::wire::refusal_code(&e).to_owned())
                 })
                 .collect());
@@ -225,6 +264,68 @@ impl Holder {
         };
         let answers = rpc::call(&self.client, &owner.rpc, &self.settings.secret, &batch).await?;
         Ok(answers.into_iter().map(|a| a.into_result()).collect())
+    }
+
+    /// `redis-lease`: one `lease.lua` call per key, all concurrently on the
+    /// multiplexed connection. Members that announced over gossip they lost Redis
+    /// are charged their share (floors), so the cluster stays within L.
+    async fn send_redis(
+        &self,
+        store: &RedisStore,
+        prefix: &str,
+        bucket_ms: u64,
+        items: &Items,
+        view: &View,
+    ) -> Answered {
+        let calls = items.iter().map(|(i, snapshot)| {
+            let binding = &self.state.bindings[*i];
+            let dimension = binding.dimension;
+            let line = LeaseLine {
+                windowed: dimension != Dimension::Concurrency,
+                capacity: binding.capacity,
+                window_ms: self.settings.window_ms,
+                bucket_ms,
+                max_credit: max_credit(binding.capacity, self.settings.max_credit),
+                ttl_ms: self.ttl_ms(),
+            };
+            let floors: Vec<(String, u64)> = (view.redis_lost.iter())
+                .filter(|m| **m != view.self_id)
+                .map(|m| {
+                    let share = (view.terms.get(&binding.key))
+                        .and_then(|t| t.shares.get(m).copied())
+                        .unwrap_or(0);
+                    (m.clone(), share)
+                })
+                .collect();
+            let key = ScopeKeys::lease(prefix, &binding.scope.to_string(), dimension.as_str());
+            // Capped at its share (plus borrowing), as a peer owner would: when
+            // Redis is lost, each node falls back to its share and the shares sum
+            // to L.
+            let share_cap = (view.terms.get(&binding.key)).map(|t| {
+                let share = t.shares.get(&view.self_id).copied().unwrap_or(0);
+                share.saturating_add(t.borrow)
+            });
+            async move {
+                store
+                    .lease(
+                        &key,
+                        &view.self_id,
+                        &line,
+                        &snapshot.request,
+                        share_cap,
+                        &floors,
+                    )
+                    .await
+            }
+        });
+        let mut out = Vec::with_capacity(items.len());
+        for result in futures_util::future::join_all(calls).await {
+            match result {
+                Ok(answer) => out.push(answer),
+                Err(e) => return Err(CallError::Unreachable(e.to_string())),
+            }
+        }
+        Ok(out)
     }
 
     fn adopt(&mut self, view: &View, owner: &MemberAddr, items: Items, answered: Answered) {

@@ -45,6 +45,8 @@ pub struct View {
     /// This node's share per key as the rest of the cluster charges it when it is
     /// unreachable: what it may spend per window when cut off (policy `share`).
     pub cut_off_share: HashMap<String, u64>,
+    /// `redis-lease`: members that announced over gossip they cannot reach Redis.
+    pub redis_lost: Vec<String>,
 }
 
 impl View {

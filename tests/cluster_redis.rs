@@ -1,0 +1,107 @@
+//! The Redis strict modes with 3 nodes in one process (real UDP gossip) sharing one
+//! real redis-server started by the test, in front of one real mock upstream whose
+//! counters are the ground truth.
+
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
+mod common;
+
+use common::cluster::*;
+use common::redis::RedisServer;
+use common::*;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+fn redis_toml(i: usize, ports: &[u16], mode: &str, redis: &RedisServer, rpm: u64) -> String {
+    format!(
+        "{}\n[redis]\nurl = \"{}\"\ntimeout = \"50ms\"\n",
+        cluster_toml(i, ports, mode, "full")
+            .replace(&format!("rpm = {LIMIT}\n"), &format!("rpm = {rpm}\n"))
+            .replace("max_wait = \"0s\"", "max_wait = \"300ms\""),
+        redis.url()
+    )
+}
+
+async fn redis_cluster(
+    mode: &str,
+    redis: &RedisServer,
+    rpm: u64,
+    upstream: &tollgate::mock::MockHandle,
+) -> Vec<Arc<Node>> {
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(Arc::new(
+            node(&redis_toml(i, &ports, mode, redis, rpm), &[upstream]).await,
+        ));
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    nodes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lease_admits_at_most_l_and_uses_at_least_95_percent() {
+    let redis = RedisServer::start();
+    let upstream = mock(|_| {}).await;
+    let nodes = redis_cluster("redis-lease", &redis, LIMIT, &upstream).await;
+    let admitted = load(urls(&nodes), &[20, 10, 4], 4.0).await;
+    let truth = upstream.stats().admitted;
+    println!("redis-lease: demand ~136 over 4 s vs L = {LIMIT}: admitted {truth} {admitted:?}");
+    assert_eq!(admitted.iter().sum::<u64>(), truth);
+    assert!(truth <= LIMIT, "admitted {truth} > L");
+    assert!(truth * 100 >= LIMIT * 95, "used only {truth} of {LIMIT}");
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lease_nodes_keep_serving_their_share_when_redis_dies_and_recover() {
+    const L: u64 = 300;
+    let mut redis = RedisServer::start();
+    let upstream = mock(|_| {}).await;
+    let nodes = redis_cluster("redis-lease", &redis, L, &upstream).await;
+    let before = load(urls(&nodes), &[10, 10, 10], 1.5).await;
+    redis.kill();
+    let killed = Instant::now();
+    let during = load(urls(&nodes), &[30, 30, 30], 2.0).await;
+    let body = admin(&nodes[0], "/admin/cluster").await;
+    let degraded = body["cluster"]["degraded"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(degraded.starts_with("redis_unreachable"), "{body}");
+    redis.restart();
+    let restarted = Instant::now();
+    let after = load(urls(&nodes), &[10, 10, 10], 1.5).await;
+    let truth = upstream.stats().admitted;
+    println!(
+        "redis-lease, Redis killed {:?} then restarted empty: before {before:?}, during {during:?}, after {after:?}; upstream admitted {truth} of L = {L}",
+        restarted - killed
+    );
+    assert!(
+        during.iter().sum::<u64>() > 0,
+        "nothing served while Redis was down"
+    );
+    // Each node spends at most its share (~L/3) of the window while cut off.
+    for (i, n) in during.iter().enumerate() {
+        assert!(
+            before[i] + n <= L / 3 + 5,
+            "node {i} spent {} > its share",
+            before[i] + n
+        );
+    }
+    assert!(
+        after.iter().sum::<u64>() > 0,
+        "never recovered after Redis came back"
+    );
+    assert!(truth <= L, "admitted {truth} > L = {L}");
+    let body = admin(&nodes[0], "/admin/cluster").await;
+    assert!(
+        body["cluster"]["degraded"].is_null(),
+        "still degraded: {body}"
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
