@@ -65,9 +65,9 @@ impl Credit {
         spent
     }
 
-    /// Corrects a spend to its real cost (see [`Budget::settle`]).
-    pub fn settle(&self, spent: Spent, reserved: u64, actual: u64) {
-        self.lock().settle(spent, reserved, actual);
+    /// Corrects a spend to its real cost at `now_ms` (see [`Budget::settle`]).
+    pub fn settle(&self, spent: Spent, reserved: u64, actual: u64, now_ms: u64) {
+        self.lock().settle(spent, reserved, actual, now_ms);
     }
 
     fn want(&self, cost: u64) {

@@ -385,7 +385,7 @@ impl ScopeLimits {
                 None => {
                     for (j, done) in spent.iter().enumerate() {
                         if let (Some(c), Some((s, cost))) = (dims[j].0, done) {
-                            c.settle(*s, *cost, 0);
+                            c.settle(*s, *cost, 0, now_ms);
                         }
                     }
                     return Err(Blocked {
@@ -406,9 +406,15 @@ impl ScopeLimits {
         debug_assert!(self.in_flight > 0);
         self.in_flight = self.in_flight.saturating_sub(1);
         let credits = &self.allowances.credits;
+        let now_ms = now / 1_000_000;
         let [requests_credit, tokens_credit, slot_credit] = charge.credit;
         if let (Some(credit), Some((spent, cost))) = (&credits.requests, requests_credit) {
-            credit.settle(spent, cost, if how == Settle::Cancel { 0 } else { cost });
+            credit.settle(
+                spent,
+                cost,
+                if how == Settle::Cancel { 0 } else { cost },
+                now_ms,
+            );
         }
         if let (Some(credit), Some((spent, cost))) = (&credits.tokens, tokens_credit) {
             let actual = match how {
@@ -416,10 +422,10 @@ impl ScopeLimits {
                 Settle::KeepReserved => cost,
                 Settle::RefundTokens | Settle::Cancel => 0,
             };
-            credit.settle(spent, cost, actual);
+            credit.settle(spent, cost, actual, now_ms);
         }
         if let (Some(credit), Some((spent, cost))) = (&credits.concurrency, slot_credit) {
-            credit.settle(spent, cost, cost);
+            credit.settle(spent, cost, cost, now_ms);
         }
         if let (Some(limiter), Some(res)) = (self.requests.as_mut(), charge.requests) {
             let actual = if how == Settle::Cancel { 0 } else { res.cost };

@@ -140,12 +140,18 @@ impl Budget {
         })
     }
 
-    /// Corrects a spend to its real cost `actual` (refund below, debt above). A
-    /// refund of credit goes back into the credit: the owner sees the same move from
-    /// usage to credit in the next statement. Slots: returns the slot.
-    pub fn settle(&mut self, spent: Spent, reserved: u64, actual: u64) {
+    /// Corrects a spend to its real cost `actual` (refund below, debt above), at
+    /// `now_ms`. A refund of credit goes back into the credit: the owner sees the
+    /// same move from usage to credit in the next statement. A spend whose bucket
+    /// already left the window is not corrected (it no longer counts anywhere, so
+    /// refunding it would mint credit: the property test found exactly that).
+    /// Slots: returns the slot.
+    pub fn settle(&mut self, spent: Spent, reserved: u64, actual: u64, now_ms: u64) {
         match self.kind {
-            Kind::Windowed(_) => {
+            Kind::Windowed(w) => {
+                if !w.counts(spent.bucket, now_ms) {
+                    return;
+                }
                 let entry = self.usage.entry(spent.bucket).or_insert(0);
                 if actual < reserved {
                     let refund = (reserved - actual).min(*entry);
@@ -278,7 +284,7 @@ mod tests {
         grant(&mut b, 10, 0);
         let s = b.try_spend(8, 100).expect("fits");
         assert!(b.try_spend(3, 100).is_none());
-        b.settle(s, 8, 5);
+        b.settle(s, 8, 5, 100);
         assert_eq!((b.credit(100), b.used(100)), (5, 5));
         assert_eq!(b.credit(500), 0, "ends at send time + ttl");
         assert!(b.try_spend(1, 500).is_none());
@@ -354,7 +360,7 @@ mod tests {
         let a = b.try_spend(1, 10).expect("slot 1");
         b.try_spend(1, 10).expect("slot 2");
         assert!(b.try_spend(1, 10).is_none());
-        b.settle(a, 1, 1);
+        b.settle(a, 1, 1, 10);
         assert!(b.can_spend(1, 10));
         assert!(!b.can_spend(1, 500), "slots end with the credit");
         assert_eq!(b.snapshot(1, 20).request.remaining, 1, "in use is stated");

@@ -104,7 +104,7 @@ impl World {
                     // Refunds only: the gateway reserves prompt + max completion, which
                     // real usage never exceeds (debts are the settlement-debt case).
                     let actual = reserved * actual_pct / 100;
-                    x.budget.settle(spent, reserved, actual);
+                    x.budget.settle(spent, reserved, actual, now);
                     let t = x.truth.entry(spent.bucket).or_insert(0);
                     *t -= (reserved - actual).min(*t);
                 }
