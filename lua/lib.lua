@@ -110,6 +110,27 @@ local function win_settle(key, window_ms, bucket_ms, bucket, delta, now)
   return new - count
 end
 
+-- Adds cost to bucket `bucket` if it still counts (reconciling spending made
+-- while Redis was unreachable); returns what was added.
+local function win_charge(key, window_ms, bucket_ms, bucket, cost, now)
+  local ring = win_ring(window_ms, bucket_ms)
+  local head = win_advance(key, window_ms, bucket_ms, now)
+  if bucket > head or (bucket + 1) * bucket_ms + window_ms <= now then return 0 end
+  local slot = bucket % ring
+  local f = redis.call('HMGET', key, 'b' .. slot, 'c' .. slot, 's')
+  local count, sum = 0, tonumber(f[3]) or 0
+  if f[1] and tonumber(f[1]) == bucket then
+    count = tonumber(f[2]) or 0
+  elseif f[1] then
+    -- The slot holds another (older) bucket that no longer counts.
+    sum = sum - (tonumber(f[2]) or 0)
+  end
+  redis.call('HSET', key, 'h', head, 'b' .. slot, bucket, 'c' .. slot, count + cost,
+    's', math.max(0, sum) + cost)
+  redis.call('PEXPIRE', key, window_ms + 2 * bucket_ms)
+  return cost
+end
+
 -- ------------------------------------------------------------------ gcra ----
 -- STRING: theoretical arrival time (us). Emission interval T = W / cap; a
 -- request of cost c fits while tat + c*T - now <= burst * T.

@@ -9,12 +9,20 @@ use tokio::sync::mpsc;
 
 pub use super::task::SettleWith;
 
+/// A charge held outside the node (the `redis` mode's reservation), settled with
+/// the local permit, exactly once.
+pub trait RemoteCharge: Send + Sync + std::fmt::Debug {
+    /// Settles the remote charge as the permit ends (off the request path).
+    fn settle(self: Box<Self>, how: SettleWith);
+}
+
 /// A charge on one scope, settled exactly once.
 #[derive(Debug)]
 pub struct Permit {
     releases: mpsc::UnboundedSender<Release>,
     permit_id: u64,
     settled: bool,
+    remote: Option<Box<dyn RemoteCharge>>,
 }
 
 impl Permit {
@@ -24,7 +32,14 @@ impl Permit {
             releases: handle.releases(),
             permit_id: grant.permit_id,
             settled: false,
+            remote: None,
         }
+    }
+
+    /// The same permit, also holding `remote` (settled with it).
+    pub fn with_remote(mut self, remote: Box<dyn RemoteCharge>) -> Permit {
+        self.remote = Some(remote);
+        self
     }
 
     /// Settles and releases. Consumes the permit: a second settlement cannot compile.
@@ -35,6 +50,9 @@ impl Permit {
     fn send(&mut self, how: SettleWith) {
         if !self.settled {
             self.settled = true;
+            if let Some(remote) = self.remote.take() {
+                remote.settle(how);
+            }
             // The actor outlives every permit (it cannot retire with permits in
             // flight), so this send fails only when the runtime is shutting down.
             let _ = self.releases.send(Release {

@@ -144,6 +144,14 @@ pub struct RedisConfig {
     /// Prefix of every key tollgate writes.
     #[serde(default = "default_redis_prefix")]
     pub key_prefix: String,
+    /// `redis` mode: a concurrency slot's ttl; running requests renew it every
+    /// third of it, so a crashed node's slots come back within it.
+    #[serde(default = "default_slot_ttl", with = "super::duration")]
+    pub slot_ttl: Duration,
+}
+
+fn default_slot_ttl() -> Duration {
+    Duration::from_secs(10)
 }
 
 fn default_redis_timeout() -> Duration {

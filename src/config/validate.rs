@@ -180,6 +180,9 @@ fn validate_redis(config: &Config) -> Result<(), Violation> {
     if !(Duration::from_millis(1)..=Duration::from_secs(1)).contains(&redis.timeout) {
         return fail("redis.timeout", "must be between 1ms and 1s");
     }
+    if !(Duration::from_millis(300)..=Duration::from_secs(600)).contains(&redis.slot_ttl) {
+        return fail("redis.slot_ttl", "must be between 300ms and 10min");
+    }
     if redis.key_prefix.is_empty() || redis.key_prefix.contains(['{', '}', ' ']) {
         return fail(
             "redis.key_prefix",

@@ -208,7 +208,13 @@ async fn serve(
         .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
     let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;
     let rate_headers = RateHeaders::from_status(&grant.status);
-    let permit = Permit::new(&handle, &grant);
+    let mut permit = Permit::new(&handle, &grant);
+    if let Some(gate) = state.redis_gate.get() {
+        permit = (gate
+            .admit(&tenant.scope, permit, grant.tokens_reserved, wait_until)
+            .await)
+            .map_err(|r| tenant_refusal(&r.into_refusal(grant.status.clone())))?;
+    }
     // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
     let completion_tokens = if grant.tokens_reserved > 0 {
         grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)

@@ -52,7 +52,18 @@ async fn try_one(
         })
         .await
         .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-    Ok(answer.map(|grant| Permit::new(&handle, &grant)))
+    let grant = match answer {
+        Ok(grant) => grant,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let permit = Permit::new(&handle, &grant);
+    let Some(gate) = state.redis_gate.get() else {
+        return Ok(Ok(permit));
+    };
+    // `redis` mode: the upstream's cluster-wide limit is reserved in Redis too.
+    let wait_until = Instant::now() + wait;
+    let admitted = gate.admit(&upstream.scope, permit, grant.tokens_reserved, wait_until);
+    Ok(admitted.await.map_err(|r| r.into_refusal(grant.status)))
 }
 
 /// Picks and charges an upstream among `candidates` (in preference order).

@@ -106,6 +106,9 @@ pub struct AppState {
     /// Keys whose cluster allowance the sync engine maintains (empty on one node
     /// and in `local full` mode).
     pub bindings: Vec<crate::sync::engine::Binding>,
+    /// `redis` mode: the Redis gate every admission goes through (set when the
+    /// cluster starts).
+    pub redis_gate: std::sync::OnceLock<Arc<crate::redis::gate::RedisGate>>,
     /// `lease` mode: the lines this node owns (set when the cluster starts).
     pub lease_book: std::sync::OnceLock<Arc<crate::sync::lease::owner::OwnerBook>>,
     /// Wakes the sync engine's lease holder loop when an actor runs low on credit.
@@ -340,6 +343,7 @@ impl AppState {
             bindings,
             credit_wake,
             lease_book: std::sync::OnceLock::new(),
+            redis_gate: std::sync::OnceLock::new(),
             cluster_status,
         })
     }

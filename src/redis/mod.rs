@@ -6,8 +6,11 @@
 //! - [`scripts`]: the scripts, compiled in (`lib.lua` + each entry script).
 //! - [`keys`]: key names; every key of a scope shares its `{hash tag}`.
 //! - [`store`]: the client (multiplexed, reconnecting, timeouts, metrics) and the
-//!   typed calls: reserve, settle, semaphore.
+//!   typed calls: reserve, settle, semaphore, lease, charge.
+//! - [`gate`]: `redis` mode: reserve after local admission, settle with the
+//!   permit, degrade to the local share when Redis is lost and reconcile after.
 
+pub mod gate;
 pub mod keys;
 pub mod scripts;
 pub mod store;

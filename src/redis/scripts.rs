@@ -28,3 +28,7 @@ pub static SEMAPHORE: LazyLock<Script> =
 /// `lease.lua`: `redis-lease` mode's credit line per holder.
 pub static LEASE: LazyLock<Script> =
     LazyLock::new(|| with_lib(include_str!("../../lua/lease.lua")));
+
+/// `charge.lua`: reconciles spending made while Redis was lost into its buckets.
+pub static CHARGE: LazyLock<Script> =
+    LazyLock::new(|| with_lib(include_str!("../../lua/charge.lua")));

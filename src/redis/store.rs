@@ -347,6 +347,23 @@ impl RedisStore {
         }
     }
 
+    /// Adds `(bucket, cost)` spending into the window `key` (reconciliation);
+    /// returns what was added (buckets that left the window add nothing).
+    pub async fn charge(
+        &self,
+        key: &str,
+        window_ms: u64,
+        bucket_ms: u64,
+        pairs: &[(u64, u64)],
+    ) -> Result<u64, StoreError> {
+        let mut inv = scripts::CHARGE.prepare_invoke();
+        inv.key(key).arg(window_ms).arg(bucket_ms);
+        for (bucket, cost) in pairs {
+            inv.arg(*bucket).arg(*cost);
+        }
+        self.run("charge", inv).await
+    }
+
     /// Runs a plain command (tests and tools: `SCRIPT FLUSH`, `PING`).
     pub async fn command<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
         let call = async {

@@ -12,6 +12,7 @@ use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, SyncMode};
 use crate::proxy::AppState;
+use crate::redis::gate::RedisGate;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
@@ -75,6 +76,8 @@ pub struct Engine {
     counters: LocalCounters,
     usage: Arc<Mutex<ClusterUsage>>,
     lease: Option<LeaseFeed>,
+    /// `redis` mode's gate (its fallback allowances and effective capacities).
+    redis_gate: Option<Arc<RedisGate>>,
     demand: Demand,
     /// Each key's demand per every member, frozen when a member becomes unreachable:
     /// while anyone is unreachable, the unreachable are charged their share of these
@@ -106,6 +109,7 @@ impl Engine {
         usage: Arc<Mutex<ClusterUsage>>,
         status: Arc<Mutex<ClusterStatus>>,
         lease: Option<LeaseFeed>,
+        redis_gate: Option<Arc<RedisGate>>,
     ) -> Engine {
         let window = *lock(&usage).window();
         let self_id = membership.self_id().to_string();
@@ -118,6 +122,7 @@ impl Engine {
             counters: LocalCounters::new(window),
             usage,
             lease,
+            redis_gate,
             demand: Demand::new(window.window_ms()),
             last_demands: HashMap::new(),
             frozen: HashMap::new(),
@@ -135,6 +140,12 @@ impl Engine {
 
     /// One round: publish, read, recompute.
     pub async fn tick(&mut self) {
+        if let Some(gate) = &self.redis_gate
+            && gate.is_lost()
+            && gate.probe().await
+        {
+            // Back: the allowances go back to unbounded in this round's recompute.
+        }
         let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
         let exports = self.state.registry.export_live().await;
         let own = self.record_own(&exports, now_ms);
@@ -194,13 +205,13 @@ impl Engine {
         metrics.degraded("redis_unreachable", redis_lost);
         let degraded = match (&publish_error, self.dead.is_empty(), cut_off.is_empty()) {
             (Some(e), _, _) => Some(format!("publish_failed: {e}")),
+            _ if redis_lost => Some(
+                "redis_unreachable: admitting within this node's share (after any credit held); peers charge that share in Redis; reconciled when Redis answers".to_owned(),
+            ),
             (None, false, _) => Some(format!(
                 "members_unreachable: {} charged their frozen share until they return or are collected",
                 self.dead.join(", ")
             )),
-            (None, true, false) if redis_lost => Some(
-                "redis_unreachable: spending the credit held, then this node's share (peers charge that share in Redis)".to_owned(),
-            ),
             (None, true, false) => Some(format!(
                 "owner_unreachable: {}: keys they own spend the credit held, then the cut-off policy",
                 cut_off.join(", ")
@@ -325,6 +336,8 @@ impl Engine {
         let mut views = std::collections::BTreeMap::new();
         let usage_guard = Arc::clone(&self.usage);
         let usage = lock(&usage_guard);
+        let mut redis_caps = HashMap::new();
+        let mut redis_fallback = HashMap::new();
         let mut lease_view = View {
             self_id: self.self_id.clone(),
             members: (members.iter())
@@ -353,6 +366,28 @@ impl Engine {
             seen.retain(|node, _| {
                 demands.iter().any(|(n, _)| n == node) || self.dead.contains(node)
             });
+            if let (Some(gate), Some(allowance)) = (&self.redis_gate, &binding.allowance) {
+                // `redis`: Redis is the bound; the allowance is only the fallback
+                // share while Redis is lost. Peers that lost Redis are charged their
+                // share by lowering the effective capacity asked of Redis.
+                let shares: BTreeMap<String, u64> =
+                    tollgate_cluster::share::shares(binding.capacity, &demands)
+                        .into_iter()
+                        .collect();
+                let own = shares.get(&self.self_id).copied().unwrap_or(0);
+                let lost: u64 = (self.redis_lost.iter())
+                    .filter(|m| **m != self.self_id)
+                    .map(|m| shares.get(m).copied().unwrap_or(0))
+                    .sum();
+                redis_caps.insert(binding.key.clone(), binding.capacity.saturating_sub(lost));
+                redis_fallback.insert(binding.key.clone(), (allowance.clone(), own));
+                allowance.set(if gate.is_lost() { own } else { u64::MAX });
+                if binding.dimension != Dimension::Concurrency {
+                    let live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
+                    views.insert(binding.key.clone(), mine.used.saturating_add(live));
+                }
+                continue;
+            }
             if let Some(feed) = &self.lease {
                 let frozen = self.frozen.get(&binding.key);
                 let cut = Cut {
@@ -419,6 +454,10 @@ impl Engine {
             }
         }
         drop(usage);
+        if let Some(gate) = &self.redis_gate {
+            gate.set_caps(redis_caps);
+            gate.set_fallback(redis_fallback);
+        }
         if let Some(feed) = &self.lease {
             *feed.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(lease_view);
             if let Some(book) = &feed.book {
@@ -433,8 +472,11 @@ impl Engine {
 }
 
 impl Engine {
-    /// Whether this node's holder loop currently cannot reach Redis.
+    /// Whether this node currently cannot reach Redis.
     fn redis_lost_here(&self) -> bool {
+        if let Some(gate) = &self.redis_gate {
+            return gate.is_lost();
+        }
         (self.lease.as_ref()).is_some_and(|feed| {
             (feed.cut_off.read().unwrap_or_else(|p| p.into_inner()))
                 .iter()

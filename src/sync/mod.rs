@@ -144,6 +144,10 @@ pub async fn start(
         }
         _ => (None, Vec::new()),
     };
+    let redis_gate = match config.mode {
+        SyncMode::Redis => Some(start_redis_gate(&state, config, window).await?),
+        _ => None,
+    };
     let membership = Membership::start(membership_config(config, proxy), transport).await?;
     let status = state.cluster_status.clone().unwrap_or_else(|| {
         Arc::new(Mutex::new(ClusterStatus::new(
@@ -151,7 +155,7 @@ pub async fn start(
             membership.self_id().to_string(),
         )))
     });
-    let mut engine = Engine::new(state, membership, config, usage, status, lease);
+    let mut engine = Engine::new(state, membership, config, usage, status, lease, redis_gate);
     engine.tick().await;
     let interval = config.sync_interval;
     let mut stopped = stopped;
@@ -227,6 +231,38 @@ async fn start_lease(
         fresh_within_ms: 2 * (config.sync_interval + config.gossip_interval).as_millis() as u64,
     };
     Ok((feed, tasks))
+}
+
+/// `redis` mode's gate over every bound key, installed for the request path.
+async fn start_redis_gate(
+    state: &Arc<AppState>,
+    config: &ClusterConfig,
+    window: Window,
+) -> Result<Arc<crate::redis::gate::RedisGate>, SyncError> {
+    let redis = state
+        .config
+        .redis
+        .as_ref()
+        .ok_or_else(|| SyncError::Redis("`redis` mode needs [redis]".into()))?;
+    let store = connect_redis(redis, state).await?;
+    let limits: Vec<_> = (state.bindings.iter())
+        .map(|b| (b.scope.clone(), b.dimension, b.key.clone(), b.capacity))
+        .collect();
+    let incarnation = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_millis();
+    let gate = Arc::new(crate::redis::gate::RedisGate::new(
+        store,
+        &redis.key_prefix,
+        &limits,
+        window.window_ms(),
+        window.bucket_ms(),
+        redis.slot_ttl,
+        format!("{}/{incarnation}", config.node_id),
+    ));
+    let _ = state.redis_gate.set(gate.clone());
+    Ok(gate)
 }
 
 /// The Redis store of `[redis]` (one server, lazily connected, or a cluster).

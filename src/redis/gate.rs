@@ -1,0 +1,387 @@
+//! `redis` mode: every request is reserved in Redis after its local admission (one
+//! atomic `reserve.lua` call per scope: requests, tokens and a concurrency slot,
+//! all or nothing) and settled there when its permit ends (`settle.lua`, off the
+//! request path). Redis refusals wait out their retry-after within the request's
+//! wait budget (backpressure, not instant 429s).
+//!
+//! When Redis does not answer within the timeout, the node is **degraded**: it
+//! stops calling Redis, admits locally within its share of each limit (the sync
+//! engine lowers the allowances at once, [`RedisGate::on_lost`]), announces
+//! `redis:lost` over gossip so peers that still reach Redis charge its share there
+//! (lower effective capacities, [`RedisGate::set_caps`]), records what it admits
+//! per bucket, and once Redis answers again adds that spending into Redis
+//! (`charge.lua`) before using it again. Recovery is probed every sync round.
+
+use super::keys::ScopeKeys;
+use super::store::{Algorithm, DimSpec, RedisStore, Reservation, Reserved};
+use crate::actor::permit::RemoteCharge;
+use crate::actor::scope::{Allowance, Blocked, ScopeStatus};
+use crate::actor::task::Refusal;
+use crate::actor::{Dimension, Permit, ScopeId, SettleWith};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// Most buckets of local spending kept per key while Redis is lost (bounded; older
+/// buckets have left the window by then anyway).
+const MAX_BACKLOG_BUCKETS: usize = 4096;
+
+/// One scope's limits as Redis enforces them.
+#[derive(Debug, Clone)]
+struct ScopeLimits {
+    keys: ScopeKeys,
+    requests: Option<(String, u64)>,
+    tokens: Option<(String, u64)>,
+    concurrency: u64,
+}
+
+/// Why Redis refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRefusal {
+    /// `requests`, `tokens` or `concurrency`.
+    pub dimension: String,
+    /// When trying again can help; `None`: never.
+    pub retry_after: Option<Duration>,
+}
+
+impl RemoteRefusal {
+    /// As the actors' refusal (for the same 429 and headers), with `status`.
+    pub fn into_refusal(self, status: ScopeStatus) -> Refusal {
+        let dimension = match self.dimension.as_str() {
+            "requests" => Dimension::Requests,
+            "tokens" => Dimension::Tokens,
+            _ => Dimension::Concurrency,
+        };
+        Refusal {
+            blocked: Blocked {
+                dimension,
+                retry_after_ns: self
+                    .retry_after
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+                never: self.retry_after.is_none(),
+            },
+            status,
+        }
+    }
+}
+
+/// The `redis` mode's gate, shared by every request of the node.
+pub struct RedisGate {
+    store: RedisStore,
+    window_ms: u64,
+    bucket_ms: u64,
+    slot_ttl_ms: u64,
+    scopes: HashMap<ScopeId, ScopeLimits>,
+    /// Effective capacity per limit key: L minus the shares of peers that lost Redis.
+    caps: RwLock<HashMap<String, u64>>,
+    /// Each key's allowance and this node's fallback share (set each sync round).
+    fallback: Mutex<HashMap<String, (Allowance, u64)>>,
+    lost: AtomicBool,
+    /// What was admitted locally while Redis was lost: Redis window key -> bucket
+    /// -> cost.
+    backlog: Mutex<HashMap<String, BTreeMap<u64, u64>>>,
+    node: String,
+    next_permit: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RedisGate {
+    /// A gate over `store` for the given limit keys `(scope, dimension, key,
+    /// capacity)`, windows of `window_ms` in buckets of `bucket_ms`. `node`
+    /// prefixes semaphore members (unique per process incarnation).
+    pub fn new(
+        store: RedisStore,
+        prefix: &str,
+        limits: &[(ScopeId, Dimension, String, u64)],
+        window_ms: u64,
+        bucket_ms: u64,
+        slot_ttl: Duration,
+        node: String,
+    ) -> RedisGate {
+        let mut scopes: HashMap<ScopeId, ScopeLimits> = HashMap::new();
+        for (scope, dimension, key, capacity) in limits {
+            let entry = scopes.entry(scope.clone()).or_insert_with(|| ScopeLimits {
+                keys: ScopeKeys::new(prefix, &scope.to_string()),
+                requests: None,
+                tokens: None,
+                concurrency: 0,
+            });
+            match dimension {
+                Dimension::Requests => entry.requests = Some((key.clone(), *capacity)),
+                Dimension::Tokens => entry.tokens = Some((key.clone(), *capacity)),
+                _ => entry.concurrency = *capacity,
+            }
+        }
+        RedisGate {
+            store,
+            window_ms,
+            bucket_ms,
+            slot_ttl_ms: slot_ttl.as_millis() as u64,
+            scopes,
+            caps: RwLock::new(HashMap::new()),
+            fallback: Mutex::new(HashMap::new()),
+            lost: AtomicBool::new(false),
+            backlog: Mutex::new(HashMap::new()),
+            node,
+            next_permit: AtomicU64::new(1),
+        }
+    }
+
+    /// Whether Redis is currently lost (this node is degraded).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    /// The engine, each round: effective capacities per key (L minus the shares of
+    /// peers that announced they lost Redis).
+    pub fn set_caps(&self, caps: HashMap<String, u64>) {
+        *self.caps.write().unwrap_or_else(|p| p.into_inner()) = caps;
+    }
+
+    /// The engine, each round: each key's allowance handle and this node's share.
+    pub fn set_fallback(&self, fallback: HashMap<String, (Allowance, u64)>) {
+        *lock(&self.fallback) = fallback;
+    }
+
+    /// Redis stopped answering: degrade at once (allowances to the shares).
+    pub fn on_lost(&self, error: &str) {
+        if !self.lost.swap(true, Ordering::Relaxed) {
+            tracing::warn!(%error, "redis lost: admitting locally within this node's share, announcing it over gossip");
+            for (allowance, share) in lock(&self.fallback).values() {
+                allowance.set(*share);
+            }
+        }
+    }
+
+    /// The engine's probe when lost: if Redis answers, adds what was admitted
+    /// locally meanwhile into Redis, then uses it again. Returns whether healthy.
+    pub async fn probe(&self) -> bool {
+        if !self.is_lost() {
+            return true;
+        }
+        if self
+            .store
+            .command::<String>(&redis::cmd("PING"))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        let backlog = std::mem::take(&mut *lock(&self.backlog));
+        for (key, buckets) in &backlog {
+            let pairs: Vec<(u64, u64)> = buckets.iter().map(|(b, c)| (*b, *c)).collect();
+            if let Err(e) = self
+                .store
+                .charge(key, self.window_ms, self.bucket_ms, &pairs)
+                .await
+            {
+                // Keep it for the next probe: nothing admitted locally is forgotten.
+                let mut kept = lock(&self.backlog);
+                let entry = kept.entry(key.clone()).or_default();
+                for (b, c) in buckets {
+                    *entry.entry(*b).or_insert(0) += c;
+                }
+                tracing::warn!(error = %e, "redis answers again but reconciling failed; still degraded");
+                return false;
+            }
+        }
+        self.lost.store(false, Ordering::Relaxed);
+        tracing::info!(
+            keys = backlog.len(),
+            "redis is back: local spending reconciled into Redis"
+        );
+        true
+    }
+
+    fn dim(&self, limit: &Option<(String, u64)>) -> DimSpec {
+        match limit {
+            None => DimSpec::NONE,
+            Some((key, capacity)) => {
+                let caps = self.caps.read().unwrap_or_else(|p| p.into_inner());
+                DimSpec {
+                    algorithm: Algorithm::Window {
+                        bucket_ms: self.bucket_ms,
+                    },
+                    capacity: caps.get(key).copied().unwrap_or(*capacity),
+                    window_ms: self.window_ms,
+                }
+            }
+        }
+    }
+
+    fn record_local(&self, limits: &ScopeLimits, tokens: u64) {
+        let bucket = unix_ms() / self.bucket_ms;
+        let mut backlog = lock(&self.backlog);
+        let dims = [
+            (&limits.requests, &limits.keys.requests, 1),
+            (&limits.tokens, &limits.keys.tokens, tokens),
+        ];
+        for (limit, redis_key, cost) in dims {
+            if limit.is_some() {
+                let buckets = backlog.entry(redis_key.clone()).or_default();
+                if buckets.len() < MAX_BACKLOG_BUCKETS || buckets.contains_key(&bucket) {
+                    *buckets.entry(bucket).or_insert(0) += cost;
+                }
+            }
+        }
+    }
+
+    /// Reserves `permit`'s request on `scope` in Redis, waiting out refusals until
+    /// `wait_until`. On refusal the local permit is cancelled (nothing charged
+    /// anywhere). Redis lost: the permit stands on the local share.
+    pub async fn admit(
+        self: &Arc<Self>,
+        scope: &ScopeId,
+        permit: Permit,
+        tokens: u64,
+        wait_until: Instant,
+    ) -> Result<Permit, RemoteRefusal> {
+        let Some(limits) = self.scopes.get(scope) else {
+            return Ok(permit);
+        };
+        if self.is_lost() {
+            self.record_local(limits, tokens);
+            return Ok(permit);
+        }
+        let id = self.next_permit.fetch_add(1, Ordering::Relaxed);
+        let reservation = Reservation {
+            requests: self.dim(&limits.requests),
+            tokens: self.dim(&limits.tokens),
+            token_cost: tokens,
+            concurrency: limits.concurrency,
+            permit_id: format!("{}:{id}", self.node),
+            slot_ttl_ms: self.slot_ttl_ms,
+        };
+        loop {
+            match self.store.reserve(&limits.keys, &reservation).await {
+                Ok(Reserved::Admitted {
+                    requests_ref,
+                    tokens_ref,
+                    ..
+                }) => {
+                    let charge = self.charge(limits, reservation, requests_ref, tokens_ref);
+                    return Ok(permit.with_remote(Box::new(charge)));
+                }
+                Ok(Reserved::Refused {
+                    dimension,
+                    retry_after_ms,
+                }) => {
+                    let retry = retry_after_ms.map(Duration::from_millis);
+                    match retry {
+                        Some(wait) if Instant::now() + wait <= wait_until => {
+                            tokio::time::sleep(wait).await;
+                        }
+                        _ => {
+                            permit.settle(SettleWith::Cancel);
+                            return Err(RemoteRefusal {
+                                dimension,
+                                retry_after: retry,
+                            });
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.on_lost(&e.to_string());
+                    self.record_local(limits, tokens);
+                    return Ok(permit);
+                }
+            }
+        }
+    }
+
+    fn charge(
+        self: &Arc<Self>,
+        limits: &ScopeLimits,
+        reservation: Reservation,
+        requests_ref: String,
+        tokens_ref: String,
+    ) -> Charge {
+        let heartbeat = (reservation.concurrency > 0).then(|| {
+            let (stop, mut stopped) = oneshot::channel::<()>();
+            let gate = self.clone();
+            let key = limits.keys.concurrency.clone();
+            let id = reservation.permit_id.clone();
+            // Long streams keep their slot; a crashed node's slot expires.
+            tokio::spawn(async move {
+                let every = Duration::from_millis((gate.slot_ttl_ms / 3).max(1));
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        () = tokio::time::sleep(every) => {
+                            let _ = gate.store.semaphore(&key, "heartbeat", &id, 0, gate.slot_ttl_ms).await;
+                        }
+                    }
+                }
+            });
+            stop
+        });
+        Charge {
+            gate: self.clone(),
+            keys: limits.keys.clone(),
+            reservation,
+            refs: (requests_ref, tokens_ref),
+            heartbeat,
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A request's reservation in Redis, settled with its local permit.
+struct Charge {
+    gate: Arc<RedisGate>,
+    keys: ScopeKeys,
+    reservation: Reservation,
+    refs: (String, String),
+    heartbeat: Option<oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Charge")
+            .field("keys", &self.keys)
+            .field("refs", &self.refs)
+            .finish()
+    }
+}
+
+impl RemoteCharge for Charge {
+    fn settle(self: Box<Self>, how: SettleWith) {
+        let Charge {
+            gate,
+            keys,
+            reservation,
+            refs,
+            heartbeat,
+        } = *self;
+        drop(heartbeat);
+        let reserved = reservation.token_cost;
+        let actual = match how {
+            SettleWith::Usage { prompt, completion } => (1, prompt.saturating_add(completion)),
+            SettleWith::KeepReserved => (1, reserved),
+            SettleWith::RefundTokens => (1, 0),
+            SettleWith::Cancel => (0, 0),
+        };
+        tokio::spawn(async move {
+            let settled = gate
+                .store
+                .settle(&keys, &reservation, (&refs.0, &refs.1), actual)
+                .await;
+            if let Err(e) = settled {
+                // The slot expires with its ttl; a lost refund only makes Redis
+                // more conservative; a lost debt is bounded by this request.
+                tracing::warn!(error = %e, "settling a reservation in redis failed");
+            }
+        });
+    }
+}
