@@ -45,9 +45,13 @@ enum Command {
         /// Number of nodes (1-99).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=99))]
         nodes: u16,
-        /// Sync mode: lease (the cluster default, <= L), gossip or local.
-        #[arg(long, default_value = "lease", value_parser = ["lease", "gossip", "local"])]
+        /// Sync mode: lease (the cluster default, <= L), gossip, local, or the Redis
+        /// strict modes redis and redis-lease (need --redis-url).
+        #[arg(long, default_value = "lease", value_parser = ["lease", "gossip", "local", "redis", "redis-lease"])]
         mode: String,
+        /// Redis for --mode redis|redis-lease, e.g. redis://127.0.0.1:6379/
+        #[arg(long)]
+        redis_url: Option<String>,
         /// For --mode local: full (each node enforces L) or split (L/N each).
         #[arg(long, default_value = "full", value_parser = ["full", "split"])]
         share: String,
@@ -146,14 +150,19 @@ async fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn up(nodes: u16, mode: &str, share: &str) -> anyhow::Result<()> {
+async fn up(nodes: u16, mode: &str, share: &str, redis_url: Option<String>) -> anyhow::Result<()> {
     use tollgate::config::{LocalShare, SyncMode};
     init_logging(LogFormat::Text);
     let mode = match mode {
         "local" => SyncMode::Local,
         "gossip" => SyncMode::Gossip,
+        "redis" => SyncMode::Redis,
+        "redis-lease" => SyncMode::RedisLease,
         _ => SyncMode::Lease,
     };
+    if mode.uses_redis() && redis_url.is_none() {
+        anyhow::bail!("--mode {mode:?} needs --redis-url (e.g. redis://127.0.0.1:6379/)");
+    }
     let share = if share == "split" {
         LocalShare::Split
     } else {
@@ -164,7 +173,7 @@ async fn up(nodes: u16, mode: &str, share: &str) -> anyhow::Result<()> {
         "  mock upstream http://127.0.0.1:{}/v1   (its /stats shows what the cluster admitted in total)",
         tollgate::up::MOCK_PORT
     );
-    tollgate::up::up(nodes, mode, share, shutdown_signal(), move |i, bound| {
+    tollgate::up::up(nodes, mode, share, redis_url, shutdown_signal(), move |i, bound| {
         println!(
             "  node-{i}        http://{}/v1   gossip 127.0.0.1:{}   rpc 127.0.0.1:{}",
             bound.proxy,
@@ -238,7 +247,12 @@ async fn main() -> anyhow::Result<()> {
             }
         },
         Command::HashKey { key } => hash_key(key),
-        Command::Up { nodes, mode, share } => up(nodes, &mode, &share).await,
+        Command::Up {
+            nodes,
+            mode,
+            share,
+            redis_url,
+        } => up(nodes, &mode, &share, redis_url).await,
         Command::Load(args) => {
             let json = args.json.clone();
             // Ctrl-C stops sending and still prints what was measured.

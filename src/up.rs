@@ -5,7 +5,7 @@
 //! whole admitted. Every node has the demo tenant `sk-demo`, whose limits are shared
 //! cluster-wide by the chosen mode.
 
-use crate::config::{ClusterConfig, Config, LeaseConfig, LocalShare, SyncMode};
+use crate::config::{ClusterConfig, Config, LeaseConfig, LocalShare, RedisConfig, SyncMode};
 use crate::server::{self, Bound, ServeError};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -32,8 +32,16 @@ pub fn node_config(
     n: u16,
     mode: SyncMode,
     share: LocalShare,
+    redis_url: Option<&str>,
 ) -> Result<Config, crate::config::ConfigError> {
     let mut config = Config::demo()?;
+    config.redis = redis_url.map(|url| RedisConfig {
+        url: Some(url.to_owned()),
+        cluster_urls: Vec::new(),
+        timeout: Duration::from_millis(15),
+        key_prefix: "tg".into(),
+        slot_ttl: Duration::from_secs(10),
+    });
     config.builtin_mock = None;
     config.server.listen = SocketAddr::from(([127, 0, 0, 1], PROXY_BASE + i));
     let gossip = SocketAddr::from(([127, 0, 0, 1], GOSSIP_BASE + i));
@@ -66,6 +74,7 @@ pub async fn up(
     n: u16,
     mode: SyncMode,
     share: LocalShare,
+    redis_url: Option<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_node: impl Fn(u16, Bound) + Send + Sync + 'static,
 ) -> Result<(), ServeError> {
@@ -98,8 +107,8 @@ pub async fn up(
     let on_node = std::sync::Arc::new(on_node);
     let mut nodes = Vec::new();
     for i in 1..=n {
-        let config =
-            node_config(i, n, mode, share).map_err(|e| ServeError::State(e.to_string()))?;
+        let config = node_config(i, n, mode, share, redis_url.as_deref())
+            .map_err(|e| ServeError::State(e.to_string()))?;
         let (listener, _) = server::bind(&config).await?;
         let mut stop = stop_rx.clone();
         let on_node = on_node.clone();

@@ -1,6 +1,7 @@
-//! The Redis strict modes with 3 nodes in one process (real UDP gossip) sharing one
-//! real redis-server started by the test, in front of one real mock upstream whose
-//! counters are the ground truth.
+//! The Redis strict modes when Redis dies, with 3 nodes in one process (real UDP
+//! gossip) sharing one real redis-server started (and killed) by the test, in
+//! front of one real mock upstream whose counters are the ground truth. Healthy
+//! promises are in `tests/conformance.rs`.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
@@ -39,21 +40,6 @@ async fn redis_cluster(
         wait_members(n, 3).await;
     }
     nodes
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lease_admits_at_most_l_and_uses_at_least_95_percent() {
-    let redis = RedisServer::start();
-    let upstream = mock(|_| {}).await;
-    let nodes = redis_cluster("redis-lease", &redis, LIMIT, &upstream).await;
-    let admitted = load(urls(&nodes), &[20, 10, 4], 4.0).await;
-    let truth = upstream.stats().admitted;
-    println!("redis-lease: demand ~136 over 4 s vs L = {LIMIT}: admitted {truth} {admitted:?}");
-    assert_eq!(admitted.iter().sum::<u64>(), truth);
-    assert!(truth <= LIMIT, "admitted {truth} > L");
-    assert!(truth * 100 >= LIMIT * 95, "used only {truth} of {LIMIT}");
-    stop_all(nodes).await;
-    upstream.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,31 +87,6 @@ async fn redis_lease_nodes_keep_serving_their_share_when_redis_dies_and_recover(
     assert!(
         body["cluster"]["degraded"].is_null(),
         "still degraded: {body}"
-    );
-    stop_all(nodes).await;
-    upstream.shutdown().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_mode_admits_at_most_l_with_one_call_per_reservation() {
-    let redis = RedisServer::start();
-    let upstream = mock(|_| {}).await;
-    let nodes = redis_cluster("redis", &redis, LIMIT, &upstream).await;
-    let admitted = load(urls(&nodes), &[20, 10, 4], 4.0).await;
-    let truth = upstream.stats().admitted;
-    println!("redis: demand ~136 over 4 s vs L = {LIMIT}: admitted {truth} {admitted:?}");
-    assert_eq!(admitted.iter().sum::<u64>(), truth);
-    assert!(truth <= LIMIT, "admitted {truth} > L");
-    assert!(truth * 100 >= LIMIT * 95, "used only {truth} of {LIMIT}");
-    let metrics = reqwest::get(format!("http://{}/metrics", nodes[0].addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("tollgate_redis_script_seconds_count{script=\"reserve\"}"),
-        "{metrics}"
     );
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();

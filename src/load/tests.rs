@@ -315,7 +315,9 @@ async fn gaps_after_429(extra: &[&str]) -> (Summary, Vec<Duration>) {
         }
     });
     let url = serve(srv.clone()).await;
-    let mut argv = vec!["--concurrency", "4", "--requests", "16"];
+    // Enough requests that every worker sends again after its 429, however the
+    // shared budget is split between fast and waiting workers.
+    let mut argv = vec!["--concurrency", "4", "--requests", "200"];
     argv.extend_from_slice(extra);
     let s = run(args(&url, &argv)).await.unwrap();
     let arrivals = srv.arrivals();

@@ -10,7 +10,7 @@ use super::status::{ClusterStatus, MemberStatus};
 use crate::actor::credit::Credit;
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
-use crate::config::{ClusterConfig, SyncMode};
+use crate::config::{ClusterConfig, CutOff, SyncMode};
 use crate::proxy::AppState;
 use crate::redis::gate::RedisGate;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -78,6 +78,8 @@ pub struct Engine {
     lease: Option<LeaseFeed>,
     /// `redis` mode's gate (its fallback allowances and effective capacities).
     redis_gate: Option<Arc<RedisGate>>,
+    /// What a node that lost its owner or Redis may spend (`share` by default).
+    cut_off: CutOff,
     demand: Demand,
     /// Each key's demand per every member, frozen when a member becomes unreachable:
     /// while anyone is unreachable, the unreachable are charged their share of these
@@ -123,6 +125,7 @@ impl Engine {
             usage,
             lease,
             redis_gate,
+            cut_off: config.lease.cut_off,
             demand: Demand::new(window.window_ms()),
             last_demands: HashMap::new(),
             frozen: HashMap::new(),
@@ -374,7 +377,11 @@ impl Engine {
                     tollgate_cluster::share::shares(binding.capacity, &demands)
                         .into_iter()
                         .collect();
-                let own = shares.get(&self.self_id).copied().unwrap_or(0);
+                let own = match self.cut_off {
+                    CutOff::Share => shares.get(&self.self_id).copied().unwrap_or(0),
+                    CutOff::FailClosed => 0,
+                    CutOff::FailOpen => u64::MAX,
+                };
                 let lost: u64 = (self.redis_lost.iter())
                     .filter(|m| **m != self.self_id)
                     .map(|m| shares.get(m).copied().unwrap_or(0))

@@ -154,6 +154,16 @@ api_key_hashes = ["{{HASH}}"]
     )
 }
 
+/// The node's `/metrics` text.
+pub async fn metrics(node: &Node) -> String {
+    reqwest::get(format!("http://{}/metrics", node.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// POSTs JSON with the test key to `base` (a node's `/v1` URL) + `path`.
 pub async fn post_url(base: &str, path: &str, body: serde_json::Value) -> reqwest::Response {
     reqwest::Client::new()
