@@ -35,40 +35,63 @@ local function win_ring(window_ms, bucket_ms)
   return math.ceil(window_ms / bucket_ms) + 1
 end
 
--- Recycles the slots of buckets that stopped counting; returns head, sum.
-local function win_advance(key, window_ms, bucket_ms, now)
+-- Reads the window with one HMGET (head, sum and the current bucket's slot) and,
+-- when a new bucket started, recycles the slots of buckets that stopped counting
+-- and stores the new head and sum. Returns the state {head, sum, count (the
+-- current bucket's)}.
+local function win_load(key, window_ms, bucket_ms, now)
   local ring = win_ring(window_ms, bucket_ms)
   local nb = math.floor(now / bucket_ms)
-  local st = redis.call('HMGET', key, 'h', 's')
+  local slot = nb % ring
+  local st = redis.call('HMGET', key, 'h', 's', 'b' .. slot, 'c' .. slot)
   local head, sum = tonumber(st[1]), tonumber(st[2]) or 0
   if head == nil then
-    return nb, 0
+    return { head = nb, sum = 0, count = 0, renew = true }
   end
   if nb <= head then
-    return head, sum
+    -- Same bucket (or Redis time went back after a failover: count into the head).
+    local count = 0
+    if nb == head and st[3] and tonumber(st[3]) == head then
+      count = tonumber(st[4]) or 0
+    elseif nb < head then
+      local f = redis.call('HMGET', key, 'b' .. (head % ring), 'c' .. (head % ring))
+      if f[1] and tonumber(f[1]) == head then count = tonumber(f[2]) or 0 end
+    end
+    return { head = head, sum = sum, count = count }
   end
   local steps = math.min(nb - head, ring)
+  local dropped = {}
   for b = nb - steps + 1, nb do
-    local slot = b % ring
-    local f = redis.call('HMGET', key, 'b' .. slot, 'c' .. slot)
+    local s = b % ring
+    local f
+    if s == slot then f = { st[3], st[4] } else f = redis.call('HMGET', key, 'b' .. s, 'c' .. s) end
     if f[1] and tonumber(f[1]) ~= b then
       sum = sum - (tonumber(f[2]) or 0)
-      redis.call('HDEL', key, 'b' .. slot, 'c' .. slot)
+      dropped[#dropped + 1] = 'b' .. s
+      dropped[#dropped + 1] = 'c' .. s
     end
   end
+  if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
   if sum < 0 then sum = 0 end
+  -- Written at once (once per bucket), so a refused call leaves a consistent sum.
   redis.call('HSET', key, 'h', nb, 's', sum)
-  return nb, sum
+  return { head = nb, sum = sum, count = 0, renew = true }
 end
 
--- 0 when cost fits, else ms until enough has left the window (-1: never).
-local function win_check(key, cap, window_ms, bucket_ms, cost, now)
+-- Advances the window to now; returns head, sum.
+local function win_advance(key, window_ms, bucket_ms, now)
+  local st = win_load(key, window_ms, bucket_ms, now)
+  return st.head, st.sum
+end
+
+-- 0 when cost fits the state read by win_load, else ms until enough has left the
+-- window (-1: never).
+local function win_check_state(key, st, cap, window_ms, bucket_ms, cost, now)
   if cost > cap then return -1 end
-  local head, sum = win_advance(key, window_ms, bucket_ms, now)
-  if sum + cost <= cap then return 0 end
+  if st.sum + cost <= cap then return 0 end
   local ring = win_ring(window_ms, bucket_ms)
-  local need, freed = sum + cost - cap, 0
-  for b = head - ring + 1, head do
+  local need, freed = st.sum + cost - cap, 0
+  for b = st.head - ring + 1, st.head do
     local slot = b % ring
     local f = redis.call('HMGET', key, 'b' .. slot, 'c' .. slot)
     if f[1] and tonumber(f[1]) == b then
@@ -82,18 +105,19 @@ local function win_check(key, cap, window_ms, bucket_ms, cost, now)
   return math.max(1, window_ms)
 end
 
--- Charges cost to the current bucket; returns the bucket id (the settle ref).
-local function win_commit(key, window_ms, bucket_ms, cost, now)
-  local ring = win_ring(window_ms, bucket_ms)
-  local head = win_advance(key, window_ms, bucket_ms, now)
-  local slot = head % ring
-  local f = redis.call('HMGET', key, 'b' .. slot, 'c' .. slot, 's')
-  local count = 0
-  if f[1] and tonumber(f[1]) == head then count = tonumber(f[2]) or 0 end
-  redis.call('HSET', key, 'h', head, 'b' .. slot, head, 'c' .. slot, count + cost,
-    's', (tonumber(f[3]) or 0) + cost)
-  redis.call('PEXPIRE', key, window_ms + 2 * bucket_ms)
-  return head
+-- Charges cost to the current bucket of the state read by win_load (one HSET; the
+-- expiry is pushed back once per bucket, which is enough for a key that lives a
+-- window after its last write); returns the bucket id (the settle ref).
+local function win_commit_state(key, st, window_ms, bucket_ms, cost)
+  local slot = st.head % win_ring(window_ms, bucket_ms)
+  redis.call('HSET', key, 'h', st.head, 's', st.sum + cost, 'b' .. slot, st.head,
+    'c' .. slot, st.count + cost)
+  if st.renew then
+    redis.call('PEXPIRE', key, window_ms + 2 * bucket_ms)
+    st.renew = false
+  end
+  st.sum, st.count = st.sum + cost, st.count + cost
+  return st.head
 end
 
 -- Corrects the reservation in bucket `bucket` by delta (refund < 0, debt > 0);
@@ -233,14 +257,18 @@ end
 -- Dispatch on an algorithm name, so entry scripts stay algorithm-agnostic.
 -- spec = { alg, key, cap, window_ms, p (bucket_ms or burst) }
 local function dim_check(d, cost, now)
-  if d.alg == 'window' then return win_check(d.key, d.cap, d.window_ms, d.p, cost, now) end
+  if d.alg == 'window' then
+    -- One read per window; the commit reuses it (one HMGET + one HSET per call).
+    d.st = win_load(d.key, d.window_ms, d.p, now)
+    return win_check_state(d.key, d.st, d.cap, d.window_ms, d.p, cost, now)
+  end
   if d.alg == 'gcra' then return gcra_check(d.key, d.cap, d.window_ms, d.p, cost, now) end
   if d.alg == 'log' then return log_check(d.key, d.cap, d.window_ms, cost, now) end
   return redis.error_reply('unknown algorithm ' .. tostring(d.alg))
 end
 
 local function dim_commit(d, cost, now)
-  if d.alg == 'window' then return win_commit(d.key, d.window_ms, d.p, cost, now) end
+  if d.alg == 'window' then return win_commit_state(d.key, d.st, d.window_ms, d.p, cost) end
   if d.alg == 'gcra' then return gcra_commit(d.key, d.cap, d.window_ms, cost, now) end
   return log_commit(d.key, d.window_ms, cost, now)
 end

@@ -83,6 +83,30 @@ async fn window_admits_its_capacity_then_refuses_with_the_time_until_room() {
 }
 
 #[tokio::test]
+async fn a_refusal_that_recycles_buckets_keeps_the_window_sum_exact() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "tenant:n");
+    let tokens = |cost| reservation(DimSpec::NONE, window(5), cost);
+    admitted(&s.reserve(&keys, &tokens(3)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    admitted(&s.reserve(&keys, &tokens(2)).await.unwrap());
+    // The first bucket leaves the window (1.1 s after it started): 2 still count.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // This call recycles the first bucket's slot and is refused (2 + 4 > 5)...
+    assert_eq!(
+        refused(&s.reserve(&keys, &tokens(4)).await.unwrap()).0,
+        "tokens"
+    );
+    // ...and the window still knows only 2 count: 3 more fit, not fewer.
+    admitted(&s.reserve(&keys, &tokens(3)).await.unwrap());
+    assert_eq!(
+        refused(&s.reserve(&keys, &tokens(1)).await.unwrap()).0,
+        "tokens"
+    );
+}
+
+#[tokio::test]
 async fn all_or_nothing_refunds_and_debt_go_to_the_reservations_bucket() {
     let server = RedisServer::start();
     let s = store(&server);
