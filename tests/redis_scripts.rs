@@ -344,6 +344,48 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
             "requests",
             "{scope}"
         );
+        // Every other script on the same shard as its scope.
+        assert_eq!(
+            s.semaphore(&keys.concurrency, "release", &format!("{scope}-2"), 0, 0)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            s.semaphore(&keys.concurrency, "acquire", "x", 3, 1_000)
+                .await
+                .unwrap(),
+            0
+        );
+        let windowed = ScopeKeys::new("tg", &format!("{scope}:w"));
+        let bucket = match s
+            .reserve(&windowed, &reservation(DimSpec::NONE, window(100), 1))
+            .await
+            .unwrap()
+        {
+            Reserved::Admitted { tokens_ref, .. } => tokens_ref.parse::<u64>().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            s.charge(&windowed.tokens, 1_000, 100, &[(bucket, 7)])
+                .await
+                .unwrap(),
+            7
+        );
+        let lease = ScopeKeys::lease("tg", scope, "tokens");
+        let granted = s
+            .lease(
+                &lease,
+                "node-a",
+                &line(true, 100, 40, 1_000),
+                &statement(1, &[], 0, 10),
+                None,
+                &[],
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(granted.credit, 10, "{scope}");
     }
 }
 
