@@ -142,3 +142,64 @@ async fn redis_mode_falls_back_to_shares_when_redis_dies_and_reconciles_after() 
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();
 }
+
+/// Node 3 reaches Redis through a relay the test cuts: only it loses Redis.
+async fn partial_loss(mode: &str) {
+    const L: u64 = 300;
+    let redis = RedisServer::start();
+    let relay = common::redis::TcpRelay::start(redis.port).await;
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let url = if i == 2 { relay.url() } else { redis.url() };
+        let toml = redis_toml(i, &ports, mode, &redis, L).replace(&redis.url(), &url);
+        nodes.push(Arc::new(node(&toml, &[&upstream]).await));
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let before = load(urls(&nodes), &[10, 10, 10], 1.5).await;
+    relay.cut();
+    let during = load(urls(&nodes), &[40, 40, 40], 3.0).await;
+    let body = admin(&nodes[2], "/admin/cluster").await;
+    let degraded = body["cluster"]["degraded"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let healthy = admin(&nodes[0], "/admin/cluster").await;
+    relay.heal();
+    let truth = upstream.stats().admitted;
+    println!(
+        "{mode}, node 3 cut off from Redis: before {before:?}, during {during:?}; upstream admitted {truth} of L = {L} (excess {})",
+        truth.saturating_sub(L)
+    );
+    assert!(degraded.starts_with("redis_unreachable"), "{body}");
+    assert!(
+        healthy["cluster"]["degraded"].is_null(),
+        "the others still reach Redis: {healthy}"
+    );
+    assert!(during[2] > 0, "the cut-off node stopped serving");
+    // Its share is demand-weighted (about L/3 here, more as its refused demand
+    // grows, which its peers see over gossip and charge it); unbounded, it would
+    // have admitted all 134 it was sent.
+    assert!(
+        before[2] + during[2] <= L * 2 / 5,
+        "the cut-off node exceeded its share"
+    );
+    // The others were charged its share in Redis: together still within L, up to
+    // what it spent before its `redis:lost` reached them (one sync interval).
+    assert!(truth <= L + 10, "admitted {truth} > L + 10");
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_by_one_node_only_its_share_is_charged_in_redis() {
+    partial_loss("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lease_lost_by_one_node_only_its_share_is_charged_in_redis() {
+    partial_loss("redis-lease").await;
+}

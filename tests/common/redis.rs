@@ -183,3 +183,73 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.url()).collect()
     }
 }
+
+/// A TCP relay in front of a Redis, to cut one node off it while the others still
+/// reach it (a partial Redis loss): `cut` drops every connection and refuses new
+/// ones until `heal`.
+pub struct TcpRelay {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl TcpRelay {
+    pub async fn start(target_port: u16) -> TcpRelay {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c, g) = (cut.clone(), generation.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if c.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let (c, g) = (c.clone(), g.clone());
+                let born = g.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                    else {
+                        return;
+                    };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    let watch = async {
+                        while !c.load(Ordering::SeqCst) && g.load(Ordering::SeqCst) == born {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = copy => {}
+                        () = watch => {}
+                    }
+                });
+            }
+        });
+        TcpRelay {
+            port,
+            cut,
+            generation,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
