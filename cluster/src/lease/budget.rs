@@ -216,10 +216,16 @@ impl Budget {
         }
     }
 
-    /// The owner cannot be reached (`Some(share)`: the frozen share for policy
-    /// `share`) or can again (`None`).
+    /// The owner cannot be reached (`Some(share)`: the share for policy `share`) or
+    /// can again (`None`). The share is **frozen at the first cut**: later calls
+    /// while still cut off keep it, because this node's own refused demand keeps
+    /// growing (and with it its share as it sees it) while the other side charges
+    /// it the share it had when gossip stopped (the jepsen harness measured a 5%
+    /// overshoot before this).
     pub fn set_cut_off(&mut self, share: Option<u64>) {
-        self.cut_off = share;
+        if share.is_none() || self.cut_off.is_none() {
+            self.cut_off = share;
+        }
     }
 
     /// Whether the owner is currently unreachable.

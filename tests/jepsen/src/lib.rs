@@ -1,6 +1,18 @@
 //! # tollgate-jepsen
 //!
-//! Home of the partition-testing harness (a later issue): real tollgate processes in
-//! their own network namespaces, a nemesis schedule, a history, and a checker for each
-//! sync mode's promise judged against the mock upstream's log. Empty until then, on
-//! purpose: nothing here pretends to test anything yet.
+//! A partition-testing harness (issue 5, first slice): real tollgate nodes as
+//! separate processes, each in its own Linux network namespace on a bridge the
+//! harness creates and always tears down, in front of a real mock upstream whose
+//! JSONL log is the ground truth; a skewed workload recorded as a history; a
+//! nemesis schedule (partition into halves with iptables, kill -9, SIGSTOP); and a
+//! pure checker of each mode's promise. See docs/jepsen.md.
+//!
+//! - [`hosts`]: namespaces, veths, the bridge, cuts.
+//! - [`procs`]: node and mock processes (kill -9, pause, restart, stop).
+//! - [`run`]: one run, end to end, and its report.
+//! - [`checker`]: the checks, pure.
+
+pub mod checker;
+pub mod hosts;
+pub mod procs;
+pub mod run;
