@@ -192,29 +192,40 @@ async fn serve(
             .as_nanos(),
     )
     .unwrap_or(0);
-    let (answer, handle) = state
-        .registry
-        .acquire(&tenant.scope, |reply| AcquireRequest {
-            lane,
-            prompt_tokens: parsed.prompt_tokens,
-            max_completion_tokens: parsed.max_completion_tokens,
-            model: model.clone(),
-            adaptive: state.adaptive(),
-            max_wait_ns,
-            busy_above: None,
-            reply,
-        })
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-    let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;
-    let rate_headers = RateHeaders::from_status(&grant.status);
-    let mut permit = Permit::new(&handle, &grant);
-    if let Some(gate) = state.redis_gate.get() {
-        permit = (gate
+    // At most twice: a request whose Redis call found Redis lost is re-admitted
+    // under the fallback allowance the loss just set (never on the old one).
+    let mut attempts = 0;
+    let (grant, permit) = loop {
+        attempts += 1;
+        let (answer, handle) = state
+            .registry
+            .acquire(&tenant.scope, |reply| AcquireRequest {
+                lane,
+                prompt_tokens: parsed.prompt_tokens,
+                max_completion_tokens: parsed.max_completion_tokens,
+                model: model.clone(),
+                adaptive: state.adaptive(),
+                max_wait_ns,
+                busy_above: None,
+                reply,
+            })
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
+        let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;
+        let permit = Permit::new(&handle, &grant);
+        let Some(gate) = state.redis_gate.get() else {
+            break (grant, permit);
+        };
+        match gate
             .admit(&tenant.scope, permit, grant.tokens_reserved, wait_until)
-            .await)
-            .map_err(|r| tenant_refusal(&r.into_refusal(grant.status.clone())))?;
-    }
+            .await
+        {
+            Ok(permit) => break (grant, permit),
+            Err(r) if r.is_redis_lost() && attempts < 2 => continue,
+            Err(r) => return Err(tenant_refusal(&r.into_refusal(grant.status.clone()))),
+        }
+    };
+    let rate_headers = RateHeaders::from_status(&grant.status);
     // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
     let completion_tokens = if grant.tokens_reserved > 0 {
         grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)

@@ -60,10 +60,17 @@ async fn try_one(
     let Some(gate) = state.redis_gate.get() else {
         return Ok(Ok(permit));
     };
-    // `redis` mode: the upstream's cluster-wide limit is reserved in Redis too.
+    // `redis` mode: the upstream's cluster-wide limit is reserved in Redis too. A
+    // request that found Redis lost is re-admitted under the fallback allowance.
     let wait_until = Instant::now() + wait;
     let admitted = gate.admit(&upstream.scope, permit, grant.tokens_reserved, wait_until);
-    Ok(admitted.await.map_err(|r| r.into_refusal(grant.status)))
+    match admitted.await {
+        Ok(permit) => Ok(Ok(permit)),
+        Err(r) if r.is_redis_lost() => {
+            Box::pin(try_one(state, upstream, demand, wait, busy_above)).await
+        }
+        Err(r) => Ok(Err(r.into_refusal(grant.status))),
+    }
 }
 
 /// Picks and charges an upstream among `candidates` (in preference order).

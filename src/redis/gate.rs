@@ -47,7 +47,16 @@ pub struct RemoteRefusal {
     pub retry_after: Option<Duration>,
 }
 
+/// The refusal's dimension when the call found Redis lost: the request is to be
+/// admitted again locally, under the fallback allowance the loss just set.
+pub const REDIS_LOST: &str = "redis-lost";
+
 impl RemoteRefusal {
+    /// Whether this request found Redis lost (re-admit it locally, once).
+    pub fn is_redis_lost(&self) -> bool {
+        self.dimension == REDIS_LOST
+    }
+
     /// As the actors' refusal (for the same 429 and headers), with `status`.
     pub fn into_refusal(self, status: ScopeStatus) -> Refusal {
         let dimension = match self.dimension.as_str() {
@@ -287,9 +296,15 @@ impl RedisGate {
                     }
                 }
                 Err(e) => {
+                    // Admitted locally under the healthy allowance, which no longer
+                    // holds: cancel and let the caller admit it again under the
+                    // fallback (a request admitted on both would be an overshoot).
                     self.on_lost(&e.to_string());
-                    self.record_local(limits, tokens);
-                    return Ok(permit);
+                    permit.settle(SettleWith::Cancel);
+                    return Err(RemoteRefusal {
+                        dimension: REDIS_LOST.to_owned(),
+                        retry_after: Some(Duration::ZERO),
+                    });
                 }
             }
         }

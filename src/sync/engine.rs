@@ -102,6 +102,8 @@ pub struct Engine {
     cutoff_lag_ms: u64,
     /// Two gossip intervals: how long a value takes to reach a peer.
     propagation_ms: u64,
+    /// Each key's demand vectors over the last few detection times (when changed).
+    vector_history: HashMap<String, VectorHistory>,
     /// Each member's last `sync:at` value, and when (here) it last changed.
     round_seen: HashMap<String, u64>,
     last_fresh: HashMap<String, u64>,
@@ -146,6 +148,7 @@ impl Engine {
             own_history: HashMap::new(),
             cutoff_lag_ms: (config.gossip_interval * 2 + config.sync_interval).as_millis() as u64,
             propagation_ms: (config.gossip_interval * 2).as_millis() as u64,
+            vector_history: HashMap::new(),
             round_seen: HashMap::new(),
             last_fresh: HashMap::new(),
             demand_lag_ms: (config
@@ -398,6 +401,7 @@ impl Engine {
                 Some(entry) => entry.1 = lagged,
                 None => demands.push((self.self_id.clone(), lagged)),
             }
+            self.record_vector(&binding.key, &demands, now_ms);
             let seen = self.last_demands.entry(binding.key.clone()).or_default();
             seen.extend(demands.iter().cloned());
             let lagged_demands = demands.clone();
@@ -408,14 +412,39 @@ impl Engine {
             });
             if let (Some(gate), Some(allowance)) = (&self.redis_gate, &binding.allowance) {
                 // `redis`: Redis is the bound; the allowance is only the fallback
-                // share while Redis is lost. Peers that lost Redis are charged their
-                // share by lowering the effective capacity asked of Redis.
+                // while Redis is lost. Peers that lost Redis are charged an equal
+                // share each by lowering the capacity asked of Redis (equal: every
+                // node derives the same figure).
+                let equal: Vec<(String, u64)> =
+                    demands.iter().map(|(n, _)| (n.clone(), 1)).collect();
                 let shares: BTreeMap<String, u64> =
-                    tollgate_cluster::share::shares(binding.capacity, &demands)
+                    tollgate_cluster::share::shares(binding.capacity, &equal)
                         .into_iter()
                         .collect();
+                // The fallback (policy `share`): windows fall back to gossip mode's
+                // rule, this node's demand-weighted share of the headroom the
+                // counters show (what others already spent through Redis counts:
+                // a plain share of L would add to it; the harness measured 5%);
+                // concurrency to an equal share of the slots.
+                let share = match binding.dimension {
+                    Dimension::Concurrency => shares.get(&self.self_id).copied().unwrap_or(0),
+                    _ => {
+                        let others =
+                            usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
+                        let figures = KeyFigures {
+                            capacity: binding.capacity,
+                            self_id: &self.self_id,
+                            own_used: mine.used,
+                            others_used: others,
+                            demands: &demands,
+                        };
+                        super::allowance::GossipPolicy
+                            .allowance(&figures)
+                            .unwrap_or(0)
+                    }
+                };
                 let own = match self.cut_off {
-                    CutOff::Share => shares.get(&self.self_id).copied().unwrap_or(0),
+                    CutOff::Share => share,
                     CutOff::FailClosed => 0,
                     CutOff::FailOpen => u64::MAX,
                 };
@@ -567,21 +596,49 @@ impl Engine {
             .min()
             .unwrap_or(now_ms.saturating_sub(self.demand_lag_ms));
         let before_cut = cut_ms.saturating_sub(self.propagation_ms);
-        let self_id = self.self_id.clone();
+        // Every member's figure as of the cut, not only this node's: the others'
+        // demands keep moving too between the cut and its detection, and the far
+        // side holds them as they were at the cut.
         self.frozen = (self.last_demands.iter())
             .map(|(key, seen)| {
-                let own = (self.own_history.get(key)).map(|h| demand_at(h, before_cut, 0));
+                let at_cut = (self.vector_history.get(key))
+                    .and_then(|h| h.iter().rev().find(|(t, _)| *t <= before_cut))
+                    .map(|(_, v)| v.clone());
                 let vector = (seen.iter())
-                    .map(|(n, d)| match (*n == self_id, own) {
-                        (true, Some(own)) => (n.clone(), own),
-                        _ => (n.clone(), *d),
+                    .map(|(n, d)| {
+                        let then = (at_cut.as_ref())
+                            .and_then(|v| v.iter().find(|(m, _)| m == n))
+                            .map_or(*d, |(_, d)| *d);
+                        (n.clone(), then)
                     })
                     .collect();
                 (key.clone(), vector)
             })
             .collect();
     }
+
+    /// Records `key`'s demand vector (this node's own figure lagged) when it
+    /// changed; bounded per key.
+    fn record_vector(&mut self, key: &str, demands: &[(String, u64)], now_ms: u64) {
+        let history = self.vector_history.entry(key.to_owned()).or_default();
+        if history.back().is_some_and(|(_, v)| v.as_slice() == demands) {
+            return;
+        }
+        history.push_back((now_ms, demands.to_vec()));
+        let keep = now_ms.saturating_sub(self.demand_lag_ms.saturating_mul(3));
+        while history.len() > MAX_VECTORS
+            || (history.len() > 1 && history.get(1).is_some_and(|(t, _)| *t <= keep))
+        {
+            history.pop_front();
+        }
+    }
 }
+
+/// One key's demand vectors by time (ms), oldest first.
+type VectorHistory = std::collections::VecDeque<(u64, Vec<(String, u64)>)>;
+
+/// Most demand vectors kept per key (a few detection times of changes).
+const MAX_VECTORS: usize = 64;
 
 /// The newest recorded demand at or before `at_ms` (the oldest one if none is that
 /// old: a key younger than the look-back), or `fallback` with no record.

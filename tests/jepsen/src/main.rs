@@ -101,6 +101,13 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Node { config } => {
+            // Node logs go to the run's directory (the harness redirects stdout).
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .init();
             let config = tollgate::config::Config::load(&config)?;
             let listener = tokio::net::TcpListener::bind(config.server.listen)
                 .await

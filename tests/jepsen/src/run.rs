@@ -18,11 +18,12 @@ const PROXY_PORT: u16 = 8080;
 const GOSSIP_PORT: u16 = 7200;
 const RPC_PORT: u16 = 7300;
 const MOCK_PORT: u16 = 9090;
+const REDIS_PORT: u16 = 6379;
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
-    /// `local-full`, `local-split`, `gossip`, `lease`.
+    /// `local-full`, `local-split`, `gossip`, `lease`, `redis`, `redis-lease`.
     pub mode: String,
     /// `none`, `partition`, `kill`, `pause` (comma-separated: several).
     pub nemesis: Vec<String>,
@@ -60,7 +61,13 @@ impl Outcome {
     }
 }
 
-fn node_toml(spec: &RunSpec, i: usize, ips: &[String], mock_ip: &str) -> String {
+fn node_toml(
+    spec: &RunSpec,
+    i: usize,
+    ips: &[String],
+    mock_ip: &str,
+    redis_ip: Option<&str>,
+) -> String {
     let (mode, share) = match spec.mode.as_str() {
         "local-full" => ("local", "full"),
         "local-split" => ("local", "split"),
@@ -105,10 +112,13 @@ id = "t"
 api_key_hashes = ["sha256:{hash}"]
 rpm = {limit}
 max_wait = "500ms"
-"#,
+{redis}"#,
         seeds = seeds.join(", "),
         limit = spec.limit,
         hash = tollgate::config::hash_api_key(KEY),
+        redis = redis_ip.map_or(String::new(), |ip| format!(
+            "\n[redis]\nurl = \"redis://{ip}:{REDIS_PORT}/\"\ntimeout = \"50ms\"\n"
+        )),
     )
 }
 
@@ -202,9 +212,45 @@ struct Event {
 /// Runs `spec`: returns the checks and writes the run's files.
 pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     std::fs::create_dir_all(&spec.dir)?;
-    let net = Net::create(spec.subnet, spec.nodes + 1)?;
+    let uses_redis = spec.mode.starts_with("redis");
+    let extra = usize::from(uses_redis);
+    let net = Net::create(spec.subnet, spec.nodes + 1 + extra)?;
     let mock_host = net.hosts[0].clone();
-    let node_hosts: Vec<_> = net.hosts[1..].to_vec();
+    let node_hosts: Vec<_> = net.hosts[1 + extra..].to_vec();
+    // Redis (the Redis modes) on a host of its own.
+    let mut redis = match uses_redis {
+        true => {
+            let host = &net.hosts[1];
+            Some(Proc::start(
+                "redis",
+                host,
+                Path::new("redis-server"),
+                [
+                    "--bind",
+                    &host.ip,
+                    "--port",
+                    &REDIS_PORT.to_string(),
+                    "--save",
+                    "",
+                    // Every write fsynced: kill -9 and restart keep the windows, as
+                    // a production Redis with persistence would.
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                    "--dir",
+                    &spec.dir.display().to_string(),
+                    "--protected-mode",
+                    "no",
+                ]
+                .map(String::from)
+                .to_vec(),
+                spec.dir.join("redis.log"),
+            )?)
+        }
+        false => None,
+    };
+    let redis_ip = uses_redis.then(|| net.hosts[1].ip.clone());
     let ips: Vec<String> = node_hosts.iter().map(|h| h.ip.clone()).collect();
     let mock_log = spec.dir.join("mock.jsonl");
     let _ = std::fs::remove_file(&mock_log);
@@ -231,7 +277,10 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let mut nodes = Vec::new();
     for (i, host) in node_hosts.iter().enumerate() {
         let config = spec.dir.join(format!("n{i}.toml"));
-        std::fs::write(&config, node_toml(&spec, i, &ips, &mock_host.ip))?;
+        std::fs::write(
+            &config,
+            node_toml(&spec, i, &ips, &mock_host.ip, redis_ip.as_deref()),
+        )?;
         nodes.push(Proc::start(
             &format!("n{i}"),
             host,
@@ -302,8 +351,25 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
                     what: format!("SIGCONT n{}", n - 1),
                 });
             }
+            "redis-kill" => {
+                let Some(redis) = redis.as_mut() else {
+                    bail!("nemesis redis-kill needs a Redis mode");
+                };
+                tokio::time::sleep_until(at(0.33)).await;
+                redis.kill9().await;
+                events.push(Event {
+                    at_ms: started.elapsed().as_millis() as u64,
+                    what: "kill -9 redis".into(),
+                });
+                tokio::time::sleep_until(at(0.66)).await;
+                redis.restart()?;
+                events.push(Event {
+                    at_ms: started.elapsed().as_millis() as u64,
+                    what: "restart redis (empty)".into(),
+                });
+            }
             "none" => {}
-            other => bail!("unknown nemesis {other:?} (none, partition, kill, pause)"),
+            other => bail!("unknown nemesis {other:?} (none, partition, kill, pause, redis-kill)"),
         }
     }
     let ops = load.await.context("workload")?;
@@ -311,6 +377,9 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         node.stop(Duration::from_secs(5)).await;
     }
     mock.stop(Duration::from_secs(5)).await;
+    if let Some(redis) = redis.as_mut() {
+        redis.stop(Duration::from_secs(2)).await;
+    }
     drop(net);
     let lines = read_mock_log(&mock_log)?;
     let history = spec.dir.join("history.jsonl");
