@@ -246,6 +246,7 @@ async fn serve(
         demand,
         deadline,
         client_headers: headers,
+        admitted_at: Instant::now(),
     };
     match dispatch(state, admitted, permit, Box::new(guard)).await {
         Ok(mut response) => {

@@ -211,6 +211,8 @@ struct Event {
 
 /// Runs `spec`: returns the checks and writes the run's files.
 pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
+    // A fresh directory: an earlier run's Redis AOF or logs must not leak in.
+    let _ = std::fs::remove_dir_all(&spec.dir);
     std::fs::create_dir_all(&spec.dir)?;
     let uses_redis = spec.mode.starts_with("redis");
     let extra = usize::from(uses_redis);
@@ -253,7 +255,6 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let redis_ip = uses_redis.then(|| net.hosts[1].ip.clone());
     let ips: Vec<String> = node_hosts.iter().map(|h| h.ip.clone()).collect();
     let mock_log = spec.dir.join("mock.jsonl");
-    let _ = std::fs::remove_file(&mock_log);
     let window_ms = spec.window.as_millis() as u64;
     let mut mock = Proc::start(
         "mock",

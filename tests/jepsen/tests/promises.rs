@@ -1,10 +1,11 @@
 //! The CI suite (first slice): real processes in network namespaces, short runs.
-//! `lease` keeps <= L (0 upstream 429s) through a partition into halves and a
-//! kill -9; `gossip` keeps <= L x 1.2 through a partition; `redis-lease` keeps
-//! <= L through Redis killed and restarted; `local full`, the baseline without
-//! cluster sync, is caught overshooting by the checker (the test asserts the
-//! checker reports it). Open findings (not in the suite yet, docs/jepsen.md):
-//! `lease` under SIGSTOP and `redis` across a Redis restart overshoot by 1-2.
+//! `lease` keeps <= L (0 upstream 429s) through a partition into halves, a kill -9
+//! and a SIGSTOP (after the late-send guard); `gossip` keeps <= L x 1.2 through a
+//! partition; `local full`, the baseline without cluster sync, is caught
+//! overshooting by the checker (the test asserts the checker reports it).
+//! Open findings (not in the suite until fixed, docs/jepsen.md): `redis` and
+//! `redis-lease` across a Redis kill and restart overshoot by 1-2 (redis-lease
+//! intermittently, under load).
 //!
 //! Needs root (CAP_NET_ADMIN), iproute2 and iptables; without them it fails with a
 //! message saying so (never a silent skip).
@@ -86,8 +87,8 @@ async fn gossip_keeps_its_promise_through_a_partition() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lease_keeps_its_promise_when_redis_is_killed() {
-    let outcome = run(spec("redis-lease", "redis-kill", 36)).await.unwrap();
+async fn lease_keeps_its_promise_through_a_pause() {
+    let outcome = run(spec("lease", "pause", 34)).await.unwrap();
     let report = report(&outcome);
     println!("{report}");
     assert!(outcome.passed(), "{report}");
