@@ -11,8 +11,10 @@
 //! - [`procs`]: node and mock processes (kill -9, pause, restart, stop).
 //! - [`run`]: one run, end to end, and its report.
 //! - [`checker`]: the checks, pure.
+//! - [`timeline`]: the run's timeline picture (SVG).
 
 pub mod checker;
 pub mod hosts;
 pub mod procs;
 pub mod run;
+pub mod timeline;

@@ -400,7 +400,58 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     );
     let report = spec.dir.join("report.md");
     std::fs::write(&report, render(&spec, &checks, &events, &ops))?;
+    let rate = spec.limit as f64 / spec.window.as_secs_f64();
+    let svg = crate::timeline::render(
+        &ops,
+        spec.nodes,
+        spec.duration.as_millis() as u64,
+        rate,
+        &marks(&events),
+    );
+    std::fs::write(spec.dir.join("timeline.svg"), svg)?;
     Ok(Outcome { checks, report })
+}
+
+/// Pairs of events (partition..heal, SIGSTOP..SIGCONT, kill..restart) become
+/// shaded intervals; the rest single marks.
+fn marks(events: &[Event]) -> Vec<crate::timeline::Mark> {
+    let mut out = Vec::new();
+    let mut open: Option<&Event> = None;
+    for e in events {
+        let ends = e.what.starts_with("heal")
+            || e.what.starts_with("SIGCONT")
+            || e.what.starts_with("restart");
+        match (open, ends) {
+            (Some(start), true) => {
+                out.push(crate::timeline::Mark {
+                    from_ms: start.at_ms,
+                    to_ms: Some(e.at_ms),
+                    label: start.what.clone(),
+                });
+                open = None;
+            }
+            (None, false)
+                if e.what.starts_with("partition")
+                    || e.what.starts_with("SIGSTOP")
+                    || e.what.contains("redis") =>
+            {
+                open = Some(e);
+            }
+            _ => out.push(crate::timeline::Mark {
+                from_ms: e.at_ms,
+                to_ms: None,
+                label: e.what.clone(),
+            }),
+        }
+    }
+    if let Some(start) = open {
+        out.push(crate::timeline::Mark {
+            from_ms: start.at_ms,
+            to_ms: None,
+            label: start.what.clone(),
+        });
+    }
+    out
 }
 
 fn read_mock_log(path: &Path) -> anyhow::Result<Vec<MockLine>> {
