@@ -404,12 +404,17 @@ impl Engine {
             self.record_vector(&binding.key, &demands, now_ms);
             let seen = self.last_demands.entry(binding.key.clone()).or_default();
             seen.extend(demands.iter().cloned());
-            let lagged_demands = demands.clone();
             // Forget members that are neither live nor awaiting GC (bounded memory,
             // and frozen shares are over the members that can still spend).
             seen.retain(|node, _| {
                 demands.iter().any(|(n, _)| n == node) || self.dead.contains(node)
             });
+            // This node's view of the key's global usage (admin), one read for
+            // every mode.
+            let others_live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
+            if binding.dimension != Dimension::Concurrency {
+                views.insert(binding.key.clone(), mine.used.saturating_add(others_live));
+            }
             if let (Some(gate), Some(allowance)) = (&self.redis_gate, &binding.allowance) {
                 // `redis`: Redis is the bound; the allowance is only the fallback
                 // while Redis is lost. Peers that lost Redis are charged an equal
@@ -429,13 +434,11 @@ impl Engine {
                 let share = match binding.dimension {
                     Dimension::Concurrency => shares.get(&self.self_id).copied().unwrap_or(0),
                     _ => {
-                        let others =
-                            usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
                         let figures = KeyFigures {
                             capacity: binding.capacity,
                             self_id: &self.self_id,
                             own_used: mine.used,
-                            others_used: others,
+                            others_used: others_live,
                             demands: &demands,
                         };
                         super::allowance::GossipPolicy
@@ -455,10 +458,6 @@ impl Engine {
                 redis_caps.insert(binding.key.clone(), binding.capacity.saturating_sub(lost));
                 redis_fallback.insert(binding.key.clone(), (allowance.clone(), own));
                 allowance.set(if gate.is_lost() { own } else { u64::MAX });
-                if binding.dimension != Dimension::Concurrency {
-                    let live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
-                    views.insert(binding.key.clone(), mine.used.saturating_add(live));
-                }
                 continue;
             }
             if let Some(feed) = &self.lease {
@@ -467,7 +466,6 @@ impl Engine {
                     dead: &self.dead,
                     frozen,
                     self_id: &self.self_id,
-                    lagged: &lagged_demands,
                 };
                 let borrow = if self.lag_ms <= feed.fresh_within_ms {
                     feed.max_borrow
@@ -481,10 +479,6 @@ impl Engine {
                     .cut_off_share
                     .insert(binding.key.clone(), cut_off_share);
                 lease_view.demand.insert(binding.key.clone(), mine.demand);
-                if binding.dimension != Dimension::Concurrency {
-                    let live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
-                    views.insert(binding.key.clone(), mine.used.saturating_add(live));
-                }
                 continue;
             }
             let (others_used, demands) = match (binding.dimension, self.mode) {
@@ -509,11 +503,9 @@ impl Engine {
                 // Gossip: unreachable members are charged their frozen share (or
                 // what they last published, if more) until GC.
                 _ => {
-                    let live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
                     let frozen = self.frozen.get(&binding.key).map_or(&[][..], Vec::as_slice);
                     let dead = dead_charge(&usage, &self.dead, frozen, binding, now_ms);
-                    views.insert(binding.key.clone(), mine.used.saturating_add(live));
-                    (live.saturating_add(dead), demands)
+                    (others_live.saturating_add(dead), demands)
                 }
             };
             let figures = KeyFigures {
@@ -665,8 +657,6 @@ struct Cut<'a> {
     dead: &'a [String],
     frozen: Option<&'a Vec<(String, u64)>>,
     self_id: &'a str,
-    /// The members' demands with this node's own one failure-detection time old.
-    lagged: &'a [(String, u64)],
 }
 
 /// A key's lease terms and this node's cut-off share.
@@ -692,7 +682,6 @@ fn lease_terms(
         dead,
         frozen,
         self_id,
-        lagged,
     } = *cut;
     use tollgate_cluster::share::shares;
     let current: BTreeMap<String, u64> = shares(binding.capacity, demands).into_iter().collect();
@@ -703,10 +692,9 @@ fn lease_terms(
         } else {
             0
         };
-        // The cut-off share: what peers will charge this node if a cut starts now.
-        let own = (shares(binding.capacity, lagged).into_iter())
-            .find(|(n, _)| n == self_id)
-            .map_or(0, |(_, s)| s);
+        // The cut-off share: what peers will charge this node if a cut starts now
+        // (`demands` carries this node's own figure as peers have it).
+        let own = current.get(self_id).copied().unwrap_or(0);
         let terms = Terms {
             shares: current,
             borrow,
