@@ -5,20 +5,28 @@
 -- report, return (want = 0, remaining = 0) are the same call.
 --
 -- KEYS[1] the key's HASH: holder id -> JSON account
---         {u = usage by bucket, c = credit, t = until ms, x = expired by bucket, s = seq}
+--         {u = usage by bucket, c = credit, t = until ms, x = expired by bucket,
+--          s = seq, f = reservation}
 -- ARGV[1] holder id, ARGV[2] kind ('window' | 'slots'), ARGV[3] cap L,
 -- ARGV[4] window_ms, ARGV[5] bucket_ms, ARGV[6] max_credit, ARGV[7] ttl_ms,
 -- ARGV[8] seq (only grows per holder), ARGV[9] remaining credit (slots: in use),
--- ARGV[10] want, ARGV[11] the holder's share cap (its demand-weighted share of L
---         plus borrowing, from gossip: what it may commit in a window, so that if
---         Redis is lost every node falls back to its share and the total stays
---         <= L; -1 = no cap), ARGV[12] n = number of floors, then n pairs (member, floor):
---         members that announced over gossip they lost Redis, charged at least
---         their share; then (bucket, cost) pairs: the holder's usage.
--- Returns {credit, granted, ttl_ms} or {-1, reason} ('stale') with nothing changed.
--- Invariant: what it grants keeps sum of charges <= L, where a holder's charge is
---   its usage in the window + expired credit in the window + unexpired credit
---   (slots: unexpired slots), at least its floor.
+-- ARGV[10] want, ARGV[11] the reservation the holder asks for (its
+--         demand-weighted share of L from gossip; -1 = no reservation and no cap),
+-- ARGV[12] borrow: how far beyond its reservation it may commit (only from room
+--         nobody has reserved), ARGV[13] n = number of held members, then n member
+--         ids: members that announced over gossip they lost Redis or that gossip
+--         cannot reach; their reservation is kept and charged however stale their
+--         account; then (bucket, cost) pairs: the holder's usage.
+-- Returns {credit, granted, ttl_ms, reservation} or {-1, reason} ('stale') with
+--   nothing changed.
+-- Reservations: a holder's reservation is what it may spend per window if Redis
+--   is lost (its cut-off share). Every holder's charge is at least its reservation,
+--   and the script keeps sum of charges <= L, so when Redis goes away every node
+--   spending up to its own reservation (or its credit) keeps the cluster <= L even
+--   though the nodes' gossip views of the shares differ (jepsen measured 41 of 40
+--   when each node took its share from its own view). A holder's charge: its usage
+--   in the window + expired credit in the window + unexpired credit (slots:
+--   unexpired slots), at least its reservation while its account is live or held.
 -- Complexity: O(holders x buckets), a few holders of at most R buckets each.
 
 local now = now_ms()
@@ -26,10 +34,10 @@ local key, me_id, kind = KEYS[1], ARGV[1], ARGV[2]
 local cap, window_ms, bucket_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_credit, ttl, seq = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local remaining, want = tonumber(ARGV[9]), tonumber(ARGV[10])
-local share_cap = tonumber(ARGV[11])
-local n_floors = tonumber(ARGV[12])
-local floors = {}
-for i = 0, n_floors - 1 do floors[ARGV[13 + 2 * i]] = tonumber(ARGV[14 + 2 * i]) end
+local ask, borrow = tonumber(ARGV[11]), tonumber(ARGV[12])
+local n_held = tonumber(ARGV[13])
+local held = {}
+for i = 0, n_held - 1 do held[ARGV[14 + i]] = true end
 local windowed = kind == 'window'
 local now_b = math.floor(now / bucket_ms)
 
@@ -60,13 +68,18 @@ local function charge(a)
   if not windowed then return credit end
   return sum_in_window(a.u) + sum_in_window(a.x) + credit
 end
+-- A reservation lapses once its holder stops stating (idle keys return theirs),
+-- unless the holder is held: it may be spending it without Redis.
+for id, a in pairs(accounts) do
+  if not (a.t > now or held[id]) then a.f = 0 end
+end
 
 local me = accounts[me_id]
 if me and seq <= me.s then return { -1, 'stale' } end
 
 local usage, used = {}, 0
 if windowed then
-  for i = 13 + 2 * n_floors, #ARGV, 2 do
+  for i = 14 + n_held, #ARGV, 2 do
     local b, c = math.min(tonumber(ARGV[i]), now_b), tonumber(ARGV[i + 1])
     if counts(b) and c > 0 then
       usage[tostring(b)] = (usage[tostring(b)] or 0) + c
@@ -87,22 +100,24 @@ end
 
 local others = 0
 for id, a in pairs(accounts) do
-  if id ~= me_id then others = others + math.max(charge(a), floors[id] or 0) end
-end
-for id, f in pairs(floors) do
-  if id ~= me_id and not accounts[id] then others = others + f end
+  if id ~= me_id then others = others + math.max(charge(a), a.f or 0) end
 end
 local expired = me and (windowed and sum_in_window(me.x) or 0) or 0
 local mine = used + expired + accepted
-local room = math.min(want, cap - others - mine, math.max(max_credit, want) - accepted)
-if share_cap >= 0 then room = math.min(room, share_cap - mine) end
+local free = cap - others
+-- The reservation fits what the others are charged (they may hold more than
+-- their own reservations while their usage ages out).
+local reserved = 0
+if ask >= 0 then reserved = math.max(0, math.min(ask, free)) end
+local room = math.min(want, free - mine, math.max(max_credit, want) - accepted)
+if ask >= 0 then room = math.min(room, reserved + borrow - mine) end
 local granted = math.max(0, room)
 
 local account = { u = usage, c = accepted + granted, t = now + ttl,
-                  x = me and me.x or {}, s = seq }
+                  x = me and me.x or {}, s = seq, f = reserved }
 accounts[me_id] = account
 for id, a in pairs(accounts) do
-  if a.c > 0 or next(a.u) or next(a.x) or a.t > now then
+  if a.c > 0 or next(a.u) or next(a.x) or a.t > now or (a.f or 0) > 0 then
     -- An empty table encodes as {} (cjson), which decodes back to a table.
     redis.call('HSET', key, id, cjson.encode(a))
   else
@@ -110,4 +125,4 @@ for id, a in pairs(accounts) do
   end
 end
 redis.call('PEXPIRE', key, window_ms + 2 * ttl)
-return { accepted + granted, granted, ttl }
+return { accepted + granted, granted, ttl, reserved }

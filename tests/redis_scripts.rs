@@ -9,7 +9,9 @@ mod common;
 
 use common::redis::{RedisCluster, RedisServer};
 use std::time::Duration;
-use tollgate::redis::{Algorithm, DimSpec, RedisStore, Reservation, Reserved, ScopeKeys};
+use tollgate::redis::{
+    Algorithm, DimSpec, LeaseAsk, Leased, RedisStore, Reservation, Reserve, Reserved, ScopeKeys,
+};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -379,13 +381,12 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
                 "node-a",
                 &line(true, 100, 40, 1_000),
                 &statement(1, &[], 0, 10),
-                None,
-                &[],
+                &LeaseAsk::default(),
             )
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(granted.credit, 10, "{scope}");
+        assert_eq!(granted.reply.credit, 10, "{scope}");
     }
 }
 
@@ -420,37 +421,61 @@ async fn lease_lines_grant_within_capacity_conserve_and_charge_expired_credit() 
     let s = store(&server);
     let key = ScopeKeys::lease("tg", "tenant:q", "tokens");
     let l = line(true, 100, 40, 300);
-    let credit = |r: Result<tollgate_cluster::lease::line::SyncReply, String>| r.unwrap().credit;
+    let credit = |r: Result<Leased, String>| r.unwrap().reply.credit;
     assert_eq!(
         credit(
-            s.lease(&key, "a", &l, &statement(1, &[], 0, 40), None, &[])
-                .await
-                .unwrap()
+            s.lease(
+                &key,
+                "a",
+                &l,
+                &statement(1, &[], 0, 40),
+                &LeaseAsk::default()
+            )
+            .await
+            .unwrap()
         ),
         40
     );
     // b asks for more than max_credit: the cap stretches to one large request.
     assert_eq!(
         credit(
-            s.lease(&key, "b", &l, &statement(1, &[], 0, 70), None, &[])
-                .await
-                .unwrap()
+            s.lease(
+                &key,
+                "b",
+                &l,
+                &statement(1, &[], 0, 70),
+                &LeaseAsk::default()
+            )
+            .await
+            .unwrap()
         ),
         60
     );
     assert_eq!(
         credit(
-            s.lease(&key, "c", &l, &statement(1, &[], 0, 10), None, &[])
-                .await
-                .unwrap()
+            s.lease(
+                &key,
+                "c",
+                &l,
+                &statement(1, &[], 0, 10),
+                &LeaseAsk::default()
+            )
+            .await
+            .unwrap()
         ),
         0
     );
     // A stale statement changes nothing.
     assert_eq!(
-        s.lease(&key, "a", &l, &statement(1, &[], 40, 0), None, &[])
-            .await
-            .unwrap(),
+        s.lease(
+            &key,
+            "a",
+            &l,
+            &statement(1, &[], 40, 0),
+            &LeaseAsk::default()
+        )
+        .await
+        .unwrap(),
         Err("stale".to_owned())
     );
     // a spent 30 (in the current bucket) and claims 35 left: only 10 accepted.
@@ -464,8 +489,7 @@ async fn lease_lines_grant_within_capacity_conserve_and_charge_expired_credit() 
             "a",
             &l,
             &statement(2, &[(now_bucket, 30)], 35, 0),
-            None,
-            &[],
+            &LeaseAsk::default(),
         )
         .await
         .unwrap();
@@ -474,57 +498,154 @@ async fn lease_lines_grant_within_capacity_conserve_and_charge_expired_credit() 
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert_eq!(
         credit(
-            s.lease(&key, "c", &l, &statement(2, &[], 0, 10), None, &[])
-                .await
-                .unwrap()
+            s.lease(
+                &key,
+                "c",
+                &l,
+                &statement(2, &[], 0, 10),
+                &LeaseAsk::default()
+            )
+            .await
+            .unwrap()
         ),
         0
     );
-    // A member that lost Redis is charged its floor: room shrinks accordingly.
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let floors = vec![("z".to_owned(), 70)];
-    assert_eq!(
-        credit(
-            s.lease(&key, "c", &l, &statement(3, &[], 0, 40), None, &floors)
-                .await
-                .unwrap()
-        ),
-        30
-    );
-    // A share cap bounds what a holder commits in the window (its fallback share).
-    let capped = ScopeKeys::lease("tg", "tenant:cap", "tokens");
-    let r = s
-        .lease(&capped, "a", &l, &statement(1, &[], 0, 40), Some(15), &[])
-        .await
-        .unwrap();
-    assert_eq!(credit(r), 15);
     // Slots: held until ttl, in-use always counted.
     let slots = ScopeKeys::lease("tg", "tenant:q", "concurrency");
     let sl = line(false, 2, 2, 300);
     assert_eq!(
         credit(
-            s.lease(&slots, "a", &sl, &statement(1, &[], 1, 1), None, &[])
-                .await
-                .unwrap()
+            s.lease(
+                &slots,
+                "a",
+                &sl,
+                &statement(1, &[], 1, 1),
+                &LeaseAsk::default()
+            )
+            .await
+            .unwrap()
         ),
         2
     );
     assert_eq!(
         credit(
-            s.lease(&slots, "b", &sl, &statement(1, &[], 0, 1), None, &[])
-                .await
-                .unwrap()
+            s.lease(
+                &slots,
+                "b",
+                &sl,
+                &statement(1, &[], 0, 1),
+                &LeaseAsk::default()
+            )
+            .await
+            .unwrap()
         ),
         0
     );
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert_eq!(
         credit(
-            s.lease(&slots, "b", &sl, &statement(2, &[], 0, 1), None, &[])
-                .await
-                .unwrap()
+            s.lease(
+                &slots,
+                "b",
+                &sl,
+                &statement(2, &[], 0, 1),
+                &LeaseAsk::default()
+            )
+            .await
+            .unwrap()
         ),
         1,
         "a's slots expired"
     );
+}
+
+/// `redis-lease` reservations: what each holder may spend per window if Redis is
+/// lost. Redis keeps every holder's charge at least its reservation and the sum
+/// within L, whatever shares the holders ask for from their own (differing)
+/// gossip views; a reservation lapses when its holder goes quiet unless the
+/// holder is held (lost Redis, or unreachable over gossip).
+#[tokio::test]
+async fn lease_reservations_sum_within_capacity_and_are_held_for_lost_members() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let key = ScopeKeys::lease("tg", "tenant:r", "tokens");
+    let l = line(true, 100, 100, 300);
+    let held_a = vec!["a".to_owned()];
+    let lease = |holder: &'static str, seq: u64, want: u64, share: u64, held: Vec<String>| {
+        let request = statement(seq, &[], 0, want);
+        let (s, key) = (&s, &key);
+        async move {
+            let ask = LeaseAsk {
+                reserve: Some(Reserve { share, borrow: 0 }),
+                held: &held,
+            };
+            s.lease(key, holder, &l, &request, &ask)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    // Views disagree: a and b each think 60 is theirs. Redis reserves 60 + 40.
+    let a = lease("a", 1, 10, 60, vec![]).await;
+    assert_eq!((a.reserved, a.reply.credit), (60, 10));
+    let b = lease("b", 1, 50, 60, vec![]).await;
+    assert_eq!(
+        (b.reserved, b.reply.credit),
+        (40, 40),
+        "capped at its reservation"
+    );
+    // c gets nothing reserved until someone gives some back.
+    let c = lease("c", 1, 10, 30, vec![]).await;
+    assert_eq!((c.reserved, c.reply.credit), (0, 0));
+    let a = lease("a", 2, 0, 30, vec![]).await;
+    assert_eq!(a.reserved, 30);
+    let c = lease("c", 2, 10, 30, vec![]).await;
+    assert_eq!((c.reserved, c.reply.credit), (30, 10));
+    // Borrowing only from room nobody reserved: none left.
+    let borrowing = LeaseAsk {
+        reserve: Some(Reserve {
+            share: 30,
+            borrow: 50,
+        }),
+        held: &[],
+    };
+    let c = (s
+        .lease(&key, "c", &l, &statement(3, &[], 0, 50), &borrowing)
+        .await)
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.reply.credit, 30, "no unreserved room to borrow");
+    // a and b go quiet past the ttl; a is held (it lost Redis): its 30 stays
+    // charged, b's reservation lapses (its expired credit still counts).
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let c = lease("c", 4, 0, 100, held_a.clone()).await;
+    // 100 - a's reservation 30 - b's expired credit 40 (charged while in window).
+    assert_eq!(c.reserved, 30);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let c = lease("c", 5, 0, 100, held_a.clone()).await;
+    assert_eq!(
+        c.reserved, 70,
+        "b's credit left the window; a is still held"
+    );
+    let c = lease("c", 6, 0, 100, vec![]).await;
+    assert_eq!(c.reserved, 100, "a no longer held: its reservation lapsed");
+    // A reservation also caps what its holder commits.
+    let capped = ScopeKeys::lease("tg", "tenant:cap", "tokens");
+    let ask = |share, borrow| LeaseAsk {
+        reserve: Some(Reserve { share, borrow }),
+        held: &[],
+    };
+    let r = s
+        .lease(&capped, "a", &l, &statement(1, &[], 0, 40), &ask(15, 0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.reserved, r.reply.credit), (15, 15));
+    // ... plus borrowing from room nobody reserved.
+    let r = s
+        .lease(&capped, "b", &l, &statement(1, &[], 0, 40), &ask(10, 20))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.reserved, r.reply.credit), (10, 30));
 }

@@ -77,6 +77,21 @@ impl RemoteRefusal {
     }
 }
 
+/// What one limit key falls back to while Redis is lost.
+#[derive(Debug, Clone)]
+pub struct Fallback {
+    /// The key's local allowance (the actors' bound).
+    pub allowance: Allowance,
+    /// This node's fallback allowance: gossip mode's rule (its demand-weighted
+    /// share of the headroom the counters show), or the policy's 0 / unbounded.
+    pub own: u64,
+    /// What the peers that still reach Redis charge this node while it is lost
+    /// (its equal share of L, taken off the capacity they ask of Redis): local
+    /// spending per window never exceeds it, so a node losing Redis alone keeps
+    /// the cluster within L.
+    pub charged: u64,
+}
+
 /// The `redis` mode's gate, shared by every request of the node.
 pub struct RedisGate {
     store: RedisStore,
@@ -86,8 +101,8 @@ pub struct RedisGate {
     scopes: HashMap<ScopeId, ScopeLimits>,
     /// Effective capacity per limit key: L minus the shares of peers that lost Redis.
     caps: RwLock<HashMap<String, u64>>,
-    /// Each key's allowance and this node's fallback share (set each sync round).
-    fallback: Mutex<HashMap<String, (Allowance, u64)>>,
+    /// Each key's fallback (set each sync round).
+    fallback: Mutex<HashMap<String, Fallback>>,
     lost: AtomicBool,
     /// What was admitted locally while Redis was lost: Redis window key -> bucket
     /// -> cost.
@@ -153,8 +168,8 @@ impl RedisGate {
         *self.caps.write().unwrap_or_else(|p| p.into_inner()) = caps;
     }
 
-    /// The engine, each round: each key's allowance handle and this node's share.
-    pub fn set_fallback(&self, fallback: HashMap<String, (Allowance, u64)>) {
+    /// The engine, each round: each key's fallback.
+    pub fn set_fallback(&self, fallback: HashMap<String, Fallback>) {
         *lock(&self.fallback) = fallback;
     }
 
@@ -162,8 +177,8 @@ impl RedisGate {
     pub fn on_lost(&self, error: &str) {
         if !self.lost.swap(true, Ordering::Relaxed) {
             tracing::warn!(%error, "redis lost: admitting locally within this node's share, announcing it over gossip");
-            for (allowance, share) in lock(&self.fallback).values() {
-                allowance.set(*share);
+            for fallback in lock(&self.fallback).values() {
+                fallback.allowance.set(fallback.own);
             }
         }
     }
@@ -224,14 +239,37 @@ impl RedisGate {
         }
     }
 
-    fn record_local(&self, limits: &ScopeLimits, tokens: u64) {
-        let bucket = unix_ms() / self.bucket_ms;
+    /// Records a request admitted locally while Redis is lost, unless it would
+    /// take this node's local spending in the window past what the peers charge
+    /// it: then the time until the oldest local spending leaves the window.
+    fn record_local(&self, limits: &ScopeLimits, tokens: u64) -> Result<(), RemoteRefusal> {
+        let now = unix_ms();
+        let bucket = now / self.bucket_ms;
+        let oldest = (now.saturating_sub(self.window_ms)) / self.bucket_ms;
+        let fallback = lock(&self.fallback);
         let mut backlog = lock(&self.backlog);
         let dims = [
-            (&limits.requests, &limits.keys.requests, 1),
-            (&limits.tokens, &limits.keys.tokens, tokens),
+            ("requests", &limits.requests, &limits.keys.requests, 1),
+            ("tokens", &limits.tokens, &limits.keys.tokens, tokens),
         ];
-        for (limit, redis_key, cost) in dims {
+        for (name, limit, redis_key, cost) in dims {
+            let (Some((key, _)), Some(buckets)) = (limit, backlog.get(redis_key)) else {
+                continue;
+            };
+            let Some(charged) = fallback.get(key).map(|f| f.charged) else {
+                continue;
+            };
+            let in_window: u64 = buckets.range(oldest..).map(|(_, c)| c).sum();
+            if in_window.saturating_add(cost) > charged {
+                let first = buckets.range(oldest..).next().map_or(bucket, |(b, _)| *b);
+                let leaves = (first + 1) * self.bucket_ms + self.window_ms;
+                return Err(RemoteRefusal {
+                    dimension: name.to_owned(),
+                    retry_after: Some(Duration::from_millis(leaves.saturating_sub(now).max(1))),
+                });
+            }
+        }
+        for (_, limit, redis_key, cost) in dims {
             if limit.is_some() {
                 let buckets = backlog.entry(redis_key.clone()).or_default();
                 if buckets.len() < MAX_BACKLOG_BUCKETS || buckets.contains_key(&bucket) {
@@ -239,6 +277,7 @@ impl RedisGate {
                 }
             }
         }
+        Ok(())
     }
 
     /// Reserves `permit`'s request on `scope` in Redis, waiting out refusals until
@@ -254,9 +293,19 @@ impl RedisGate {
         let Some(limits) = self.scopes.get(scope) else {
             return Ok(permit);
         };
-        if self.is_lost() {
-            self.record_local(limits, tokens);
-            return Ok(permit);
+        while self.is_lost() {
+            let Err(refusal) = self.record_local(limits, tokens) else {
+                return Ok(permit);
+            };
+            match refusal.retry_after {
+                Some(wait) if Instant::now() + wait <= wait_until => {
+                    tokio::time::sleep(wait).await;
+                }
+                _ => {
+                    permit.settle(SettleWith::Cancel);
+                    return Err(refusal);
+                }
+            }
         }
         let id = self.next_permit.fetch_add(1, Ordering::Relaxed);
         let reservation = Reservation {

@@ -16,4 +16,7 @@ pub mod scripts;
 pub mod store;
 
 pub use keys::ScopeKeys;
-pub use store::{Algorithm, DimSpec, LeaseLine, RedisStore, Reservation, Reserved, StoreError};
+pub use store::{
+    Algorithm, DimSpec, LeaseAsk, LeaseLine, Leased, RedisStore, Reservation, Reserve, Reserved,
+    StoreError,
+};

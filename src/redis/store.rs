@@ -102,6 +102,37 @@ pub struct LeaseLine {
     pub ttl_ms: u64,
 }
 
+/// A holder's reservation request in `redis-lease`: the share of L it asks Redis
+/// to reserve for it (what it spends per window if Redis is lost) and how far
+/// beyond it it may commit from room nobody reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserve {
+    /// Its demand-weighted share of L (gossip).
+    pub share: u64,
+    /// Borrowing beyond the reservation.
+    pub borrow: u64,
+}
+
+/// What a `lease.lua` statement asks besides the statement itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeaseAsk<'a> {
+    /// `None`: no reservation and no cap (a bare credit line).
+    pub reserve: Option<Reserve>,
+    /// Members whose reservations Redis keeps however stale their accounts: those
+    /// that announced they lost Redis, and those gossip cannot reach.
+    pub held: &'a [String],
+}
+
+/// `lease.lua`'s answer: the reply and the reservation Redis now holds for the
+/// holder (its cut-off share if Redis is lost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leased {
+    /// Credit, grant and ttl.
+    pub reply: SyncReply,
+    /// The holder's reservation per window.
+    pub reserved: u64,
+}
+
 /// What `reserve` answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reserved {
@@ -290,19 +321,22 @@ impl RedisStore {
     }
 
     /// States `holder`'s credit line for one key to Redis (`redis-lease` mode) and
-    /// returns the owner's reply, or the script's refusal (`stale`). `share_cap`:
-    /// the most the holder may commit in a window (its share + borrowing).
+    /// returns the owner's reply with the holder's reservation, or the script's
+    /// refusal (`stale`).
     pub async fn lease(
         &self,
         key: &str,
         holder: &str,
         line: &LeaseLine,
         request: &SyncRequest,
-        share_cap: Option<u64>,
-        floors: &[(String, u64)],
-    ) -> Result<Result<SyncReply, String>, StoreError> {
+        ask: &LeaseAsk<'_>,
+    ) -> Result<Result<Leased, String>, StoreError> {
         let mut inv = scripts::LEASE.prepare_invoke();
         let kind = if line.windowed { "window" } else { "slots" };
+        let (reserve, borrow) = match ask.reserve {
+            Some(r) => (r.share.min(i64::MAX as u64) as i64, r.borrow),
+            None => (-1, 0),
+        };
         inv.key(key)
             .arg(holder)
             .arg(kind)
@@ -314,10 +348,11 @@ impl RedisStore {
             .arg(request.seq)
             .arg(request.remaining)
             .arg(request.want)
-            .arg(share_cap.map_or(-1, |c| c.min(i64::MAX as u64) as i64))
-            .arg(floors.len());
-        for (member, floor) in floors {
-            inv.arg(member).arg(*floor);
+            .arg(reserve)
+            .arg(borrow)
+            .arg(ask.held.len());
+        for member in ask.held {
+            inv.arg(member);
         }
         for (bucket, cost) in &request.usage {
             inv.arg(*bucket).arg(*cost);
@@ -325,17 +360,24 @@ impl RedisStore {
         let answer: Vec<redis::Value> = self.run("lease", inv).await?;
         let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).ok();
         match answer.as_slice() {
-            [credit, granted, ttl] => match (int(credit), int(granted), int(ttl)) {
-                (Some(c), Some(g), Some(t)) if c >= 0 && g >= 0 && t > 0 => Ok(Ok(SyncReply {
-                    credit: c as u64,
-                    granted: g as u64,
-                    ttl_ms: t as u64,
-                })),
-                _ => Err(StoreError::Unexpected {
-                    script: "lease",
-                    detail: format!("{answer:?}"),
-                }),
-            },
+            [credit, granted, ttl, reserved] => {
+                match (int(credit), int(granted), int(ttl), int(reserved)) {
+                    (Some(c), Some(g), Some(t), Some(r)) if c >= 0 && g >= 0 && t > 0 && r >= 0 => {
+                        Ok(Ok(Leased {
+                            reply: SyncReply {
+                                credit: c as u64,
+                                granted: g as u64,
+                                ttl_ms: t as u64,
+                            },
+                            reserved: r as u64,
+                        }))
+                    }
+                    _ => Err(StoreError::Unexpected {
+                        script: "lease",
+                        detail: format!("{answer:?}"),
+                    }),
+                }
+            }
             [_, reason] => {
                 Ok(Err(redis::from_redis_value_ref::<String>(reason)
                     .unwrap_or_else(|_| "refused".into())))

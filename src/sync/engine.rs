@@ -12,7 +12,7 @@ use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
 use crate::proxy::AppState;
-use crate::redis::gate::RedisGate;
+use crate::redis::gate::{Fallback, RedisGate};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
@@ -381,7 +381,13 @@ impl Engine {
                     rpc: m.metadata.rpc_addr.clone(),
                 })
                 .collect(),
-            redis_lost: self.redis_lost.clone(),
+            redis_held: {
+                let mut held: Vec<String> =
+                    self.redis_lost.iter().chain(&self.dead).cloned().collect();
+                held.sort();
+                held.dedup();
+                held
+            },
             ..View::default()
         };
         for binding in &state.bindings {
@@ -456,7 +462,14 @@ impl Engine {
                     .map(|m| shares.get(m).copied().unwrap_or(0))
                     .sum();
                 redis_caps.insert(binding.key.clone(), binding.capacity.saturating_sub(lost));
-                redis_fallback.insert(binding.key.clone(), (allowance.clone(), own));
+                redis_fallback.insert(
+                    binding.key.clone(),
+                    Fallback {
+                        allowance: allowance.clone(),
+                        own,
+                        charged: shares.get(&self.self_id).copied().unwrap_or(0),
+                    },
+                );
                 allowance.set(if gate.is_lost() { own } else { u64::MAX });
                 continue;
             }

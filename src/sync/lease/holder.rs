@@ -13,9 +13,9 @@ use super::wire::{Batch, Entry};
 use super::{MemberAddr, View};
 use crate::actor::Dimension;
 use crate::proxy::AppState;
-use crate::redis::{LeaseLine, RedisStore, ScopeKeys};
+use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_cluster::lease::budget::Snapshot;
@@ -72,6 +72,9 @@ pub struct Holder {
     last_stated_ms: HashMap<String, u64>,
     last_used: HashMap<String, u64>,
     unreachable: HashSet<String>,
+    /// `redis-lease`: the reservation Redis last confirmed per key, and until when
+    /// (local ms) Redis keeps it without hearing from this node: the cut-off share.
+    reserved: Mutex<HashMap<String, (u64, u64)>>,
     /// Owners this node cannot reach now (for `/admin/cluster` and metrics).
     pub cut_off: Arc<RwLock<Vec<String>>>,
 }
@@ -111,6 +114,7 @@ impl Holder {
             last_stated_ms: HashMap::new(),
             last_used: HashMap::new(),
             unreachable: HashSet::new(),
+            reserved: Mutex::default(),
             cut_off: Arc::default(),
         }
     }
@@ -172,7 +176,10 @@ impl Holder {
                 credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms), b.used(now_ms)));
             let last = self.last_stated_ms.get(&binding.key).copied().unwrap_or(0);
             let heartbeat = now_ms.saturating_sub(last) >= self.ttl_ms() / 3;
-            let returning = round == Round::ReturnAll && held > 0;
+            // A graceful stop also gives back a `redis-lease` reservation (peers
+            // would otherwise keep it for this node until it is collected).
+            let returning =
+                round == Round::ReturnAll && (held > 0 || self.reservation(&binding.key) > 0);
             if !(moved || wanted || returning || (!idle && heartbeat)) {
                 continue;
             }
@@ -215,7 +222,7 @@ impl Holder {
         let sends = batches.into_values().map(|(owner, items)| {
             let view = &view;
             async move {
-                let answered = this.send(&owner, &items, view).await;
+                let answered = this.send(&owner, &items, view, round).await;
                 (owner, items, answered)
             }
         });
@@ -232,7 +239,7 @@ impl Holder {
         self.settings.ttl.as_millis() as u64
     }
 
-    async fn send(&self, owner: &MemberAddr, items: &Items, view: &View) -> Answered {
+    async fn send(&self, owner: &MemberAddr, items: &Items, view: &View, round: Round) -> Answered {
         let bindings = &self.state.bindings;
         let book = match &self.owners {
             Owners::Peers(book) => book,
@@ -242,7 +249,7 @@ impl Holder {
                 bucket_ms,
             } => {
                 return self
-                    .send_redis(store, prefix, *bucket_ms, items, view)
+                    .send_redis(store, prefix, *bucket_ms, items, view, round)
                     .await;
             }
         };
@@ -267,8 +274,11 @@ impl Holder {
     }
 
     /// `redis-lease`: one `lease.lua` call per key, all concurrently on the
-    /// multiplexed connection. Members that announced over gossip they lost Redis
-    /// are charged their share (floors), so the cluster stays within L.
+    /// multiplexed connection. Each asks Redis to reserve this node's share of L
+    /// (by gossiped demand) and to keep the reservations of members that lost
+    /// Redis or gossip; the reservation confirmed is what this node spends per
+    /// window if Redis is lost, and Redis keeps every holder's charge at least its
+    /// reservation, so the cluster stays within L (docs/design/redis.md).
     async fn send_redis(
         &self,
         store: &RedisStore,
@@ -276,7 +286,13 @@ impl Holder {
         bucket_ms: u64,
         items: &Items,
         view: &View,
+        round: Round,
     ) -> Answered {
+        let sent_ms = self.now_ms();
+        let held: Vec<String> = (view.redis_held.iter())
+            .filter(|m| **m != view.self_id)
+            .cloned()
+            .collect();
         let calls = items.iter().map(|(i, snapshot)| {
             let binding = &self.state.bindings[*i];
             let dimension = binding.dimension;
@@ -288,44 +304,60 @@ impl Holder {
                 max_credit: max_credit(binding.capacity, self.settings.max_credit),
                 ttl_ms: self.ttl_ms(),
             };
-            let floors: Vec<(String, u64)> = (view.redis_lost.iter())
-                .filter(|m| **m != view.self_id)
-                .map(|m| {
-                    let share = (view.terms.get(&binding.key))
-                        .and_then(|t| t.shares.get(m).copied())
-                        .unwrap_or(0);
-                    (m.clone(), share)
-                })
-                .collect();
             let key = ScopeKeys::lease(prefix, &binding.scope.to_string(), dimension.as_str());
-            // Capped at its share (plus borrowing), as a peer owner would: when
-            // Redis is lost, each node falls back to its share and the shares sum
-            // to L.
-            let share_cap = (view.terms.get(&binding.key)).map(|t| {
-                let share = t.shares.get(&view.self_id).copied().unwrap_or(0);
-                share.saturating_add(t.borrow)
+            let reserve = (view.terms.get(&binding.key)).map(|t| match round {
+                Round::ReturnAll => Reserve {
+                    share: 0,
+                    borrow: 0,
+                },
+                Round::Normal => Reserve {
+                    share: t.shares.get(&view.self_id).copied().unwrap_or(0),
+                    borrow: t.borrow,
+                },
             });
+            let held = &held;
             async move {
-                store
-                    .lease(
-                        &key,
-                        &view.self_id,
-                        &line,
-                        &snapshot.request,
-                        share_cap,
-                        &floors,
-                    )
-                    .await
+                let ask = LeaseAsk { reserve, held };
+                let leased = store
+                    .lease(&key, &view.self_id, &line, &snapshot.request, &ask)
+                    .await;
+                (binding.key.clone(), leased)
             }
         });
+        let results = futures_util::future::join_all(calls).await;
         let mut out = Vec::with_capacity(items.len());
-        for result in futures_util::future::join_all(calls).await {
+        let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, result) in results {
             match result {
-                Ok(answer) => out.push(answer),
+                Ok(Ok(leased)) => {
+                    let until = sent_ms.saturating_add(self.ttl_ms());
+                    reserved.insert(key, (leased.reserved, until));
+                    out.push(Ok(leased.reply));
+                }
+                Ok(Err(code)) => out.push(Err(code)),
                 Err(e) => return Err(CallError::Unreachable(e.to_string())),
             }
         }
         Ok(out)
+    }
+
+    /// The reservation Redis keeps for this node on `key` now (`redis-lease`).
+    fn reservation(&self, key: &str) -> u64 {
+        let reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        match reserved.get(key) {
+            Some(&(share, until)) if until > self.now_ms() => share,
+            _ => 0,
+        }
+    }
+
+    /// The share this node spends per window on `key` once cut off from its
+    /// owner: in `redis-lease`, the reservation Redis still keeps for it (none once
+    /// it has lapsed); with peer owners, the frozen share every side charges it.
+    fn cut_off_share(&self, view: &View, key: &str) -> u64 {
+        match &self.owners {
+            Owners::Peers(_) => view.own_share(key),
+            Owners::Redis { .. } => self.reservation(key),
+        }
     }
 
     fn adopt(&mut self, view: &View, owner: &MemberAddr, items: Items, answered: Answered) {
@@ -340,7 +372,7 @@ impl Holder {
                 }
                 for (i, _) in &items {
                     let binding = &self.state.bindings[*i];
-                    let share = view.own_share(&binding.key);
+                    let share = self.cut_off_share(view, &binding.key);
                     if let Some(credit) = &binding.credit {
                         credit.with(|b| b.set_cut_off(Some(share)));
                     }

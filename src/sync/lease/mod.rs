@@ -45,8 +45,10 @@ pub struct View {
     /// This node's share per key as the rest of the cluster charges it when it is
     /// unreachable: what it may spend per window when cut off (policy `share`).
     pub cut_off_share: HashMap<String, u64>,
-    /// `redis-lease`: members that announced over gossip they cannot reach Redis.
-    pub redis_lost: Vec<String>,
+    /// `redis-lease`: members whose reservations Redis must keep however stale
+    /// their accounts: those that announced over gossip they cannot reach Redis,
+    /// and those gossip cannot reach (either may be spending its reservation).
+    pub redis_held: Vec<String>,
 }
 
 impl View {

@@ -390,14 +390,14 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         text.push('\n');
     }
     std::fs::write(&history, text)?;
-    let checks = checker::check(
-        &spec.mode,
-        spec.nodes as u64,
-        spec.limit,
+    let case = checker::Case {
+        mode: &spec.mode,
+        nemeses: &spec.nemesis,
+        nodes: spec.nodes as u64,
+        limit: spec.limit,
         window_ms,
-        &lines,
-        &ops,
-    );
+    };
+    let checks = checker::check(&case, &lines, &ops);
     let report = spec.dir.join("report.md");
     std::fs::write(&report, render(&spec, &checks, &events, &ops))?;
     let rate = spec.limit as f64 / spec.window.as_secs_f64();
