@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: makes sure what the tests start is installed
 # (redis-server and redis-cli for the Redis strict-mode tests; iproute2 and
-# iptables for the jepsen harness's namespaces; installed with apt-get when
+# iptables for the jepsen harness's namespaces, libfaketime for its clock
+# skew; installed with apt-get when
 # missing and allowed), then runs every test of the workspace.
 # A missing service is a loud failure, never a silent skip.
 set -euo pipefail
@@ -12,6 +13,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
+# libfaketime: the jepsen harness's clock-skew nemesis.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
 if ((${#missing[@]})); then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "== installing ${missing[*]} (the Redis tests start real servers)"
@@ -19,7 +22,7 @@ if ((${#missing[@]})); then
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "missing: ${missing[*]}; install them (the Redis tests start real servers; the jepsen harness needs iproute2 and iptables, and root)" >&2
+    echo "missing: ${missing[*]}; install them (the Redis tests start real servers; the jepsen harness needs iproute2, iptables and faketime, and root)" >&2
     exit 1
   fi
 fi

@@ -20,9 +20,12 @@
 //! - [`mock`]: the mock upstream, a strict and honest stand-in for a provider whose
 //!   log is the ground truth.
 //! - [`load`]: the LLM-aware load generator behind `tollgate load`.
+//! - [`faults`]: deliberate faults for the jepsen harness (feature
+//!   `fault-injection`, test builds only).
 
 pub mod actor;
 pub mod config;
+pub mod faults;
 pub mod limiter;
 pub mod load;
 pub mod mock;

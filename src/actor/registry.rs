@@ -169,7 +169,11 @@ impl Registry {
             spec.concurrency,
             self.defaults.batch_ceiling,
         )
-        .with_allowances(spec.allowances.clone());
+        .with_allowances(if crate::faults::skip_cluster_sync() {
+            Allowances::default()
+        } else {
+            spec.allowances.clone()
+        });
         let settings = ActorSettings {
             scope: scope.clone(),
             adaptive: spec.adaptive,

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
 use tollgate_cluster::lease::line::Terms;
-use tollgate_cluster::membership::{Member, Membership};
+use tollgate_cluster::membership::{Member, MemberId, Membership};
 
 /// The key every node publishes its sync round's time under (unix ms, decimal), so
 /// readers can tell how stale their view of each member is (convergence lag).
@@ -109,6 +109,10 @@ pub struct Engine {
     last_fresh: HashMap<String, u64>,
     /// Members (this one included) that announced they cannot reach Redis.
     redis_lost: Vec<String>,
+    /// When this process joined (ms), and whether its view of the members has
+    /// settled since (see [`Engine::settle`]).
+    joined_ms: Option<u64>,
+    settled: bool,
     status: Arc<Mutex<ClusterStatus>>,
 }
 
@@ -157,8 +161,34 @@ impl Engine {
                 + config.gossip_interval * 2)
                 .as_millis() as u64,
             redis_lost: Vec::new(),
+            joined_ms: None,
+            settled: false,
             status,
         }
+    }
+
+    /// Whether this node's view of the members can be trusted to own lease keys.
+    ///
+    /// A node that just started sees no peer live until their heartbeats arrive,
+    /// so for a round or two it believes it owns every key and, with no live
+    /// holder to wait for, would grant at once, while its peers still hold credit
+    /// from the owner it replaced (a previous incarnation of itself, after a
+    /// restart). The jepsen harness measured that as 41 of L = 40 after a restart.
+    /// Settled (and latched): once every member gossip knows of is live (older
+    /// incarnations of this node aside), with at least one peer when seeds are
+    /// configured, or at the latest one failure-detection time after joining.
+    fn settle(&mut self, dead: &[MemberId], live: usize, now_ms: u64) -> bool {
+        if self.settled {
+            return true;
+        }
+        let joined = *self.joined_ms.get_or_insert(now_ms);
+        let me = &self.membership.self_id().node_id;
+        let others_dead = dead.iter().any(|d| d.node_id != *me);
+        let alone_by_design = self.membership.seeds_configured() == 0;
+        let waited = now_ms.saturating_sub(joined)
+            >= self.membership.failure_detection_time().as_millis() as u64;
+        self.settled = waited || (!others_dead && (live > 1 || alone_by_design));
+        self.settled
     }
 
     /// The membership (for shutdown).
@@ -209,7 +239,8 @@ impl Engine {
         self.dead = dead_now;
         self.lag_ms = lag_ms;
         let members = self.membership.live_members().await;
-        self.recompute(&own, &members, now_ms);
+        let settled = self.settle(&dead, members.len(), now_ms);
+        self.recompute(&own, &members, now_ms, settled);
         let metrics = &self.state.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
         metrics.sync_received(received, lag_ms as i64);
@@ -365,7 +396,13 @@ impl Engine {
         (refused, received, lag)
     }
 
-    fn recompute(&mut self, own: &HashMap<String, Own>, members: &[Member], now_ms: u64) {
+    fn recompute(
+        &mut self,
+        own: &HashMap<String, Own>,
+        members: &[Member],
+        now_ms: u64,
+        settled: bool,
+    ) {
         let state = Arc::clone(&self.state);
         let horizon_ms = self.horizon_ms(now_ms);
         let mut views = std::collections::BTreeMap::new();
@@ -381,6 +418,7 @@ impl Engine {
                     rpc: m.metadata.rpc_addr.clone(),
                 })
                 .collect(),
+            settled,
             redis_held: {
                 let mut held: Vec<String> =
                     self.redis_lost.iter().chain(&self.dead).cloned().collect();

@@ -49,6 +49,7 @@ pub struct Membership {
     self_id: MemberId,
     limits: StateLimits,
     failure_detection_time: Duration,
+    seeds: usize,
     view_rx: watch::Receiver<LiveView>,
     duplicates_seen: Arc<AtomicU64>,
     _view_task: AbortOnDrop,
@@ -104,6 +105,7 @@ impl Membership {
             self_id,
             limits: config.limits,
             failure_detection_time: config.failure_detection_time(),
+            seeds: config.seeds.len(),
             view_rx,
             duplicates_seen,
             _view_task: AbortOnDrop(task),
@@ -113,6 +115,11 @@ impl Membership {
     /// This node's identity: `node_id`, generation and advertised gossip address.
     pub fn self_id(&self) -> &MemberId {
         &self.self_id
+    }
+
+    /// How many seeds it was configured with (0: a cluster of one by design).
+    pub fn seeds_configured(&self) -> usize {
+        self.seeds
     }
 
     /// Publishes key-values in this node's replicated state (all or nothing). Refuses

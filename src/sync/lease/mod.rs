@@ -45,6 +45,9 @@ pub struct View {
     /// This node's share per key as the rest of the cluster charges it when it is
     /// unreachable: what it may spend per window when cut off (policy `share`).
     pub cut_off_share: HashMap<String, u64>,
+    /// Whether this node's view of the members has settled since it joined: it
+    /// owns (grants for) no key before (the engine's `settle`).
+    pub settled: bool,
     /// `redis-lease`: members whose reservations Redis must keep however stale
     /// their accounts: those that announced over gossip they cannot reach Redis,
     /// and those gossip cannot reach (either may be spending its reservation).

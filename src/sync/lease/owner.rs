@@ -99,7 +99,9 @@ impl OwnerBook {
         if !view.members.iter().any(|m| m.id == from) {
             return Err(Refusal::NotMember);
         }
-        if !view.owns(key) {
+        // Not before this node's view of the members settled: it could believe it
+        // owns a key whose holders still spend a previous owner's credit.
+        if !view.owns(key) || !view.settled {
             return Err(Refusal::NotOwner);
         }
         let now_ms = self.now_ms();

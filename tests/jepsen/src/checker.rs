@@ -20,19 +20,37 @@ pub struct MockLine {
     /// Completion tokens.
     #[serde(default)]
     pub completion_tokens: u64,
+    /// The model asked for (the workload names each tenant's model after it).
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// One client operation.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Op {
     /// Which node it was sent to (index).
     pub node: usize,
+    /// Which tenant sent it (index).
+    #[serde(default)]
+    pub tenant: usize,
+    /// Streamed?
+    #[serde(default)]
+    pub stream: bool,
+    /// In the batch lane?
+    #[serde(default)]
+    pub batch: bool,
     /// When it was sent (ms since the run started).
     pub invoke_ms: u64,
     /// When it ended (ms since the run started); `None`: never ended.
     pub complete_ms: Option<u64>,
     /// HTTP status (0: transport error, a terminal outcome too).
     pub status: Option<u16>,
+    /// Total tokens the response reported (its `usage`).
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    /// The `retry-after` it was given, in ms (429, 503).
+    #[serde(default)]
+    pub retry_after_ms: Option<u64>,
 }
 
 /// The most admitted in any sliding window of `window_ms` (a window ending at each
@@ -124,7 +142,21 @@ pub struct Check {
     pub detail: String,
 }
 
-/// What a run is held to: the mode, the faults it met, the cluster and the limit.
+/// A fault's interval (run-relative ms) and the groups of nodes that should each
+/// keep serving through it (the sides of a cut; the survivors of a kill or pause).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interval {
+    /// Start.
+    pub from_ms: u64,
+    /// End (the run's end for a kill that is never undone).
+    pub to_ms: u64,
+    /// What it was.
+    pub label: String,
+    /// Each group must serve at least one request during the interval.
+    pub sides: Vec<Vec<usize>>,
+}
+
+/// What a run is held to: the mode, the faults it met, the cluster and the limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Case<'a> {
     /// The sync mode.
@@ -133,20 +165,25 @@ pub struct Case<'a> {
     pub nemeses: &'a [String],
     /// Nodes.
     pub nodes: u64,
-    /// L per window.
+    /// L per window: the upstream's (requests).
     pub limit: u64,
+    /// Each tenant's requests per window (one tenant: L).
+    pub tenant_limits: &'a [u64],
     /// The window W.
     pub window_ms: u64,
+    /// The Unix ms at the run's start (mock times minus this are run times).
+    pub t0_unix_ms: u64,
+    /// The faults, for liveness and for the context of a failure.
+    pub faults: &'a [Interval],
 }
 
-/// A mode's promise for the cluster total per window, under the run's faults
+/// A mode's promise for a total of `limit` per window, under the run's faults
 /// (the README's modes table).
-pub fn promised_max(case: &Case<'_>) -> u64 {
+pub fn promised_max(case: &Case<'_>, limit: u64) -> u64 {
     let Case {
         mode,
         nemeses,
         nodes,
-        limit,
         ..
     } = *case;
     // <= L x (1 + e): e measured; the harness holds it to 20%.
@@ -167,36 +204,146 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
     let Case {
         limit, window_ms, ..
     } = *case;
+    let mut checks = Vec::new();
+    let max = promised_max(case, limit);
     let peak = window_peak(lines, window_ms);
-    let max = promised_max(case);
+    checks.push(Check {
+        name: "sent to the upstream per window <= promise".into(),
+        ok: peak.requests <= max,
+        detail: format!(
+            "peak {} requests ({} tokens) in a {window_ms} ms window (promise {max}, L = {limit}, overshoot {:.3}){}",
+            peak.requests,
+            peak.tokens,
+            peak.requests as f64 / limit as f64 - 1.0,
+            context(case, ops, peak.requests_at_ms, peak.requests > max),
+        ),
+    });
+    if case.tenant_limits.len() > 1 {
+        for (tenant, &tenant_limit) in case.tenant_limits.iter().enumerate() {
+            let mine: Vec<MockLine> = (lines.iter())
+                .filter(|l| {
+                    l.model
+                        .as_deref()
+                        .and_then(crate::workload::tenant_of_model)
+                        == Some(tenant)
+                })
+                .cloned()
+                .collect();
+            let peak = window_peak(&mine, window_ms);
+            let max = promised_max(case, tenant_limit);
+            checks.push(Check {
+                name: format!("tenant t{tenant} per window <= promise"),
+                ok: peak.requests <= max,
+                detail: format!(
+                    "peak {} requests (promise {max}, its L = {tenant_limit}){}",
+                    peak.requests,
+                    context(case, ops, peak.requests_at_ms, peak.requests > max),
+                ),
+            });
+        }
+    }
     let strict = max == limit;
     let refusals = upstream_429s(lines);
+    checks.push(Check {
+        name: "upstream 429s".into(),
+        ok: !strict || refusals == 0,
+        detail: format!("{refusals} (must be 0 where the promise is <= L)"),
+    });
     let lost = lost(ops);
-    vec![
-        Check {
-            name: "sent to the upstream per window <= promise".into(),
-            ok: peak.requests <= max,
-            detail: format!(
-                "peak {} requests in a {window_ms} ms window ending at {} (promise {max}, L = {limit}, overshoot {:.3})",
-                peak.requests,
-                peak.requests_at_ms,
-                peak.requests as f64 / limit as f64 - 1.0
-            ),
+    checks.push(Check {
+        name: "nothing lost".into(),
+        ok: lost == 0,
+        detail: format!(
+            "{lost} of {} operations without a terminal outcome",
+            ops.len()
+        ),
+    });
+    let starved = starved(case.faults, ops, window_ms);
+    checks.push(Check {
+        name: "every side keeps serving through each fault".into(),
+        ok: starved.is_empty(),
+        detail: if starved.is_empty() {
+            format!(
+                "{} fault intervals, every side asking in a fault was served in every window of it",
+                case.faults.len()
+            )
+        } else {
+            format!("served nothing: {}", starved.join("; "))
         },
-        Check {
-            name: "upstream 429s".into(),
-            ok: !strict || refusals == 0,
-            detail: format!("{refusals} (must be 0 where the promise is <= L)"),
-        },
-        Check {
-            name: "nothing lost".into(),
-            ok: lost == 0,
-            detail: format!(
-                "{lost} of {} operations without a terminal outcome",
-                ops.len()
-            ),
-        },
-    ]
+    });
+    checks
+}
+
+/// Groups that went a whole window without service while asking, inside a
+/// fault: a request of theirs refused at time t (at least one window into the
+/// fault) with no success of theirs in the window before t. A side with a share
+/// and demand is served at least once per window; only from one window in, since
+/// what it spent before the fault still counts against its share until then.
+pub fn starved(faults: &[Interval], ops: &[Op], window_ms: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    for fault in faults {
+        let from = fault.from_ms.saturating_add(window_ms);
+        for side in &fault.sides {
+            let mine: Vec<&Op> = ops.iter().filter(|o| side.contains(&o.node)).collect();
+            let served_within = |t: u64| {
+                (mine.iter()).any(|o| {
+                    o.status == Some(200) && o.invoke_ms + window_ms >= t && o.invoke_ms <= t
+                })
+            };
+            let unserved = (mine.iter())
+                .filter(|o| o.invoke_ms >= from && o.invoke_ms < fault.to_ms)
+                .find(|o| o.status != Some(200) && !served_within(o.invoke_ms));
+            if let Some(o) = unserved {
+                let names: Vec<String> = side.iter().map(|n| format!("n{n}")).collect();
+                out.push(format!(
+                    "{{{}}} during {} ({}-{} ms): refused at {} ms with nothing served in the window before",
+                    names.join(", "),
+                    fault.label,
+                    fault.from_ms,
+                    fault.to_ms,
+                    o.invoke_ms
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Where a failed peak happened: the window in run time, what each node served in
+/// it, and the faults around it.
+fn context(case: &Case<'_>, ops: &[Op], end_unix_ms: u64, failed: bool) -> String {
+    if !failed {
+        return String::new();
+    }
+    let end = end_unix_ms.saturating_sub(case.t0_unix_ms);
+    let start = end.saturating_sub(case.window_ms);
+    let mut per_node = vec![0u64; case.nodes as usize];
+    for op in ops {
+        if op.status == Some(200)
+            && let Some(done) = op.complete_ms
+            && done >= start
+            && op.invoke_ms <= end
+            && let Some(n) = per_node.get_mut(op.node)
+        {
+            *n += 1;
+        }
+    }
+    let served: Vec<String> = (per_node.iter().enumerate())
+        .map(|(n, c)| format!("n{n} {c}"))
+        .collect();
+    let near: Vec<String> = (case.faults.iter())
+        .filter(|f| f.from_ms <= end + case.window_ms && f.to_ms + case.window_ms >= start)
+        .map(|f| format!("{} ({}-{} ms)", f.label, f.from_ms, f.to_ms))
+        .collect();
+    format!(
+        "; window {start}-{end} ms of the run; served in it: {}; faults around it: {}",
+        served.join(", "),
+        if near.is_empty() {
+            "none".to_owned()
+        } else {
+            near.join(", ")
+        }
+    )
 }
 
 #[cfg(test)]
@@ -210,6 +357,30 @@ mod tests {
             reason: None,
             prompt_tokens: 10,
             completion_tokens: 5,
+            model: None,
+        }
+    }
+
+    fn op(node: usize, invoke_ms: u64, status: Option<u16>) -> Op {
+        Op {
+            node,
+            invoke_ms,
+            complete_ms: status.map(|_| invoke_ms + 5),
+            status,
+            ..Op::default()
+        }
+    }
+
+    fn case<'a>(mode: &'a str, faults: &'a [Interval]) -> Case<'a> {
+        Case {
+            mode,
+            nemeses: &[],
+            nodes: 3,
+            limit: 10,
+            tenant_limits: &[10],
+            window_ms: 1_000,
+            t0_unix_ms: 0,
+            faults,
         }
     }
 
@@ -227,38 +398,66 @@ mod tests {
     }
 
     #[test]
-    fn checks_fail_on_overshoot_429s_and_lost_operations() {
+    fn checks_fail_on_overshoot_429s_lost_operations_and_starved_sides() {
         let lines: Vec<MockLine> = (0..12).map(|i| admitted(i * 10)).collect();
         let mut refused = admitted(500);
         refused.outcome = "refused".into();
         refused.reason = Some("requests".into());
-        let ops = vec![
-            Op {
-                node: 0,
-                invoke_ms: 0,
-                complete_ms: Some(5),
-                status: Some(200),
-            },
-            Op {
-                node: 1,
-                invoke_ms: 0,
-                complete_ms: None,
-                status: None,
-            },
-        ];
+        // n2 asked during the cut and got nothing; n0 was served.
+        let ops = vec![op(0, 0, Some(200)), op(1, 0, None), op(2, 1_150, Some(429))];
+        let cut = [Interval {
+            from_ms: 100,
+            to_ms: 2_000,
+            label: "cut n0-n2".into(),
+            sides: vec![vec![0, 1], vec![2]],
+        }];
         let mut all = lines.clone();
         all.push(refused);
-        let case = |mode| Case {
-            mode,
-            nemeses: &[],
-            nodes: 3,
-            limit: 10,
-            window_ms: 1_000,
-        };
-        let checks = check(&case("lease"), &all, &ops);
+        let checks = check(&case("lease", &cut), &all, &ops);
         assert!(checks.iter().all(|c| !c.ok), "{checks:?}");
+        assert!(
+            checks[0].detail.contains("served in it: n0 1, n1 0, n2 0"),
+            "{checks:?}"
+        );
+        assert!(
+            checks[0].detail.contains("cut n0-n2 (100-2000 ms)"),
+            "{checks:?}"
+        );
+        assert!(
+            checks[3]
+                .detail
+                .contains("{n2} during cut n0-n2 (100-2000 ms): refused at 1150"),
+            "{checks:?}"
+        );
         // local full promises N x L: 12 <= 30, and upstream 429s are expected there.
-        let checks = check(&case("local-full"), &all, &ops[..1]);
+        let checks = check(&case("local-full", &[]), &all, &ops[..1]);
         assert!(checks.iter().all(|c| c.ok), "{checks:?}");
+        // Less than a window into the fault, nothing is judged.
+        assert!(starved(&cut, &[op(2, 900, Some(429))], 1_000).is_empty());
+        assert_eq!(starved(&cut, &[op(2, 1_100, Some(429))], 1_000).len(), 1);
+        assert!(starved(&cut, &[op(2, 1_100, Some(200))], 1_000).is_empty());
+        // Served within the window before the refusal: alive.
+        let spent_early = [op(2, 400, Some(200)), op(2, 1_300, Some(429))];
+        assert!(starved(&cut, &spent_early, 1_000).is_empty());
+        let long_ago = [op(2, 200, Some(200)), op(2, 1_300, Some(429))];
+        assert_eq!(starved(&cut, &long_ago, 1_000).len(), 1);
+    }
+
+    #[test]
+    fn each_tenant_is_held_to_its_own_limit() {
+        let mut lines: Vec<MockLine> = Vec::new();
+        for i in 0..6 {
+            let mut l = admitted(i * 10);
+            l.model = Some(crate::workload::tenant_model(usize::from(i % 2 == 0)));
+            lines.push(l);
+        }
+        let limits = [3, 2];
+        let mut two = case("lease", &[]);
+        two.tenant_limits = &limits;
+        let checks = check(&two, &lines, &[]);
+        let by_name = |n: &str| checks.iter().find(|c| c.name.starts_with(n)).unwrap().ok;
+        assert!(by_name("sent to the upstream"), "6 <= 10: {checks:?}");
+        assert!(by_name("tenant t0"), "3 <= 3: {checks:?}");
+        assert!(!by_name("tenant t1"), "3 > 2: {checks:?}");
     }
 }

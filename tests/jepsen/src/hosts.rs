@@ -123,15 +123,37 @@ impl Net {
 
     /// Cuts all traffic between `a` and `b` (both directions), leaving everything else.
     pub fn cut(&self, a: &Host, b: &Host) -> anyhow::Result<()> {
+        self.rules("-A", a, b, &[])
+    }
+
+    /// Undoes [`Net::cut`] of `a` and `b` only.
+    pub fn uncut(&self, a: &Host, b: &Host) -> anyhow::Result<()> {
+        self.rules("-D", a, b, &[])
+    }
+
+    /// Drops a random `percent` of the packets between `a` and `b`, each direction
+    /// (iptables `statistic`, no qdisc needed).
+    pub fn lossy(&self, a: &Host, b: &Host, percent: u8) -> anyhow::Result<()> {
+        let p = format!("{:.2}", f64::from(percent) / 100.0);
+        self.rules("-A", a, b, &statistic(&p))
+    }
+
+    /// Undoes [`Net::lossy`].
+    pub fn unlossy(&self, a: &Host, b: &Host, percent: u8) -> anyhow::Result<()> {
+        let p = format!("{:.2}", f64::from(percent) / 100.0);
+        self.rules("-D", a, b, &statistic(&p))
+    }
+
+    /// Adds (`-A`) or deletes (`-D`) DROP rules for traffic between `a` and `b` in
+    /// both namespaces, with `extra` matches (so each fault removes only its own).
+    fn rules(&self, op: &str, a: &Host, b: &Host, extra: &[&str]) -> anyhow::Result<()> {
         for (from, to) in [(a, b), (b, a)] {
-            self.exec(
-                from,
-                &["iptables", "-A", "INPUT", "-s", &to.ip, "-j", "DROP"],
-            )?;
-            self.exec(
-                from,
-                &["iptables", "-A", "OUTPUT", "-d", &to.ip, "-j", "DROP"],
-            )?;
+            for (chain, dir) in [("INPUT", "-s"), ("OUTPUT", "-d")] {
+                let mut args = vec!["iptables", op, chain, dir, to.ip.as_str()];
+                args.extend_from_slice(extra);
+                args.extend_from_slice(&["-j", "DROP"]);
+                self.exec(from, &args)?;
+            }
         }
         Ok(())
     }
@@ -141,6 +163,17 @@ impl Net {
         self.exec(host, &["iptables", "-F"])?;
         Ok(())
     }
+}
+
+fn statistic(probability: &str) -> [&str; 6] {
+    [
+        "-m",
+        "statistic",
+        "--mode",
+        "random",
+        "--probability",
+        probability,
+    ]
 }
 
 impl Drop for Net {

@@ -1,20 +1,25 @@
 //! # tollgate-jepsen
 //!
-//! A partition-testing harness (issue 5, first slice): real tollgate nodes as
+//! A partition-testing harness (issue 5): real tollgate nodes as
 //! separate processes, each in its own Linux network namespace on a bridge the
 //! harness creates and always tears down, in front of a real mock upstream whose
-//! JSONL log is the ground truth; a skewed workload recorded as a history; a
-//! nemesis schedule (partition into halves with iptables, kill -9, SIGSTOP); and a
-//! pure checker of each mode's promise. See docs/jepsen.md.
+//! JSONL log is the ground truth; a skewed, bursty, multi-tenant workload recorded
+//! as a history; a seeded nemesis schedule (partitions, kill -9, SIGSTOP, restart,
+//! packet loss, Redis kill); and a pure checker of each mode's promise. See
+//! docs/jepsen.md.
 //!
 //! - [`hosts`]: namespaces, veths, the bridge, cuts.
 //! - [`procs`]: node and mock processes (kill -9, pause, restart, stop).
+//! - [`nemesis`]: the faults, scheduled from the seed on one timeline.
+//! - [`workload`]: the clients (tenants, streams, lanes, retry-after).
 //! - [`run`]: one run, end to end, and its report.
 //! - [`checker`]: the checks, pure.
 //! - [`timeline`]: the run's timeline picture (SVG).
 
 pub mod checker;
 pub mod hosts;
+pub mod nemesis;
 pub mod procs;
 pub mod run;
 pub mod timeline;
+pub mod workload;

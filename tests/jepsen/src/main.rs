@@ -20,30 +20,51 @@ struct Cli {
 enum Cmd {
     /// One run: hosts, nodes, workload, nemeses, checks; exit 0 only if every check passes.
     Run {
-        /// local-full, local-split, gossip, lease.
+        /// local-full, local-split, gossip, lease, redis, redis-lease.
         #[arg(long, default_value = "lease")]
         mode: String,
-        /// none, partition, kill, pause (comma-separated).
+        /// Comma-separated, overlapping on one timeline: none, partition, isolate,
+        /// bridge, kill, pause, restart, loss, redis-kill.
         #[arg(long, default_value = "partition")]
         nemesis: String,
         #[arg(long, default_value_t = 3)]
         nodes: usize,
-        /// Workload length in seconds.
-        #[arg(long, default_value_t = 20)]
-        duration: u64,
+        /// Workload length (`20s`, `1m`).
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// L: requests per window for the tenant and the upstream.
+        /// L: requests per window at the upstream (and for a single tenant).
         #[arg(long, default_value_t = 40)]
         limit: u64,
-        /// Window in seconds.
-        #[arg(long, default_value_t = 10)]
-        window: u64,
+        /// The window (`10s`).
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        window: Duration,
+        /// Tenants (several: 2L/T each under an upstream limit of L).
+        #[arg(long, default_value_t = 1)]
+        tenants: usize,
+        /// `[cluster.lease] cut_off`: share, fail-closed, fail-open.
+        #[arg(long)]
+        policy: Option<String>,
+        /// `[cluster.lease] max_borrow` (0-1).
+        #[arg(long)]
+        max_borrow: Option<f64>,
+        /// Break every node's limiter on purpose (`skip-cluster-sync`): the checks
+        /// must fail.
+        #[arg(long)]
+        fault: Option<String>,
+        /// Run again what an earlier run did (its directory's spec.json: the same
+        /// seed, schedule and settings); every other option is ignored.
+        #[arg(long)]
+        replay: Option<PathBuf>,
     },
     /// (inside a host) A tollgate node from a config file.
     Node {
         #[arg(long)]
         config: PathBuf,
+        /// A deliberate fault (test builds only): `skip-cluster-sync`.
+        #[arg(long)]
+        fault: Option<String>,
     },
     /// (inside a host) The mock upstream with a JSONL log.
     Mock {
@@ -53,6 +74,9 @@ enum Cmd {
         rpm: u64,
         #[arg(long)]
         window_ms: u64,
+        /// Delay per streamed token (ms).
+        #[arg(long, default_value_t = 0)]
+        inter_token_ms: u64,
         #[arg(long)]
         log: PathBuf,
     },
@@ -78,19 +102,36 @@ async fn main() -> anyhow::Result<()> {
             seed,
             limit,
             window,
+            tenants,
+            policy,
+            max_borrow,
+            fault,
+            replay,
         } => {
-            let dir = PathBuf::from("target/jepsen").join(format!("{mode}-{nemesis}-{seed}"));
-            let spec = tollgate_jepsen::run::RunSpec {
-                mode,
-                nemesis: nemesis.split(',').map(str::to_owned).collect(),
-                nodes,
-                duration: Duration::from_secs(duration),
-                seed,
-                limit,
-                window: Duration::from_secs(window),
-                subnet: (std::process::id() % 200) as u8 + 20,
-                bin: std::env::current_exe()?,
-                dir,
+            let spec = match replay {
+                Some(dir) => {
+                    let mut spec = tollgate_jepsen::run::RunSpec::load(&dir)?;
+                    spec.dir = dir.with_extension("replay");
+                    spec.bin = std::env::current_exe()?;
+                    spec
+                }
+                None => tollgate_jepsen::run::RunSpec {
+                    dir: PathBuf::from("target/jepsen").join(format!("{mode}-{nemesis}-{seed}")),
+                    mode,
+                    nemesis: nemesis.split(',').map(str::to_owned).collect(),
+                    nodes,
+                    duration,
+                    seed,
+                    limit,
+                    window,
+                    tenants,
+                    cut_off: policy,
+                    max_borrow,
+                    fault,
+                    // Away from the CI suite's subnets (31-60).
+                    subnet: (std::process::id() % 150) as u8 + 100,
+                    bin: std::env::current_exe()?,
+                },
             };
             let outcome = tollgate_jepsen::run::run(spec).await?;
             let report = std::fs::read_to_string(&outcome.report)?;
@@ -100,7 +141,12 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Node { config } => {
+        Cmd::Node { config, fault } => {
+            match fault.as_deref() {
+                None => {}
+                Some("skip-cluster-sync") => tollgate::faults::skip_cluster_sync_on(),
+                Some(other) => anyhow::bail!("unknown fault {other:?} (skip-cluster-sync)"),
+            }
             // Node logs go to the run's directory (the harness redirects stdout).
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -119,11 +165,15 @@ async fn main() -> anyhow::Result<()> {
             listen,
             rpm,
             window_ms,
+            inter_token_ms,
             log,
         } => {
             let config = tollgate::mock::MockConfig {
                 rpm,
                 window_ms,
+                inter_token_ms,
+                completion_min_tokens: 3,
+                completion_max_tokens: 8,
                 log_path: Some(log),
                 ..tollgate::mock::MockConfig::default()
             };

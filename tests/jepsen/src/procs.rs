@@ -16,6 +16,7 @@ pub struct Proc {
     ns: String,
     bin: PathBuf,
     log: PathBuf,
+    env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -34,6 +35,7 @@ impl Proc {
             ns: host.ns.clone(),
             bin: bin.to_owned(),
             log,
+            env: Vec::new(),
             child: None,
         };
         p.spawn()?;
@@ -50,6 +52,11 @@ impl Proc {
             .args(["netns", "exec", &self.ns])
             .arg(&self.bin)
             .args(&self.args)
+            // No backtrace captured for every error a dependency logs (chitchat
+            // logs each failed gossip during a partition; with RUST_BACKTRACE=1
+            // that is megabytes of logs and CPU time that skews the run).
+            .env("RUST_LIB_BACKTRACE", "0")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .kill_on_drop(true)
@@ -81,6 +88,13 @@ impl Proc {
 
     /// Starts it again after a kill.
     pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.spawn()
+    }
+
+    /// Starts it again after a stop with `env` (e.g. libfaketime's) instead of
+    /// the environment it had.
+    pub fn restart_with(&mut self, env: Vec<(String, String)>) -> anyhow::Result<()> {
+        self.env = env;
         self.spawn()
     }
 

@@ -1,31 +1,27 @@
 //! One run: hosts, the mock upstream, N nodes, the workload, the nemesis schedule,
 //! then the checks and the report in `target/jepsen/<run>/`.
 
-use crate::checker::{self, Check, MockLine, Op};
+use crate::checker::{self, Check, Interval, MockLine, Op};
 use crate::hosts::Net;
+use crate::nemesis::{self, Action, Step, Targets};
 use crate::procs::Proc;
+use crate::workload::{self, PROXY_PORT, Shape};
 use anyhow::{Context, bail};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The tenant key every client uses.
-pub const KEY: &str = "sk-jepsen";
-const PROXY_PORT: u16 = 8080;
 const GOSSIP_PORT: u16 = 7200;
 const RPC_PORT: u16 = 7300;
 const MOCK_PORT: u16 = 9090;
 const REDIS_PORT: u16 = 6379;
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run (saved as `spec.json` in the run's directory, for `--replay`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RunSpec {
     /// `local-full`, `local-split`, `gossip`, `lease`, `redis`, `redis-lease`.
     pub mode: String,
-    /// `none`, `partition`, `kill`, `pause` (comma-separated: several).
+    /// Nemeses ([`nemesis::NAMES`]); several overlap on one timeline.
     pub nemesis: Vec<String>,
     /// Nodes.
     pub nodes: usize,
@@ -37,12 +33,31 @@ pub struct RunSpec {
     pub limit: u64,
     /// The window.
     pub window: Duration,
+    /// Tenants: one has L; several have 2L/T each, under an upstream limit of L.
+    pub tenants: usize,
+    /// `[cluster.lease] cut_off` (`share`, `fail-closed`, `fail-open`), if set.
+    pub cut_off: Option<String>,
+    /// `[cluster.lease] max_borrow`, if set.
+    pub max_borrow: Option<f64>,
+    /// A deliberately broken limiter on every node (`skip-cluster-sync`), to
+    /// prove the checker catches it.
+    pub fault: Option<String>,
     /// Subnet index (10.77.K.0/24): distinct runs may overlap in time.
     pub subnet: u8,
     /// The harness binary (started as `node` and `mock` in the hosts).
     pub bin: PathBuf,
     /// Where the run's files go.
     pub dir: PathBuf,
+}
+
+impl RunSpec {
+    /// The spec a run saved in `dir` (to run the same seed again).
+    pub fn load(dir: &Path) -> anyhow::Result<RunSpec> {
+        let path = dir.join("spec.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {} (is it a run directory?)", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
 }
 
 /// What a run found.
@@ -101,25 +116,53 @@ local_share = "{share}"
 [[upstreams]]
 id = "mock"
 kind = "openai"
-base_url = "http://{mock_ip}:{MOCK_PORT}/v1"
+base_url = "http://{mock_ip}:{MOCK_PORT}/v1"{upstream_limit}
 
 [[routes]]
 models = ["*"]
 upstreams = ["mock"]
-
-[[tenants]]
-id = "t"
-api_key_hashes = ["sha256:{hash}"]
-rpm = {limit}
-max_wait = "500ms"
-{redis}"#,
+{tenants}{lease}{redis}"#,
         seeds = seeds.join(", "),
-        limit = spec.limit,
-        hash = tollgate::config::hash_api_key(KEY),
+        upstream_limit = if spec.tenants > 1 {
+            format!("\nrpm = {}", spec.limit)
+        } else {
+            String::new()
+        },
+        tenants = (0..spec.tenants)
+            .map(|k| format!(
+                "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}\nmax_wait = \"500ms\"\n",
+                tollgate::config::hash_api_key(&workload::tenant_key(k)),
+                tenant_limit(spec),
+            ))
+            .collect::<String>(),
+        lease = lease_toml(spec),
         redis = redis_ip.map_or(String::new(), |ip| format!(
             "\n[redis]\nurl = \"redis://{ip}:{REDIS_PORT}/\"\ntimeout = \"50ms\"\n"
         )),
     )
+}
+
+/// Each tenant's requests per window: L alone; 2L/T each when several share an
+/// upstream limited to L (demand from the tenants together exceeds it).
+fn tenant_limit(spec: &RunSpec) -> u64 {
+    match spec.tenants {
+        0 | 1 => spec.limit,
+        t => (2 * spec.limit / t as u64).max(1),
+    }
+}
+
+fn lease_toml(spec: &RunSpec) -> String {
+    let mut out = String::new();
+    if let Some(policy) = &spec.cut_off {
+        out.push_str(&format!("cut_off = \"{policy}\"\n"));
+    }
+    if let Some(borrow) = spec.max_borrow {
+        out.push_str(&format!("max_borrow = {borrow}\n"));
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("\n[cluster.lease]\n{out}")
 }
 
 async fn wait_ready(ips: &[String], deadline: Duration) -> anyhow::Result<()> {
@@ -149,64 +192,12 @@ async fn wait_ready(ips: &[String], deadline: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Clients (on the bridge) sending to each node at a skewed rate; every operation
-/// is recorded with a terminal outcome.
-async fn workload(ips: Vec<String>, spec: &RunSpec, started: Instant) -> Vec<Op> {
-    let ops = Arc::new(Mutex::new(Vec::new()));
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap_or_default();
-    let end = started + spec.duration;
-    let mut tasks = Vec::new();
-    for (node, ip) in ips.into_iter().enumerate() {
-        // Skewed demand: node 0 sends most; together well above the limit.
-        let per_second = spec.limit as f64 / spec.window.as_secs_f64() * 4.0 / (node as f64 + 1.0);
-        let gap = Duration::from_secs_f64(1.0 / per_second.max(0.5));
-        let (ops, client) = (ops.clone(), client.clone());
-        let mut rng = SmallRng::seed_from_u64(spec.seed ^ node as u64);
-        tasks.push(tokio::spawn(async move {
-            let body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
-            while Instant::now() < end {
-                let invoke_ms = started.elapsed().as_millis() as u64;
-                let response = client
-                    .post(format!("http://{ip}:{PROXY_PORT}/v1/chat/completions"))
-                    .bearer_auth(KEY)
-                    .header("content-type", "application/json")
-                    .body(body.to_vec())
-                    .send()
-                    .await;
-                let status = match response {
-                    Ok(r) => {
-                        let s = r.status().as_u16();
-                        let _ = r.bytes().await;
-                        s
-                    }
-                    Err(_) => 0,
-                };
-                let op = Op {
-                    node,
-                    invoke_ms,
-                    complete_ms: Some(started.elapsed().as_millis() as u64),
-                    status: Some(status),
-                };
-                ops.lock().unwrap_or_else(|p| p.into_inner()).push(op);
-                let jitter = rng.random_range(0.5..1.5);
-                tokio::time::sleep(gap.mul_f64(jitter)).await;
-            }
-        }));
-    }
-    for t in tasks {
-        let _ = t.await;
-    }
-    ops.lock().unwrap_or_else(|p| p.into_inner()).clone()
-}
-
 /// One nemesis event, for the report.
 #[derive(Debug, Clone)]
 struct Event {
     at_ms: u64,
     what: String,
+    step: Step,
 }
 
 /// Runs `spec`: returns the checks and writes the run's files.
@@ -214,6 +205,10 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     // A fresh directory: an earlier run's Redis AOF or logs must not leak in.
     let _ = std::fs::remove_dir_all(&spec.dir);
     std::fs::create_dir_all(&spec.dir)?;
+    std::fs::write(
+        spec.dir.join("spec.json"),
+        serde_json::to_string_pretty(&spec)?,
+    )?;
     let uses_redis = spec.mode.starts_with("redis");
     let extra = usize::from(uses_redis);
     let net = Net::create(spec.subnet, spec.nodes + 1 + extra)?;
@@ -268,6 +263,9 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
             &spec.limit.to_string(),
             "--window-ms",
             &window_ms.to_string(),
+            // Streams last 60-160 ms: a kill lands mid-stream now and then.
+            "--inter-token-ms",
+            "20",
             "--log",
             &mock_log.display().to_string(),
         ]
@@ -282,96 +280,54 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
             &config,
             node_toml(&spec, i, &ips, &mock_host.ip, redis_ip.as_deref()),
         )?;
+        let mut args = vec![
+            "node".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ];
+        if let Some(fault) = &spec.fault {
+            args.extend(["--fault".into(), fault.clone()]);
+        }
         nodes.push(Proc::start(
             &format!("n{i}"),
             host,
             &spec.bin,
-            vec![
-                "node".into(),
-                "--config".into(),
-                config.display().to_string(),
-            ],
+            args,
             spec.dir.join(format!("n{i}.log")),
         )?);
     }
     wait_ready(&ips, Duration::from_secs(30)).await?;
+    let schedule = nemesis::schedule(&spec.nemesis, spec.nodes, spec.seed)?;
     let started = Instant::now();
-    let load = {
-        let (ips, spec) = (ips.clone(), spec.clone());
-        tokio::spawn(async move { workload(ips, &spec, started).await })
-    };
+    let t0_unix_ms = unix_ms();
+    let end = started + spec.duration;
+    let load = tokio::spawn(workload::run(
+        ips.clone(),
+        Shape {
+            tenants: spec.tenants.max(1),
+            capacity_per_s: spec.limit as f64 / spec.window.as_secs_f64(),
+            stream_share: 0.3,
+            batch_share: 0.3,
+            seed: spec.seed,
+        },
+        started,
+        end,
+    ));
     let mut events = Vec::new();
-    let at = |f: f64| started + spec.duration.mul_f64(f);
-    let n = nodes.len();
-    let half = n / 2;
-    for nemesis in &spec.nemesis {
-        match nemesis.as_str() {
-            "partition" => {
-                tokio::time::sleep_until(at(0.25)).await;
-                for a in &node_hosts[..half] {
-                    for b in &node_hosts[half..] {
-                        net.cut(a, b)?;
-                    }
-                }
-                events.push(Event {
-                    at_ms: started.elapsed().as_millis() as u64,
-                    what: format!(
-                        "partition: n0..n{} | n{half}..n{}",
-                        half.saturating_sub(1),
-                        n - 1
-                    ),
-                });
-                tokio::time::sleep_until(at(0.75)).await;
-                for h in &node_hosts {
-                    net.heal(h)?;
-                }
-                events.push(Event {
-                    at_ms: started.elapsed().as_millis() as u64,
-                    what: "heal".into(),
-                });
-            }
-            "kill" => {
-                tokio::time::sleep_until(at(0.33)).await;
-                nodes[n - 1].kill9().await;
-                events.push(Event {
-                    at_ms: started.elapsed().as_millis() as u64,
-                    what: format!("kill -9 n{}", n - 1),
-                });
-            }
-            "pause" => {
-                tokio::time::sleep_until(at(0.33)).await;
-                nodes[n - 1].pause(true);
-                events.push(Event {
-                    at_ms: started.elapsed().as_millis() as u64,
-                    what: format!("SIGSTOP n{}", n - 1),
-                });
-                tokio::time::sleep_until(at(0.66)).await;
-                nodes[n - 1].pause(false);
-                events.push(Event {
-                    at_ms: started.elapsed().as_millis() as u64,
-                    what: format!("SIGCONT n{}", n - 1),
-                });
-            }
-            "redis-kill" => {
-                let Some(redis) = redis.as_mut() else {
-                    bail!("nemesis redis-kill needs a Redis mode");
-                };
-                tokio::time::sleep_until(at(0.33)).await;
-                redis.kill9().await;
-                events.push(Event {
-                    at_ms: started.elapsed().as_millis() as u64,
-                    what: "kill -9 redis".into(),
-                });
-                tokio::time::sleep_until(at(0.66)).await;
-                redis.restart()?;
-                events.push(Event {
-                    at_ms: started.elapsed().as_millis() as u64,
-                    what: "restart redis (empty)".into(),
-                });
-            }
-            "none" => {}
-            other => bail!("unknown nemesis {other:?} (none, partition, kill, pause, redis-kill)"),
-        }
+    let mut targets = Targets {
+        net: &net,
+        hosts: &node_hosts,
+        nodes: &mut nodes,
+        redis: redis.as_mut(),
+    };
+    for step in &schedule {
+        tokio::time::sleep_until(started + spec.duration.mul_f64(step.at)).await;
+        let what = targets.apply(&step.action).await?;
+        events.push(Event {
+            at_ms: started.elapsed().as_millis() as u64,
+            what,
+            step: step.clone(),
+        });
     }
     let ops = load.await.context("workload")?;
     for node in &mut nodes {
@@ -390,65 +346,63 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         text.push('\n');
     }
     std::fs::write(&history, text)?;
+    let run_ms = spec.duration.as_millis() as u64;
+    let faults = intervals(&events, spec.nodes, run_ms);
+    let tenant_limits = vec![tenant_limit(&spec); spec.tenants.max(1)];
     let case = checker::Case {
         mode: &spec.mode,
         nemeses: &spec.nemesis,
         nodes: spec.nodes as u64,
         limit: spec.limit,
+        tenant_limits: &tenant_limits,
         window_ms,
+        t0_unix_ms,
+        faults: &faults,
     };
     let checks = checker::check(&case, &lines, &ops);
     let report = spec.dir.join("report.md");
     std::fs::write(&report, render(&spec, &checks, &events, &ops))?;
     let rate = spec.limit as f64 / spec.window.as_secs_f64();
-    let svg = crate::timeline::render(
-        &ops,
-        spec.nodes,
-        spec.duration.as_millis() as u64,
-        rate,
-        &marks(&events),
-    );
+    let marks: Vec<crate::timeline::Mark> = (faults.iter())
+        .map(|f| crate::timeline::Mark {
+            from_ms: f.from_ms,
+            to_ms: Some(f.to_ms),
+            label: f.label.clone(),
+        })
+        .collect();
+    let svg = crate::timeline::render(&ops, spec.nodes, run_ms, rate, &marks);
     std::fs::write(spec.dir.join("timeline.svg"), svg)?;
     Ok(Outcome { checks, report })
 }
 
-/// Pairs of events (partition..heal, SIGSTOP..SIGCONT, kill..restart) become
-/// shaded intervals; the rest single marks.
-fn marks(events: &[Event]) -> Vec<crate::timeline::Mark> {
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The faults as intervals: each start paired with its nemesis's end (or the run's
+/// end), with the groups that must keep serving through it.
+fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
+    let everyone: Vec<usize> = (0..nodes).collect();
+    let others = |n: usize| everyone.iter().copied().filter(|m| *m != n).collect();
     let mut out = Vec::new();
-    let mut open: Option<&Event> = None;
-    for e in events {
-        let ends = e.what.starts_with("heal")
-            || e.what.starts_with("SIGCONT")
-            || e.what.starts_with("restart");
-        match (open, ends) {
-            (Some(start), true) => {
-                out.push(crate::timeline::Mark {
-                    from_ms: start.at_ms,
-                    to_ms: Some(e.at_ms),
-                    label: start.what.clone(),
-                });
-                open = None;
-            }
-            (None, false)
-                if e.what.starts_with("partition")
-                    || e.what.starts_with("SIGSTOP")
-                    || e.what.contains("redis") =>
-            {
-                open = Some(e);
-            }
-            _ => out.push(crate::timeline::Mark {
-                from_ms: e.at_ms,
-                to_ms: None,
-                label: e.what.clone(),
-            }),
-        }
-    }
-    if let Some(start) = open {
-        out.push(crate::timeline::Mark {
-            from_ms: start.at_ms,
-            to_ms: None,
-            label: start.what.clone(),
+    for (i, e) in events.iter().enumerate() {
+        let sides = match &e.step.action {
+            Action::Cut(_) => nemesis::sides(&e.step.action, nodes).unwrap_or_default(),
+            Action::Kill(n) | Action::Stop(n) => vec![others(*n)],
+            Action::Skew(_) => vec![everyone.clone()],
+            Action::Lossy(_) | Action::KillRedis => vec![everyone.clone()],
+            _ => continue,
+        };
+        let to_ms = (events[i + 1..].iter())
+            .find(|later| later.step.nemesis == e.step.nemesis)
+            .map_or(run_ms, |later| later.at_ms);
+        out.push(Interval {
+            from_ms: e.at_ms,
+            to_ms,
+            label: e.what.clone(),
+            sides,
         });
     }
     out
@@ -465,14 +419,25 @@ fn read_mock_log(path: &Path) -> anyhow::Result<Vec<MockLine>> {
 
 fn render(spec: &RunSpec, checks: &[Check], events: &[Event], ops: &[Op]) -> String {
     let mut out = format!(
-        "# jepsen run: mode {}, nemesis {}, {} nodes, {:?}, seed {}\n\nL = {} requests per {:?} (tenant and upstream)\n\n",
+        "# jepsen run: mode {}, nemesis {}, {} nodes, {:?}, seed {}\n\n\
+         L = {} requests per {:?} at the upstream; {} tenant(s) of {} each{}{}\n\n\
+         Replay: `cargo run -p tollgate-jepsen --release -- run --replay {}`\n\n",
         spec.mode,
         spec.nemesis.join(","),
         spec.nodes,
         spec.duration,
         spec.seed,
         spec.limit,
-        spec.window
+        spec.window,
+        spec.tenants.max(1),
+        tenant_limit(spec),
+        spec.cut_off
+            .as_ref()
+            .map_or(String::new(), |p| format!("; cut_off {p}")),
+        spec.fault
+            .as_ref()
+            .map_or(String::new(), |f| format!("; **fault injected: {f}**")),
+        spec.dir.display(),
     );
     out.push_str("| check | result | detail |\n|---|---|---|\n");
     for c in checks {
@@ -484,16 +449,21 @@ fn render(spec: &RunSpec, checks: &[Check], events: &[Event], ops: &[Op]) -> Str
         out.push_str(&format!("- {} ms: {}\n", e.at_ms, e.what));
     }
     out.push_str(
-        "\n## Client outcomes per node\n\n| node | 200 | 429 | other |\n|---|---|---|---|\n",
+        "\n## Client outcomes per node\n\n| node | 200 | 429 | 503 | transport error | other | streamed | batch lane | tokens served |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for node in 0..spec.nodes {
         let mine: Vec<&Op> = ops.iter().filter(|o| o.node == node).collect();
         let count = |s: u16| mine.iter().filter(|o| o.status == Some(s)).count();
-        let other = mine.len() - count(200) - count(429);
+        let other = mine.len() - count(200) - count(429) - count(503) - count(0);
+        let streamed = mine.iter().filter(|o| o.stream).count();
+        let batch = mine.iter().filter(|o| o.batch).count();
+        let tokens: u64 = mine.iter().filter_map(|o| o.tokens).sum();
         out.push_str(&format!(
-            "| n{node} | {} | {} | {other} |\n",
+            "| n{node} | {} | {} | {} | {} | {other} | {streamed} | {batch} | {tokens} |\n",
             count(200),
-            count(429)
+            count(429),
+            count(503),
+            count(0),
         ));
     }
     out

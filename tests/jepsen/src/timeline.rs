@@ -115,12 +115,14 @@ mod tests {
                 invoke_ms: 100,
                 complete_ms: Some(120),
                 status: Some(200),
+                ..Op::default()
             },
             Op {
                 node: 1,
                 invoke_ms: 1_100,
                 complete_ms: Some(1_120),
                 status: Some(429),
+                ..Op::default()
             },
         ];
         let marks = vec![

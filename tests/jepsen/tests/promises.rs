@@ -1,12 +1,11 @@
-//! The CI suite (first slice): real processes in network namespaces, short runs.
-//! `lease` keeps <= L (0 upstream 429s) through a partition into halves and a
-//! SIGSTOP (after the late-send guard); `gossip` keeps <= L x 1.2 through a
-//! partition; `local full`, the baseline without cluster sync, is caught
-//! overshooting by the checker (the test asserts the checker reports it).
-//! `redis-lease` keeps <= L through Redis killed and restarted (its reservations);
-//! `redis` keeps gossip's promise through it (<= L x 1.2).
-//! `lease` keeps <= L through a kill -9 of a node (41 of 40 intermittently in an
-//! earlier session, not reproduced since: docs/jepsen.md).
+//! The CI suite: real processes in network namespaces, short runs (20 s, W = 5 s,
+//! L = 40, 3 nodes, seed 7). Every mode whose promise is <= L (or <= L x 1.2) is
+//! run through a partition into halves, a kill -9 and a SIGSTOP of a node, the
+//! Redis modes also through Redis killed and restarted; two combinations (a bridge
+//! partition with a node restart, an isolated node with 30% packet loss); three
+//! tenants under one upstream limit; and two runs the checker must fail: `local
+//! full` (the baseline without cluster sync) against lease's promise, and lease
+//! mode with its limiter deliberately broken (`--fault skip-cluster-sync`).
 //!
 //! Needs root (CAP_NET_ADMIN), iproute2 and iptables; without them it fails with a
 //! message saying so (never a silent skip).
@@ -26,16 +25,22 @@ async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     tollgate_jepsen::run::run(spec).await
 }
 
-fn spec(mode: &str, nemesis: &str, subnet: u8) -> RunSpec {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("jepsen-{mode}-{nemesis}"));
+fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("jepsen-{mode}-{nemeses}"));
     RunSpec {
         mode: mode.into(),
-        nemesis: vec![nemesis.into()],
+        nemesis: nemeses.split(',').map(str::to_owned).collect(),
         nodes: 3,
-        duration: Duration::from_secs(16),
+        // Faults last about 8 s, longer than W: liveness is judged in their
+        // last 3 s (a side must be served once its pre-fault spending has left).
+        duration: Duration::from_secs(20),
         seed: 7,
         limit: 40,
-        window: Duration::from_secs(8),
+        window: Duration::from_secs(5),
+        tenants: 1,
+        cut_off: None,
+        max_borrow: None,
+        fault: None,
         subnet,
         bin: PathBuf::from(env!("CARGO_BIN_EXE_tollgate-jepsen")),
         dir,
@@ -54,18 +59,60 @@ async fn keeps_its_promise(mode: &str, nemesis: &str, subnet: u8) {
     assert!(outcome.passed(), "{report}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_keeps_its_promise_through_a_partition() {
-    keeps_its_promise("lease", "partition", 31).await;
+/// One test per (mode, nemesis): `mode_nemesis` names it, the number is its
+/// subnet (distinct per test).
+macro_rules! promises {
+    ($($name:ident: $mode:literal, $nemesis:literal, $subnet:literal;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            keeps_its_promise($mode, $nemesis, $subnet).await;
+        }
+    )*};
+}
+
+// Every mode whose promise is <= L or <= L x 1.2 under the faults that matter for
+// it: a partition into halves, a node killed, a node paused; the Redis modes
+// also through Redis killed and restarted.
+promises! {
+    local_split_partition: "local-split", "partition", 40;
+    local_split_kill: "local-split", "kill", 41;
+    local_split_pause: "local-split", "pause", 42;
+    gossip_partition: "gossip", "partition", 43;
+    gossip_kill: "gossip", "kill", 44;
+    gossip_pause: "gossip", "pause", 45;
+    lease_partition: "lease", "partition", 46;
+    lease_kill: "lease", "kill", 47;
+    lease_pause: "lease", "pause", 48;
+    redis_partition: "redis", "partition", 49;
+    redis_kill: "redis", "kill", 50;
+    redis_pause: "redis", "pause", 51;
+    redis_redis_kill: "redis", "redis-kill", 52;
+    redis_lease_partition: "redis-lease", "partition", 53;
+    redis_lease_kill: "redis-lease", "kill", 54;
+    redis_lease_pause: "redis-lease", "pause", 55;
+    redis_lease_redis_kill: "redis-lease", "redis-kill", 56;
+    lease_bridge_restart: "lease", "bridge,restart", 57;
+    lease_isolate_loss: "lease", "isolate,loss", 58;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_checker_catches_a_cluster_without_sync() {
+async fn lease_keeps_its_promise_per_tenant_and_upstream_with_three_tenants() {
+    let mut three = spec("lease", "partition,kill", 59);
+    three.tenants = 3;
+    let outcome = run(three).await.unwrap();
+    let report = report(&outcome);
+    println!("{report}");
+    assert!(report.contains("tenant t2 per window"), "{report}");
+    assert!(outcome.passed(), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_local_full_the_baseline_without_sync() {
     // `local full` is every node limiting alone: what a gateway without cluster
     // sync does. Held to lease's promise (<= L), the checker must fail it.
-    let mut broken = spec("local-full", "none", 33);
-    broken.duration = Duration::from_secs(10);
-    let outcome = run(broken).await.unwrap();
+    let mut baseline = spec("local-full", "none", 33);
+    baseline.duration = Duration::from_secs(10);
+    let outcome = run(baseline).await.unwrap();
     let report = report(&outcome);
     println!("{report}");
     let lease = tollgate_jepsen::checker::Case {
@@ -73,30 +120,40 @@ async fn the_checker_catches_a_cluster_without_sync() {
         nemeses: &[],
         nodes: 3,
         limit: 40,
-        window_ms: 8_000,
+        tenant_limits: &[40],
+        window_ms: 5_000,
+        t0_unix_ms: 0,
+        faults: &[],
     };
-    let peak = tollgate_jepsen::checker::check(&lease, &read_mock(&outcome), &[]);
+    let checks = tollgate_jepsen::checker::check(&lease, &read_mock(&outcome), &[]);
     assert!(
-        !peak[0].ok && !peak[1].ok,
-        "overshoot and upstream 429s must be reported: {peak:?}"
+        !checks[0].ok && !checks[1].ok,
+        "overshoot and upstream 429s must be reported: {checks:?}"
     );
     // Against its own promise (N x L) it passes: the checker is not just strict.
     assert!(outcome.passed(), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_keeps_its_promise_when_a_node_is_killed() {
-    keeps_its_promise("lease", "kill", 38).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lease_keeps_its_promise_when_redis_is_killed_and_restarted() {
-    keeps_its_promise("redis-lease", "redis-kill", 36).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_keeps_its_promise_when_redis_is_killed_and_restarted() {
-    keeps_its_promise("redis", "redis-kill", 37).await;
+async fn the_checker_catches_a_deliberately_broken_limiter() {
+    // Lease mode with every node's cluster bound switched off (feature
+    // `fault-injection`): the limiter is broken, the config is not. The run must
+    // fail its own promise, with the overshoot and the upstream's 429s reported.
+    let mut broken = spec("lease", "none", 32);
+    broken.duration = Duration::from_secs(10);
+    broken.fault = Some("skip-cluster-sync".into());
+    let outcome = run(broken).await.unwrap();
+    let report = report(&outcome);
+    println!("{report}");
+    assert!(!outcome.passed(), "a broken limiter passed: {report}");
+    assert!(
+        !outcome.checks[0].ok && !outcome.checks[1].ok,
+        "overshoot and upstream 429s must be reported: {report}"
+    );
+    assert!(
+        report.contains("fault injected: skip-cluster-sync"),
+        "{report}"
+    );
 }
 
 fn read_mock(outcome: &Outcome) -> Vec<tollgate_jepsen::checker::MockLine> {
@@ -105,14 +162,4 @@ fn read_mock(outcome: &Outcome) -> Vec<tollgate_jepsen::checker::MockLine> {
     text.lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gossip_keeps_its_promise_through_a_partition() {
-    keeps_its_promise("gossip", "partition", 35).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_keeps_its_promise_through_a_pause() {
-    keeps_its_promise("lease", "pause", 34).await;
 }

@@ -1,0 +1,319 @@
+//! Nemeses: faults scheduled from the seed on one timeline, applied to the hosts
+//! (iptables in each namespace) and the processes (signals).
+//!
+//! Each nemesis becomes a start and an end action at seeded times (start in the
+//! first third of the run, end in the last third, the victim drawn from the
+//! seed), so `--nemesis partition,kill` overlaps them and the same seed replays
+//! the same schedule. Faults undo only their own rules.
+
+use crate::hosts::{Host, Net};
+use crate::procs::Proc;
+use anyhow::bail;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Packet loss of the `loss` nemesis between nodes, in percent.
+pub const LOSS_PERCENT: u8 = 30;
+
+/// How far behind the `skew` nemesis sets a node's clock, in seconds.
+pub const SKEW_SECONDS: i64 = -2;
+
+/// libfaketime's preload library (Debian's `faketime` package).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// The nemeses the harness knows, as named on the command line.
+pub const NAMES: &[&str] = &[
+    "none",
+    "partition",
+    "isolate",
+    "bridge",
+    "kill",
+    "pause",
+    "restart",
+    "loss",
+    "skew",
+    "redis-kill",
+];
+
+/// One thing done to the cluster at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Drop all traffic between each pair (both directions).
+    Cut(Vec<(usize, usize)>),
+    /// Undo those cuts.
+    Uncut(Vec<(usize, usize)>),
+    /// Drop [`LOSS_PERCENT`] of the packets between each pair.
+    Lossy(Vec<(usize, usize)>),
+    /// Undo that loss.
+    Unlossy(Vec<(usize, usize)>),
+    /// kill -9 of a node.
+    Kill(usize),
+    /// Start a killed node again (same config, same address).
+    Start(usize),
+    /// SIGSTOP of a node.
+    Stop(usize),
+    /// SIGCONT of a node.
+    Cont(usize),
+    /// Stop a node (SIGTERM) and start it with its clock [`SKEW_SECONDS`] off.
+    Skew(usize),
+    /// Stop it and start it with the true clock.
+    Unskew(usize),
+    /// kill -9 of Redis.
+    KillRedis,
+    /// Start Redis again (its AOF brings the windows back).
+    StartRedis,
+}
+
+/// An action at a fraction of the run's duration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// When, as a fraction of the duration.
+    pub at: f64,
+    /// What.
+    pub action: Action,
+    /// The nemesis it belongs to (for the report and the timeline's bands).
+    pub nemesis: String,
+}
+
+/// Every pair (a, b) with a in `left` and b in `right`.
+fn pairs(left: &[usize], right: &[usize]) -> Vec<(usize, usize)> {
+    (left.iter())
+        .flat_map(|a| right.iter().map(move |b| (*a, *b)))
+        .collect()
+}
+
+/// The schedule of `nemeses` over `nodes` nodes, from `seed`, sorted by time.
+pub fn schedule(nemeses: &[String], nodes: usize, seed: u64) -> anyhow::Result<Vec<Step>> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973);
+    let mut steps = Vec::new();
+    let all: Vec<usize> = (0..nodes).collect();
+    for name in nemeses {
+        let start = rng.random_range(0.2..0.34);
+        let end = rng.random_range(0.62..0.75);
+        let victim = rng.random_range(0..nodes.max(1));
+        let (on, off) = match name.as_str() {
+            "none" => continue,
+            // Halves: the first half of the nodes against the rest.
+            "partition" => {
+                let cut = pairs(&all[..nodes / 2], &all[nodes / 2..]);
+                (Action::Cut(cut.clone()), Action::Uncut(cut))
+            }
+            // One node alone against the rest.
+            "isolate" => {
+                let rest: Vec<usize> = all.iter().copied().filter(|n| *n != victim).collect();
+                let cut = pairs(&[victim], &rest);
+                (Action::Cut(cut.clone()), Action::Uncut(cut))
+            }
+            // Two sides that cannot talk, and one node (the bridge) that sees both:
+            // each side believes a different majority is up.
+            "bridge" => {
+                if nodes < 3 {
+                    bail!("nemesis bridge needs at least 3 nodes");
+                }
+                let bridge = victim;
+                let others: Vec<usize> = all.iter().copied().filter(|n| *n != bridge).collect();
+                let (left, right) = others.split_at(others.len() / 2);
+                let cut = pairs(left, right);
+                (Action::Cut(cut.clone()), Action::Uncut(cut))
+            }
+            "loss" => {
+                let links: Vec<(usize, usize)> = (all.iter())
+                    .flat_map(|a| all.iter().filter(move |b| *b > a).map(move |b| (*a, *b)))
+                    .collect();
+                (Action::Lossy(links.clone()), Action::Unlossy(links))
+            }
+            // kill -9, never back.
+            "kill" => {
+                steps.push(Step {
+                    at: start,
+                    action: Action::Kill(victim),
+                    nemesis: name.clone(),
+                });
+                continue;
+            }
+            "restart" => (Action::Kill(victim), Action::Start(victim)),
+            "pause" => (Action::Stop(victim), Action::Cont(victim)),
+            "skew" => (Action::Skew(victim), Action::Unskew(victim)),
+            "redis-kill" => (Action::KillRedis, Action::StartRedis),
+            other => bail!("unknown nemesis {other:?} (one of {})", NAMES.join(", ")),
+        };
+        steps.push(Step {
+            at: start,
+            action: on,
+            nemesis: name.clone(),
+        });
+        steps.push(Step {
+            at: end,
+            action: off,
+            nemesis: name.clone(),
+        });
+    }
+    steps.sort_by(|a, b| a.at.total_cmp(&b.at));
+    Ok(steps)
+}
+
+/// What the nemeses act on.
+pub struct Targets<'a> {
+    /// The network.
+    pub net: &'a Net,
+    /// The node hosts, by node index.
+    pub hosts: &'a [Host],
+    /// The node processes, by node index.
+    pub nodes: &'a mut [Proc],
+    /// Redis, in the Redis modes.
+    pub redis: Option<&'a mut Proc>,
+}
+
+impl Targets<'_> {
+    /// Applies `action`; returns how the report describes it.
+    pub async fn apply(&mut self, action: &Action) -> anyhow::Result<String> {
+        let names = |links: &[(usize, usize)]| {
+            (links.iter())
+                .map(|(a, b)| format!("n{a}-n{b}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        Ok(match action {
+            Action::Cut(links) => {
+                for (a, b) in links {
+                    self.net.cut(&self.hosts[*a], &self.hosts[*b])?;
+                }
+                format!("cut {}", names(links))
+            }
+            Action::Uncut(links) => {
+                for (a, b) in links {
+                    self.net.uncut(&self.hosts[*a], &self.hosts[*b])?;
+                }
+                format!("heal {}", names(links))
+            }
+            Action::Lossy(links) => {
+                for (a, b) in links {
+                    (self.net).lossy(&self.hosts[*a], &self.hosts[*b], LOSS_PERCENT)?;
+                }
+                format!("loss {LOSS_PERCENT}% {}", names(links))
+            }
+            Action::Unlossy(links) => {
+                for (a, b) in links {
+                    (self.net).unlossy(&self.hosts[*a], &self.hosts[*b], LOSS_PERCENT)?;
+                }
+                format!("no loss {}", names(links))
+            }
+            Action::Kill(n) => {
+                self.nodes[*n].kill9().await;
+                format!("kill -9 n{n}")
+            }
+            Action::Start(n) => {
+                self.nodes[*n].restart()?;
+                format!("restart n{n}")
+            }
+            Action::Stop(n) => {
+                self.nodes[*n].pause(true);
+                format!("SIGSTOP n{n}")
+            }
+            Action::Cont(n) => {
+                self.nodes[*n].pause(false);
+                format!("SIGCONT n{n}")
+            }
+            Action::Skew(n) => {
+                if !std::path::Path::new(LIBFAKETIME).exists() {
+                    bail!(
+                        "nemesis skew needs libfaketime ({LIBFAKETIME}): apt-get install faketime"
+                    );
+                }
+                let node = &mut self.nodes[*n];
+                node.stop(std::time::Duration::from_secs(3)).await;
+                node.restart_with(vec![
+                    ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+                    ("FAKETIME".into(), format!("{SKEW_SECONDS:+}s")),
+                    // Only the wall clock: monotonic time is what tokio's timers use.
+                    ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+                ])?;
+                format!("n{n} restarted with its clock {SKEW_SECONDS:+} s off")
+            }
+            Action::Unskew(n) => {
+                let node = &mut self.nodes[*n];
+                node.stop(std::time::Duration::from_secs(3)).await;
+                node.restart_with(Vec::new())?;
+                format!("n{n} restarted with the true clock")
+            }
+            Action::KillRedis | Action::StartRedis => {
+                let Some(redis) = self.redis.as_deref_mut() else {
+                    bail!("nemesis redis-kill needs a Redis mode");
+                };
+                if *action == Action::KillRedis {
+                    redis.kill9().await;
+                    "kill -9 redis".to_owned()
+                } else {
+                    redis.restart()?;
+                    "restart redis (AOF)".to_owned()
+                }
+            }
+        })
+    }
+}
+
+/// Which nodes can reach which while `action` (a cut) holds: the sides of a
+/// partition, for the liveness check. Not a cut: `None`.
+pub fn sides(action: &Action, nodes: usize) -> Option<Vec<Vec<usize>>> {
+    let Action::Cut(links) = action else {
+        return None;
+    };
+    // Connected components of the complement of the cut (the bridge node joins
+    // both sides' component, which is the point: report it as its own side).
+    let cut = |a: usize, b: usize| links.contains(&(a, b)) || links.contains(&(b, a));
+    let mut sides: Vec<Vec<usize>> = Vec::new();
+    for n in 0..nodes {
+        match sides.iter_mut().find(|s| s.iter().all(|m| !cut(*m, n))) {
+            Some(side) => side.push(n),
+            None => sides.push(vec![n]),
+        }
+    }
+    Some(sides)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_schedule_and_combinations_overlap() {
+        let a = schedule(&names(&["partition", "kill"]), 3, 7).unwrap();
+        let b = schedule(&names(&["partition", "kill"]), 3, 7).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 3, "cut, kill, heal: {a:?}");
+        assert!(matches!(a[0].action, Action::Cut(_) | Action::Kill(_)));
+        assert!(matches!(a[2].action, Action::Uncut(_)), "{a:?}");
+        assert!(a[0].at < 0.34 && a[2].at > 0.62);
+        let other = schedule(&names(&["partition", "kill"]), 3, 8).unwrap();
+        assert_ne!(a, other, "another seed, another schedule");
+    }
+
+    #[test]
+    fn partitions_cut_the_right_links() {
+        let halves = schedule(&names(&["partition"]), 4, 1).unwrap();
+        assert_eq!(
+            halves[0].action,
+            Action::Cut(vec![(0, 2), (0, 3), (1, 2), (1, 3)])
+        );
+        assert_eq!(
+            sides(&halves[0].action, 4).unwrap(),
+            vec![vec![0, 1], vec![2, 3]]
+        );
+        let bridge = schedule(&names(&["bridge"]), 3, 1).unwrap();
+        let Action::Cut(links) = &bridge[0].action else {
+            panic!("{bridge:?}");
+        };
+        assert_eq!(links.len(), 1, "only the two ends are cut: {links:?}");
+        let isolate = schedule(&names(&["isolate"]), 5, 3).unwrap();
+        let Action::Cut(links) = &isolate[0].action else {
+            panic!("{isolate:?}");
+        };
+        assert_eq!(links.len(), 4);
+        assert!(schedule(&names(&["flood"]), 3, 1).is_err());
+        assert!(schedule(&names(&["bridge"]), 2, 1).is_err());
+    }
+}

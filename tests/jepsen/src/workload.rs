@@ -1,0 +1,197 @@
+//! The workload: one client loop per (node, tenant), on the bridge, talking to the
+//! node's proxy over real HTTP. Demand is above capacity and skewed (node 0 and
+//! tenant 0 send most), comes in bursty on/off phases, mixes streamed and
+//! non-streamed requests and the interactive and batch lanes, and honours
+//! `retry-after`. Every operation is recorded with a terminal outcome.
+
+use crate::checker::Op;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The proxy's port on every node.
+pub const PROXY_PORT: u16 = 8080;
+
+/// The API key of tenant `k`.
+pub fn tenant_key(k: usize) -> String {
+    format!("sk-jepsen-t{k}")
+}
+
+/// The model tenant `k` asks for: the mock logs it, so the checker can count each
+/// tenant's traffic at the upstream (the route accepts every model).
+pub fn tenant_model(k: usize) -> String {
+    format!("jepsen-t{k}")
+}
+
+/// The tenant a mock log line belongs to, from its model.
+pub fn tenant_of_model(model: &str) -> Option<usize> {
+    model.strip_prefix("jepsen-t")?.parse().ok()
+}
+
+/// The longest a client waits on a `retry-after` before trying again.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
+
+/// What the clients do.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// Tenants.
+    pub tenants: usize,
+    /// Requests per second the whole cluster may send (L / W): demand is a
+    /// multiple of it.
+    pub capacity_per_s: f64,
+    /// Share of requests streamed.
+    pub stream_share: f64,
+    /// Share of requests in the batch lane.
+    pub batch_share: f64,
+    /// Seeds the clients.
+    pub seed: u64,
+}
+
+/// Runs the clients until `end`; returns every operation.
+pub async fn run(ips: Vec<String>, shape: Shape, started: Instant, end: Instant) -> Vec<Op> {
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap_or_default();
+    let mut tasks = Vec::new();
+    for (node, ip) in ips.into_iter().enumerate() {
+        for tenant in 0..shape.tenants {
+            // Skewed: node 0 and tenant 0 send most; together about 4x capacity.
+            let weight = 4.0 / (node as f64 + 1.0) / (tenant as f64 + 1.0);
+            let per_second = shape.capacity_per_s * weight;
+            let gap = Duration::from_secs_f64(1.0 / per_second.max(0.5));
+            let seed = shape.seed ^ ((node as u64) << 8) ^ tenant as u64;
+            let client = Client {
+                http: client.clone(),
+                url: format!("http://{ip}:{PROXY_PORT}/v1/chat/completions"),
+                node,
+                tenant,
+                started,
+            };
+            let (ops, shape) = (ops.clone(), shape.clone());
+            tasks.push(tokio::spawn(async move {
+                client.drive(gap, &shape, seed, end, &ops).await;
+            }));
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut all = ops.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    all.sort_by_key(|o| o.invoke_ms);
+    all
+}
+
+struct Client {
+    http: reqwest::Client,
+    url: String,
+    node: usize,
+    tenant: usize,
+    started: Instant,
+}
+
+impl Client {
+    async fn drive(
+        &self,
+        gap: Duration,
+        shape: &Shape,
+        seed: u64,
+        end: Instant,
+        ops: &Mutex<Vec<Op>>,
+    ) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        while Instant::now() < end {
+            // Bursty: in one second of four this client is quiet.
+            let second = self.started.elapsed().as_secs();
+            if (second + seed) % 4 == 3 {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
+            let stream = rng.random_bool(shape.stream_share);
+            let batch = rng.random_bool(shape.batch_share);
+            let op = self.one(stream, batch).await;
+            let retry = op.retry_after_ms.map(Duration::from_millis);
+            ops.lock().unwrap_or_else(|p| p.into_inner()).push(op);
+            let jitter = gap.mul_f64(rng.random_range(0.5..1.5));
+            // Honour retry-after (bounded), as a well-behaved client does.
+            tokio::time::sleep(jitter.max(retry.unwrap_or_default().min(MAX_RETRY_WAIT))).await;
+        }
+    }
+
+    async fn one(&self, stream: bool, batch: bool) -> Op {
+        let invoke_ms = self.started.elapsed().as_millis() as u64;
+        let body = serde_json::json!({
+            "model": tenant_model(self.tenant),
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "stream": stream,
+            "stream_options": stream.then(|| serde_json::json!({"include_usage": true})),
+        });
+        let mut request = (self.http.post(&self.url))
+            .bearer_auth(tenant_key(self.tenant))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if batch {
+            request = request.header("x-tollgate-priority", "batch");
+        }
+        let (status, tokens, retry_after_ms) = match request.send().await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let retry = (r.headers().get("retry-after"))
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .map(|s| (s * 1000.0) as u64);
+                match r.bytes().await {
+                    Ok(body) => (status, usage_tokens(&body), retry),
+                    // The connection broke mid-body (a node killed mid-stream).
+                    Err(_) => (0, None, None),
+                }
+            }
+            Err(_) => (0, None, None),
+        };
+        Op {
+            node: self.node,
+            tenant: self.tenant,
+            stream,
+            batch,
+            invoke_ms,
+            complete_ms: Some(self.started.elapsed().as_millis() as u64),
+            status: Some(status),
+            tokens,
+            retry_after_ms,
+        }
+    }
+}
+
+/// Total tokens from a response body: the `usage` object of a JSON response, or
+/// of a stream's last usage chunk.
+fn usage_tokens(body: &[u8]) -> Option<u64> {
+    let total = |v: &serde_json::Value| v["usage"]["total_tokens"].as_u64();
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        return total(&v);
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    (text.lines().rev())
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .find_map(|v| total(&v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_come_from_json_or_the_streams_usage_chunk() {
+        let json = br#"{"usage":{"prompt_tokens":8,"completion_tokens":3,"total_tokens":11}}"#;
+        assert_eq!(usage_tokens(json), Some(11));
+        let sse = b"data: {\"choices\":[]}\n\ndata: {\"choices\":[],\"usage\":{\"total_tokens\":9}}\n\ndata: [DONE]\n\n";
+        assert_eq!(usage_tokens(sse), Some(9));
+        assert_eq!(usage_tokens(b"not json"), None);
+        assert_eq!(tenant_of_model(&tenant_model(3)), Some(3));
+        assert_eq!(tenant_of_model("gpt-4o"), None);
+    }
+}
