@@ -13,7 +13,10 @@
 -- ARGV[10] want, ARGV[11] the reservation the holder asks for (its
 --         demand-weighted share of L from gossip; -1 = no reservation and no cap),
 -- ARGV[12] borrow: how far beyond its reservation it may commit (only from room
---         nobody has reserved), ARGV[13] n = number of held members, then n member
+--         nobody has reserved), ARGV[13] skew tolerance ms: a holder whose clock
+--         (seq) runs further behind Redis TIME has its buckets shifted forward by
+--         the rest, rounded up to buckets (they would leave the window early),
+--         ARGV[14] n = number of held members, then n member
 --         ids: members that announced over gossip they lost Redis or that gossip
 --         cannot reach; their reservation is kept and charged however stale their
 --         account; then (bucket, cost) pairs: the holder's usage.
@@ -35,9 +38,10 @@ local cap, window_ms, bucket_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber
 local max_credit, ttl, seq = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local remaining, want = tonumber(ARGV[9]), tonumber(ARGV[10])
 local ask, borrow = tonumber(ARGV[11]), tonumber(ARGV[12])
-local n_held = tonumber(ARGV[13])
+local tolerance, n_held = tonumber(ARGV[13]), tonumber(ARGV[14])
 local held = {}
-for i = 0, n_held - 1 do held[ARGV[14 + i]] = true end
+for i = 0, n_held - 1 do held[ARGV[15 + i]] = true end
+local shift = math.max(0, math.ceil((now - seq - tolerance) / bucket_ms))
 local windowed = kind == 'window'
 local now_b = math.floor(now / bucket_ms)
 
@@ -79,8 +83,8 @@ if me and seq <= me.s then return { -1, 'stale' } end
 
 local usage, used = {}, 0
 if windowed then
-  for i = 14 + n_held, #ARGV, 2 do
-    local b, c = math.min(tonumber(ARGV[i]), now_b), tonumber(ARGV[i + 1])
+  for i = 15 + n_held, #ARGV, 2 do
+    local b, c = math.min(tonumber(ARGV[i]) + shift, now_b), tonumber(ARGV[i + 1])
     if counts(b) and c > 0 then
       usage[tostring(b)] = (usage[tostring(b)] or 0) + c
       used = used + c

@@ -649,3 +649,30 @@ async fn lease_reservations_sum_within_capacity_and_are_held_for_lost_members() 
         .unwrap();
     assert_eq!((r.reserved, r.reply.credit), (10, 30));
 }
+
+/// A holder whose clock runs 2 s behind Redis TIME reports its usage in buckets 2 s
+/// old: unshifted they would have left the window and the same capacity would be
+/// granted again (the jepsen harness's `skew` nemesis); `lease.lua` shifts them by
+/// the lag beyond the tolerance.
+#[tokio::test]
+async fn lease_shifts_the_usage_of_a_holder_whose_clock_runs_behind() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let key = ScopeKeys::lease("tg", "tenant:skew", "tokens");
+    let l = line(true, 100, 100, 300);
+    let t: Vec<u64> = s.command(&redis::cmd("TIME")).await.unwrap();
+    let redis_now = t[0] * 1000 + t[1] / 1000;
+    let behind = redis_now - 2_000;
+    let r = s
+        .lease(
+            &key,
+            "a",
+            &l,
+            &statement(behind, &[(behind / 100, 60)], 0, 100),
+            &LeaseAsk::default(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.reply.credit, 40, "its 60 still count");
+}

@@ -350,6 +350,7 @@ impl RedisStore {
             .arg(request.want)
             .arg(reserve)
             .arg(borrow)
+            .arg(tollgate_cluster::lease::line::SKEW_TOLERANCE_MS)
             .arg(ask.held.len());
         for member in ask.held {
             inv.arg(member);

@@ -372,9 +372,10 @@ impl<H: Ord + Clone> Line<H> {
         let (own, accepted) = match self.config.kind {
             Kind::Windowed(w) => {
                 let now_bucket = w.bucket_index(now_ms);
+                let shift = skew_shift(request.seq, now_ms, w.bucket_ms());
                 let mut usage = BTreeMap::new();
                 for &(bucket, cost) in &request.usage {
-                    let bucket = bucket.min(now_bucket);
+                    let bucket = bucket.saturating_add(shift).min(now_bucket);
                     if w.counts(bucket, now_ms) {
                         add(&mut usage, bucket, cost);
                     }
@@ -554,6 +555,25 @@ impl<H: Ord + Clone> Line<H> {
     }
 }
 
+/// How far behind the owner's clock a holder's may run before the buckets of its
+/// statements
+/// are shifted forward (transit time plus NTP-level skew). A holder
+/// running further behind reports its usage in buckets that would leave the
+/// owner's window early (the jepsen harness's `skew` nemesis measured 41-42 of L =
+/// 40 with a clock 2 s behind); within it, the error is at most the holder's
+/// spending in this many ms at the edge of a bucket.
+pub const SKEW_TOLERANCE_MS: u64 = 100;
+
+/// How many buckets of width `bucket_ms` to shift a statement stamped `seq` (the
+/// holder's clock at its snapshot) and received at the owner's `now_ms`: the lag
+/// beyond [`SKEW_TOLERANCE_MS`], rounded up. Clocks running ahead shift nothing
+/// (their buckets are clamped to the owner's current one).
+pub fn skew_shift(seq: u64, now_ms: u64, bucket_ms: u64) -> u64 {
+    (now_ms.saturating_sub(seq))
+        .saturating_sub(SKEW_TOLERANCE_MS)
+        .div_ceil(bucket_ms.max(1))
+}
+
 /// Most `(bucket, cost)` entries in one statement (the counters' largest ring).
 pub const MAX_USAGE_ENTRIES: u64 = 2 * crate::counter::MAX_BUCKETS as u64 + 2;
 
@@ -605,6 +625,25 @@ mod tests {
             .expect("ok");
         assert_eq!(r.credit, 0);
         assert_eq!(l.available(900), 100 - 10 - 40);
+    }
+
+    #[test]
+    fn a_holder_clock_running_behind_does_not_age_its_usage_out_early() {
+        let mut l = line(100, 100);
+        // The owner is at 5000 ms; the holder's clock says 3000 (2 s behind) and
+        // it spent 60 in its current bucket, 30: unshifted, bucket 30 left the
+        // owner's 1 s window at 4100 and the 60 would be free to grant again.
+        let r = l
+            .sync(&"a", &statement(3_000, &[(30, 60)], 0, 100), 5_000)
+            .expect("ok");
+        assert_eq!(r.credit, 40, "its 60 still count");
+        assert_eq!(l.charge_of(&"a", 5_000), 100);
+        // Within the tolerance nothing shifts (transit, NTP-level skew).
+        assert_eq!(skew_shift(4_950, 5_000, 100), 0);
+        assert_eq!(skew_shift(4_899, 5_000, 100), 1);
+        assert_eq!(skew_shift(3_000, 5_000, 100), 19);
+        // A clock running ahead shifts nothing (clamped to the owner's bucket).
+        assert_eq!(skew_shift(7_000, 5_000, 100), 0);
     }
 
     #[test]

@@ -154,6 +154,45 @@ pub struct Interval {
     pub label: String,
     /// Each group must serve at least one request during the interval.
     pub sides: Vec<Vec<usize>>,
+    /// A cut that was healed at `to_ms` (the views must converge after it).
+    pub healed: bool,
+    /// The node a kill or pause took down for the interval (its requests then
+    /// are not a side's starvation).
+    pub down: Option<usize>,
+}
+
+/// One look at a node's `/admin/cluster` during the run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    /// When (ms since the run started).
+    pub at_ms: u64,
+    /// Which node.
+    pub node: usize,
+    /// How many live members it sees (itself included); `None`: it did not answer.
+    pub members: Option<usize>,
+}
+
+/// The longest time after a healed cut until every node saw all `nodes` members
+/// live again, or the cut and node that never got there (before the run ended).
+pub fn convergence(faults: &[Interval], samples: &[Sample], nodes: usize) -> Result<u64, String> {
+    let mut worst = 0;
+    for fault in faults.iter().filter(|f| f.healed) {
+        for node in 0..nodes {
+            let back = (samples.iter())
+                .filter(|s| s.node == node && s.at_ms >= fault.to_ms)
+                .find(|s| s.members == Some(nodes));
+            match back {
+                Some(s) => worst = worst.max(s.at_ms - fault.to_ms),
+                None => {
+                    return Err(format!(
+                        "n{node} never saw all {nodes} members after {} healed at {} ms",
+                        fault.label, fault.to_ms
+                    ));
+                }
+            }
+        }
+    }
+    Ok(worst)
 }
 
 /// What a run is held to: the mode, the faults it met, the cluster and the limits.
@@ -175,6 +214,10 @@ pub struct Case<'a> {
     pub t0_unix_ms: u64,
     /// The faults, for liveness and for the context of a failure.
     pub faults: &'a [Interval],
+    /// The nodes' views sampled through the run (convergence after a heal).
+    pub samples: &'a [Sample],
+    /// How soon after a heal every node must see every member again.
+    pub converge_within_ms: u64,
 }
 
 /// A mode's promise for a total of `limit` per window, under the run's faults
@@ -258,6 +301,21 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
             ops.len()
         ),
     });
+    let healed = case.faults.iter().filter(|f| f.healed).count();
+    let converged = convergence(case.faults, case.samples, case.nodes as usize);
+    checks.push(Check {
+        name: "views converge after each heal".into(),
+        ok: converged
+            .as_ref()
+            .is_ok_and(|worst| *worst <= case.converge_within_ms),
+        detail: match &converged {
+            Ok(worst) => format!(
+                "{healed} heals; every node saw every member again within {worst} ms (bound {} ms)",
+                case.converge_within_ms
+            ),
+            Err(e) => e.clone(),
+        },
+    });
     let starved = starved(case.faults, ops, window_ms);
     checks.push(Check {
         name: "every side keeps serving through each fault".into(),
@@ -280,6 +338,17 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
 /// and demand is served at least once per window; only from one window in, since
 /// what it spent before the fault still counts against its share until then.
 pub fn starved(faults: &[Interval], ops: &[Op], window_ms: u64) -> Vec<String> {
+    // A node down (killed, paused), and for one window after it is back (it
+    // rejoins and is granted again), has no say in a side's liveness.
+    let is_down = |o: &Op| {
+        (faults.iter()).any(|f| {
+            f.down == Some(o.node)
+                && o.invoke_ms >= f.from_ms
+                && o.invoke_ms < f.to_ms.saturating_add(window_ms)
+        })
+    };
+    let ops: Vec<Op> = ops.iter().filter(|o| !is_down(o)).cloned().collect();
+    let ops = &ops[..];
     let mut out = Vec::new();
     for fault in faults {
         let from = fault.from_ms.saturating_add(window_ms);
@@ -381,6 +450,8 @@ mod tests {
             window_ms: 1_000,
             t0_unix_ms: 0,
             faults,
+            samples: &[],
+            converge_within_ms: 1_000,
         }
     }
 
@@ -410,11 +481,26 @@ mod tests {
             to_ms: 2_000,
             label: "cut n0-n2".into(),
             sides: vec![vec![0, 1], vec![2]],
+            healed: false,
+            down: None,
         }];
         let mut all = lines.clone();
         all.push(refused);
         let checks = check(&case("lease", &cut), &all, &ops);
-        assert!(checks.iter().all(|c| !c.ok), "{checks:?}");
+        let failed: Vec<&str> = (checks.iter())
+            .filter(|c| !c.ok)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                "sent to the upstream per window <= promise",
+                "upstream 429s",
+                "nothing lost",
+                "every side keeps serving through each fault"
+            ],
+            "{checks:?}"
+        );
         assert!(
             checks[0].detail.contains("served in it: n0 1, n1 0, n2 0"),
             "{checks:?}"
@@ -424,7 +510,7 @@ mod tests {
             "{checks:?}"
         );
         assert!(
-            checks[3]
+            checks[4]
                 .detail
                 .contains("{n2} during cut n0-n2 (100-2000 ms): refused at 1150"),
             "{checks:?}"
@@ -441,6 +527,59 @@ mod tests {
         assert!(starved(&cut, &spent_early, 1_000).is_empty());
         let long_ago = [op(2, 200, Some(200)), op(2, 1_300, Some(429))];
         assert_eq!(starved(&cut, &long_ago, 1_000).len(), 1);
+        // A node that was down is not starved by the cut: it was not there.
+        let killed = [
+            cut[0].clone(),
+            Interval {
+                from_ms: 500,
+                to_ms: 1_200,
+                label: "kill -9 n2".into(),
+                sides: vec![vec![0, 1]],
+                healed: false,
+                down: Some(2),
+            },
+        ];
+        assert!(starved(&killed, &long_ago, 1_000).is_empty());
+    }
+
+    #[test]
+    fn convergence_is_the_slowest_node_to_see_everyone_after_a_heal() {
+        let cut = [Interval {
+            from_ms: 0,
+            to_ms: 1_000,
+            label: "cut".into(),
+            sides: vec![vec![0], vec![1]],
+            healed: true,
+            down: None,
+        }];
+        let sample = |at_ms, node, members| Sample {
+            at_ms,
+            node,
+            members,
+        };
+        let samples = [
+            sample(900, 0, Some(2)),
+            sample(1_100, 0, Some(1)),
+            sample(1_300, 0, Some(2)),
+            sample(1_200, 1, None),
+            sample(1_700, 1, Some(2)),
+        ];
+        assert_eq!(convergence(&cut, &samples, 2), Ok(700));
+        let err = convergence(&cut, &samples[..3], 2).unwrap_err();
+        assert!(err.contains("n1 never saw all 2 members"), "{err}");
+        let mut c = case("lease", &cut);
+        c.nodes = 2;
+        c.samples = &samples;
+        let views = |c: &Case<'_>| {
+            let checks = check(c, &[], &[]);
+            checks
+                .into_iter()
+                .find(|c| c.name.starts_with("views"))
+                .unwrap()
+        };
+        assert!(views(&c).ok, "700 ms within 1000 ms");
+        c.converge_within_ms = 500;
+        assert!(!views(&c).ok, "700 ms beyond 500 ms");
     }
 
     #[test]

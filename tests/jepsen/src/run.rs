@@ -1,7 +1,7 @@
 //! One run: hosts, the mock upstream, N nodes, the workload, the nemesis schedule,
 //! then the checks and the report in `target/jepsen/<run>/`.
 
-use crate::checker::{self, Check, Interval, MockLine, Op};
+use crate::checker::{self, Check, Interval, MockLine, Op, Sample};
 use crate::hosts::Net;
 use crate::nemesis::{self, Action, Step, Targets};
 use crate::procs::Proc;
@@ -313,6 +313,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         started,
         end,
     ));
+    let monitor = tokio::spawn(monitor(ips.clone(), started, end));
     let mut events = Vec::new();
     let mut targets = Targets {
         net: &net,
@@ -330,6 +331,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         });
     }
     let ops = load.await.context("workload")?;
+    let samples = monitor.await.context("monitor")?;
     for node in &mut nodes {
         node.stop(Duration::from_secs(5)).await;
     }
@@ -346,6 +348,12 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         text.push('\n');
     }
     std::fs::write(&history, text)?;
+    let mut text = String::new();
+    for sample in &samples {
+        text.push_str(&serde_json::to_string(sample)?);
+        text.push('\n');
+    }
+    std::fs::write(spec.dir.join("views.jsonl"), text)?;
     let run_ms = spec.duration.as_millis() as u64;
     let faults = intervals(&events, spec.nodes, run_ms);
     let tenant_limits = vec![tenant_limit(&spec); spec.tenants.max(1)];
@@ -358,6 +366,9 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         window_ms,
         t0_unix_ms,
         faults: &faults,
+        samples: &samples,
+        // Two failure-detection times of these nodes' gossip settings.
+        converge_within_ms: 2 * failure_detection_ms(&spec.dir.join("n0.toml"))?,
     };
     let checks = checker::check(&case, &lines, &ops);
     let report = spec.dir.join("report.md");
@@ -373,6 +384,43 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let svg = crate::timeline::render(&ops, spec.nodes, run_ms, rate, &marks);
     std::fs::write(spec.dir.join("timeline.svg"), svg)?;
     Ok(Outcome { checks, report })
+}
+
+/// Every node's `/admin/cluster` every 250 ms until `end`: how many members it
+/// sees live (for the convergence check), `None` when it does not answer.
+async fn monitor(ips: Vec<String>, started: Instant, end: Instant) -> Vec<Sample> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap_or_default();
+    let mut samples = Vec::new();
+    while Instant::now() < end {
+        for (node, ip) in ips.iter().enumerate() {
+            let url = format!("http://{ip}:{PROXY_PORT}/admin/cluster");
+            let members = match client.get(&url).bearer_auth("jepsen-admin").send().await {
+                Ok(r) if r.status().is_success() => (r.bytes().await.ok())
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .and_then(|b| b["cluster"]["members"].as_array().map(Vec::len)),
+                _ => None,
+            };
+            samples.push(Sample {
+                at_ms: started.elapsed().as_millis() as u64,
+                node,
+                members,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    samples
+}
+
+/// A node's failure-detection time, from the config the harness wrote for it.
+fn failure_detection_ms(config: &Path) -> anyhow::Result<u64> {
+    let config = tollgate::config::Config::load(config)?;
+    let cluster = config.cluster.context("node configs have a [cluster]")?;
+    Ok((cluster.gossip_interval)
+        .mul_f64(2.0 * cluster.phi_threshold + 2.0)
+        .as_millis() as u64)
 }
 
 fn unix_ms() -> u64 {
@@ -398,11 +446,18 @@ fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
         let to_ms = (events[i + 1..].iter())
             .find(|later| later.step.nemesis == e.step.nemesis)
             .map_or(run_ms, |later| later.at_ms);
+        let healed = matches!(e.step.action, Action::Cut(_)) && to_ms < run_ms;
+        let down = match e.step.action {
+            Action::Kill(n) | Action::Stop(n) => Some(n),
+            _ => None,
+        };
         out.push(Interval {
             from_ms: e.at_ms,
             to_ms,
             label: e.what.clone(),
             sides,
+            healed,
+            down,
         });
     }
     out

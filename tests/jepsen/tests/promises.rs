@@ -3,7 +3,8 @@
 //! run through a partition into halves, a kill -9 and a SIGSTOP of a node, the
 //! Redis modes also through Redis killed and restarted; two combinations (a bridge
 //! partition with a node restart, an isolated node with 30% packet loss); three
-//! tenants under one upstream limit; and two runs the checker must fail: `local
+//! tenants under one upstream limit; a node restarted with its clock 2 s behind
+//! (`lease`, `redis-lease`); and two runs the checker must fail: `local
 //! full` (the baseline without cluster sync) against lease's promise, and lease
 //! mode with its limiter deliberately broken (`--fault skip-cluster-sync`).
 //!
@@ -93,6 +94,8 @@ promises! {
     redis_lease_redis_kill: "redis-lease", "redis-kill", 56;
     lease_bridge_restart: "lease", "bridge,restart", 57;
     lease_isolate_loss: "lease", "isolate,loss", 58;
+    lease_skew: "lease", "skew", 60;
+    redis_lease_skew: "redis-lease", "skew", 61;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,6 +127,8 @@ async fn the_checker_catches_local_full_the_baseline_without_sync() {
         window_ms: 5_000,
         t0_unix_ms: 0,
         faults: &[],
+        samples: &[],
+        converge_within_ms: 0,
     };
     let checks = tollgate_jepsen::checker::check(&lease, &read_mock(&outcome), &[]);
     assert!(
