@@ -15,6 +15,11 @@ use rand::{Rng, SeedableRng};
 /// Packet loss of the `loss` nemesis between nodes, in percent.
 pub const LOSS_PERCENT: u8 = 30;
 
+/// The `slow` nemesis's shaping of every node's egress (tbf: these kernels have
+/// no `netem`, so no fixed delay; a token bucket delays whatever exceeds its rate
+/// by up to its latency, then drops): gossip, lease RPC and responses queue.
+pub const SLOW_TBF: [&str; 6] = ["rate", "96kbit", "burst", "4kb", "latency", "400ms"];
+
 /// How far behind the `skew` nemesis sets a node's clock, in seconds.
 pub const SKEW_SECONDS: i64 = -2;
 
@@ -31,6 +36,7 @@ pub const NAMES: &[&str] = &[
     "pause",
     "restart",
     "loss",
+    "slow",
     "skew",
     "redis-kill",
 ];
@@ -54,6 +60,10 @@ pub enum Action {
     Stop(usize),
     /// SIGCONT of a node.
     Cont(usize),
+    /// Shape every node's egress with [`SLOW_TBF`].
+    Slow,
+    /// Remove the shaping.
+    Unslow,
     /// Stop a node (SIGTERM) and start it with its clock [`SKEW_SECONDS`] off.
     Skew(usize),
     /// Stop it and start it with the true clock.
@@ -134,6 +144,7 @@ pub fn schedule(nemeses: &[String], nodes: usize, seed: u64) -> anyhow::Result<V
             "restart" => (Action::Kill(victim), Action::Start(victim)),
             "pause" => (Action::Stop(victim), Action::Cont(victim)),
             "skew" => (Action::Skew(victim), Action::Unskew(victim)),
+            "slow" => (Action::Slow, Action::Unslow),
             "redis-kill" => (Action::KillRedis, Action::StartRedis),
             other => bail!("unknown nemesis {other:?} (one of {})", NAMES.join(", ")),
         };
@@ -213,6 +224,23 @@ impl Targets<'_> {
             Action::Cont(n) => {
                 self.nodes[*n].pause(false);
                 format!("SIGCONT n{n}")
+            }
+            Action::Slow | Action::Unslow => {
+                for host in self.hosts {
+                    if *action == Action::Slow {
+                        let mut args = vec!["tc", "qdisc", "add", "dev", "eth0", "root", "tbf"];
+                        args.extend_from_slice(&SLOW_TBF);
+                        self.net.exec(host, &args)?;
+                    } else {
+                        self.net
+                            .exec(host, &["tc", "qdisc", "del", "dev", "eth0", "root"])?;
+                    }
+                }
+                if *action == Action::Slow {
+                    format!("slow links: tbf {}", SLOW_TBF.join(" "))
+                } else {
+                    "links back to full speed".to_owned()
+                }
             }
             Action::Skew(n) => {
                 if !std::path::Path::new(LIBFAKETIME).exists() {

@@ -440,7 +440,7 @@ fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
             Action::Cut(_) => nemesis::sides(&e.step.action, nodes).unwrap_or_default(),
             Action::Kill(n) | Action::Stop(n) => vec![others(*n)],
             Action::Skew(_) => vec![everyone.clone()],
-            Action::Lossy(_) | Action::KillRedis => vec![everyone.clone()],
+            Action::Lossy(_) | Action::KillRedis | Action::Slow => vec![everyone.clone()],
             _ => continue,
         };
         let to_ms = (events[i + 1..].iter())
