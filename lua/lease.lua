@@ -16,10 +16,12 @@
 --         nobody has reserved), ARGV[13] skew tolerance ms: a holder whose clock
 --         (seq) runs further behind Redis TIME has its buckets shifted forward by
 --         the rest, rounded up to buckets (they would leave the window early),
---         ARGV[14] n = number of held members, then n member
---         ids: members that announced over gossip they lost Redis or that gossip
+--         ARGV[14] n = number of held members, then n pairs (member id, floor):
+--         members that announced over gossip they lost Redis or that gossip
 --         cannot reach; their reservation is kept and charged however stale their
---         account; then (bucket, cost) pairs: the holder's usage.
+--         account, and one with no account at all (the key expired while nobody
+--         stated) is charged its floor (its share in the caller's view); then
+--         (bucket, cost) pairs: the holder's usage.
 -- Returns {credit, granted, ttl_ms, reservation} or {-1, reason} ('stale') with
 --   nothing changed.
 -- Reservations: a holder's reservation is what it may spend per window if Redis
@@ -40,7 +42,7 @@ local remaining, want = tonumber(ARGV[9]), tonumber(ARGV[10])
 local ask, borrow = tonumber(ARGV[11]), tonumber(ARGV[12])
 local tolerance, n_held = tonumber(ARGV[13]), tonumber(ARGV[14])
 local held = {}
-for i = 0, n_held - 1 do held[ARGV[15 + i]] = true end
+for i = 0, n_held - 1 do held[ARGV[15 + 2 * i]] = tonumber(ARGV[16 + 2 * i]) end
 local shift = math.max(0, math.ceil((now - seq - tolerance) / bucket_ms))
 local windowed = kind == 'window'
 local now_b = math.floor(now / bucket_ms)
@@ -72,10 +74,14 @@ local function charge(a)
   if not windowed then return credit end
   return sum_in_window(a.u) + sum_in_window(a.x) + credit
 end
--- A reservation lapses once its holder stops stating (idle keys return theirs),
--- unless the holder is held: it may be spending it without Redis.
+-- A reservation lapses once its holder has stopped stating for a ttl beyond its
+-- credit's end (idle keys return theirs), unless the holder is held: it may be
+-- spending it without Redis. The extra ttl covers the time peers take to list a
+-- holder that lost Redis (or gossip) as held: the ttl is at least the
+-- failure-detection time, and a holder that has not stated for it has long
+-- announced its loss.
 for id, a in pairs(accounts) do
-  if not (a.t > now or held[id]) then a.f = 0 end
+  if not (a.t + ttl > now or held[id]) then a.f = 0 end
 end
 
 local me = accounts[me_id]
@@ -83,7 +89,7 @@ if me and seq <= me.s then return { -1, 'stale' } end
 
 local usage, used = {}, 0
 if windowed then
-  for i = 15 + n_held, #ARGV, 2 do
+  for i = 15 + 2 * n_held, #ARGV, 2 do
     local b, c = math.min(tonumber(ARGV[i]) + shift, now_b), tonumber(ARGV[i + 1])
     if counts(b) and c > 0 then
       usage[tostring(b)] = (usage[tostring(b)] or 0) + c
@@ -105,6 +111,9 @@ end
 local others = 0
 for id, a in pairs(accounts) do
   if id ~= me_id then others = others + math.max(charge(a), a.f or 0) end
+end
+for id, floor in pairs(held) do
+  if id ~= me_id and not accounts[id] then others = others + floor end
 end
 local expired = me and (windowed and sum_in_window(me.x) or 0) or 0
 local mine = used + expired + accepted

@@ -570,21 +570,22 @@ async fn lease_reservations_sum_within_capacity_and_are_held_for_lost_members() 
     let s = store(&server);
     let key = ScopeKeys::lease("tg", "tenant:r", "tokens");
     let l = line(true, 100, 100, 300);
-    let held_a = vec!["a".to_owned()];
-    let lease = |holder: &'static str, seq: u64, want: u64, share: u64, held: Vec<String>| {
-        let request = statement(seq, &[], 0, want);
-        let (s, key) = (&s, &key);
-        async move {
-            let ask = LeaseAsk {
-                reserve: Some(Reserve { share, borrow: 0 }),
-                held: &held,
-            };
-            s.lease(key, holder, &l, &request, &ask)
-                .await
-                .unwrap()
-                .unwrap()
-        }
-    };
+    let held_a = vec![("a".to_owned(), 0)];
+    let lease =
+        |holder: &'static str, seq: u64, want: u64, share: u64, held: Vec<(String, u64)>| {
+            let request = statement(seq, &[], 0, want);
+            let (s, key) = (&s, &key);
+            async move {
+                let ask = LeaseAsk {
+                    reserve: Some(Reserve { share, borrow: 0 }),
+                    held: &held,
+                };
+                s.lease(key, holder, &l, &request, &ask)
+                    .await
+                    .unwrap()
+                    .unwrap()
+            }
+        };
     // Views disagree: a and b each think 60 is theirs. Redis reserves 60 + 40.
     let a = lease("a", 1, 10, 60, vec![]).await;
     assert_eq!((a.reserved, a.reply.credit), (60, 10));
@@ -629,6 +630,22 @@ async fn lease_reservations_sum_within_capacity_and_are_held_for_lost_members() 
     );
     let c = lease("c", 6, 0, 100, vec![]).await;
     assert_eq!(c.reserved, 100, "a no longer held: its reservation lapsed");
+    // A held member Redis has no account of (the key expired while nobody stated)
+    // is charged the floor the caller gives it.
+    let fresh = ScopeKeys::lease("tg", "tenant:fresh", "tokens");
+    let ask = LeaseAsk {
+        reserve: Some(Reserve {
+            share: 100,
+            borrow: 0,
+        }),
+        held: &[("z".to_owned(), 25)],
+    };
+    let r = (s
+        .lease(&fresh, "c", &l, &statement(1, &[], 0, 0), &ask)
+        .await)
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.reserved, 75, "z's floor is charged");
     // A reservation also caps what its holder commits.
     let capped = ScopeKeys::lease("tg", "tenant:cap", "tokens");
     let ask = |share, borrow| LeaseAsk {

@@ -197,30 +197,62 @@ impl RedisGate {
         {
             return false;
         }
-        let backlog = std::mem::take(&mut *lock(&self.backlog));
-        for (key, buckets) in &backlog {
-            let pairs: Vec<(u64, u64)> = buckets.iter().map(|(b, c)| (*b, *c)).collect();
-            if let Err(e) = self
-                .store
-                .charge(key, self.window_ms, self.bucket_ms, &pairs)
-                .await
-            {
-                // Keep it for the next probe: nothing admitted locally is forgotten.
-                let mut kept = lock(&self.backlog);
-                let entry = kept.entry(key.clone()).or_default();
-                for (b, c) in buckets {
-                    *entry.entry(*b).or_insert(0) += c;
-                }
+        // Reconcile a copy: requests admitted locally meanwhile stay in the
+        // backlog (and under the cap) for the next pass; after a few passes under
+        // steady traffic, the last few ms of it are added right after Redis is
+        // used again.
+        for pass in 0..3 {
+            let snapshot = lock(&self.backlog).clone();
+            if let Err(e) = self.reconcile(&snapshot).await {
                 tracing::warn!(error = %e, "redis answers again but reconciling failed; still degraded");
                 return false;
             }
+            let rest = {
+                let mut backlog = lock(&self.backlog);
+                if !(backlog.is_empty() || pass == 2) {
+                    continue;
+                }
+                // Cleared under the backlog's lock: no local admission slips in
+                // after it unrecorded.
+                self.lost.store(false, Ordering::Relaxed);
+                std::mem::take(&mut *backlog)
+            };
+            {
+                if let Err(e) = self.reconcile(&rest).await {
+                    tracing::warn!(error = %e, "adding the last local spending into redis failed");
+                }
+                tracing::info!("redis is back: local spending reconciled into Redis");
+                return true;
+            }
         }
-        self.lost.store(false, Ordering::Relaxed);
-        tracing::info!(
-            keys = backlog.len(),
-            "redis is back: local spending reconciled into Redis"
-        );
-        true
+        false
+    }
+
+    /// Adds `done` into Redis and takes it out of the backlog, key by key (a key
+    /// added stays added if a later one fails).
+    async fn reconcile(
+        &self,
+        done: &HashMap<String, BTreeMap<u64, u64>>,
+    ) -> Result<(), super::store::StoreError> {
+        for (key, buckets) in done {
+            let pairs: Vec<(u64, u64)> = buckets.iter().map(|(b, c)| (*b, *c)).collect();
+            (self.store)
+                .charge(key, self.window_ms, self.bucket_ms, &pairs)
+                .await?;
+            let mut backlog = lock(&self.backlog);
+            if let Some(live) = backlog.get_mut(key) {
+                for (b, c) in buckets {
+                    if let Some(left) = live.get_mut(b) {
+                        *left = left.saturating_sub(*c);
+                    }
+                }
+                live.retain(|_, c| *c > 0);
+                if live.is_empty() {
+                    backlog.remove(key);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn dim(&self, limit: &Option<(String, u64)>) -> DimSpec {
@@ -241,31 +273,43 @@ impl RedisGate {
 
     /// Records a request admitted locally while Redis is lost, unless it would
     /// take this node's local spending in the window past what the peers charge
-    /// it: then the time until the oldest local spending leaves the window.
-    fn record_local(&self, limits: &ScopeLimits, tokens: u64) -> Result<(), RemoteRefusal> {
+    /// it: then the time until the oldest local spending leaves the window (none
+    /// if the request alone is more). `Ok(false)`: Redis is back (checked under
+    /// the backlog's lock, so nothing is recorded after reconciliation ended).
+    fn record_local(&self, limits: &ScopeLimits, tokens: u64) -> Result<bool, RemoteRefusal> {
         let now = unix_ms();
         let bucket = now / self.bucket_ms;
         let oldest = (now.saturating_sub(self.window_ms)) / self.bucket_ms;
         let fallback = lock(&self.fallback);
         let mut backlog = lock(&self.backlog);
+        if !self.is_lost() {
+            return Ok(false);
+        }
         let dims = [
             ("requests", &limits.requests, &limits.keys.requests, 1),
             ("tokens", &limits.tokens, &limits.keys.tokens, tokens),
         ];
         for (name, limit, redis_key, cost) in dims {
-            let (Some((key, _)), Some(buckets)) = (limit, backlog.get(redis_key)) else {
+            let Some((key, _)) = limit else {
                 continue;
             };
             let Some(charged) = fallback.get(key).map(|f| f.charged) else {
                 continue;
             };
-            let in_window: u64 = buckets.range(oldest..).map(|(_, c)| c).sum();
+            let buckets = backlog.entry(redis_key.clone()).or_default();
+            // Buckets that left the window count nowhere any more (reconciling
+            // them adds nothing): dropped, so the map stays bounded and the cap
+            // exact however long Redis is away.
+            *buckets = buckets.split_off(&oldest);
+            let in_window: u64 = buckets.values().sum();
             if in_window.saturating_add(cost) > charged {
-                let first = buckets.range(oldest..).next().map_or(bucket, |(b, _)| *b);
+                let first = buckets.keys().next().copied().unwrap_or(bucket);
                 let leaves = (first + 1) * self.bucket_ms + self.window_ms;
+                let retry_after = (cost <= charged)
+                    .then(|| Duration::from_millis(leaves.saturating_sub(now).max(1)));
                 return Err(RemoteRefusal {
                     dimension: name.to_owned(),
-                    retry_after: Some(Duration::from_millis(leaves.saturating_sub(now).max(1))),
+                    retry_after,
                 });
             }
         }
@@ -277,7 +321,7 @@ impl RedisGate {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Reserves `permit`'s request on `scope` in Redis, waiting out refusals until
@@ -294,8 +338,10 @@ impl RedisGate {
             return Ok(permit);
         };
         while self.is_lost() {
-            let Err(refusal) = self.record_local(limits, tokens) else {
-                return Ok(permit);
+            let refusal = match self.record_local(limits, tokens) {
+                Ok(true) => return Ok(permit),
+                Ok(false) => break,
+                Err(refusal) => refusal,
             };
             match refusal.retry_after {
                 Some(wait) if Instant::now() + wait <= wait_until => {

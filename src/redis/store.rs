@@ -119,8 +119,9 @@ pub struct LeaseAsk<'a> {
     /// `None`: no reservation and no cap (a bare credit line).
     pub reserve: Option<Reserve>,
     /// Members whose reservations Redis keeps however stale their accounts: those
-    /// that announced they lost Redis, and those gossip cannot reach.
-    pub held: &'a [String],
+    /// that announced they lost Redis, and those gossip cannot reach; each with
+    /// the floor it is charged if Redis has no account of it (its share here).
+    pub held: &'a [(String, u64)],
 }
 
 /// `lease.lua`'s answer: the reply and the reservation Redis now holds for the
@@ -352,8 +353,8 @@ impl RedisStore {
             .arg(borrow)
             .arg(tollgate_cluster::lease::line::SKEW_TOLERANCE_MS)
             .arg(ask.held.len());
-        for member in ask.held {
-            inv.arg(member);
+        for (member, floor) in ask.held {
+            inv.arg(member).arg(*floor);
         }
         for (bucket, cost) in &request.usage {
             inv.arg(*bucket).arg(*cost);

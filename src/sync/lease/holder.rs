@@ -89,6 +89,8 @@ pub enum Round {
 }
 
 type Items = Vec<(usize, Snapshot)>;
+/// One key's `redis-lease` ask: its reservation, and the held members with floors.
+type RedisAsk = (Option<Reserve>, Vec<(String, u64)>);
 type Answered = Result<Vec<Result<SyncReply, String>>, CallError>;
 
 /// Most credit one holder holds for a key of capacity `capacity`.
@@ -180,7 +182,10 @@ impl Holder {
             // would otherwise keep it for this node until it is collected).
             let returning =
                 round == Round::ReturnAll && (held > 0 || self.reservation(&binding.key) > 0);
-            if !(moved || wanted || returning || (!idle && heartbeat)) {
+            // A key still cut off is stated every round: when its owner answers
+            // again it must leave the cut-off (and report its spending) at once.
+            let cut_off = credit.with(|b| b.is_cut_off());
+            if !(moved || wanted || returning || cut_off || (!idle && heartbeat)) {
                 continue;
             }
             // Nothing spent since the last statement: give unused credit back, so
@@ -289,44 +294,72 @@ impl Holder {
         round: Round,
     ) -> Answered {
         let sent_ms = self.now_ms();
-        let held: Vec<String> = (view.redis_held.iter())
-            .filter(|m| **m != view.self_id)
-            .cloned()
+        let asks: Vec<RedisAsk> = (items.iter())
+            .map(|(i, _)| {
+                let terms = view.terms.get(&self.state.bindings[*i].key);
+                let reserve = terms.map(|t| match round {
+                    Round::ReturnAll => Reserve {
+                        share: 0,
+                        borrow: 0,
+                    },
+                    Round::Normal => Reserve {
+                        share: t.shares.get(&view.self_id).copied().unwrap_or(0),
+                        borrow: t.borrow,
+                    },
+                });
+                // Held members, each with the floor Redis charges it if it has no
+                // account of it: its share (or frozen floor) in this view.
+                let held = (view.redis_held.iter())
+                    .filter(|m| **m != view.self_id)
+                    .map(|m| {
+                        let floor = terms.and_then(|t| t.floors.get(m).or(t.shares.get(m)));
+                        (m.clone(), floor.copied().unwrap_or(0))
+                    })
+                    .collect();
+                (reserve, held)
+            })
             .collect();
-        let calls = items.iter().map(|(i, snapshot)| {
-            let binding = &self.state.bindings[*i];
-            let dimension = binding.dimension;
-            let line = LeaseLine {
-                windowed: dimension != Dimension::Concurrency,
-                capacity: binding.capacity,
-                window_ms: self.settings.window_ms,
-                bucket_ms,
-                max_credit: max_credit(binding.capacity, self.settings.max_credit),
-                ttl_ms: self.ttl_ms(),
-            };
-            let key = ScopeKeys::lease(prefix, &binding.scope.to_string(), dimension.as_str());
-            let reserve = (view.terms.get(&binding.key)).map(|t| match round {
-                Round::ReturnAll => Reserve {
-                    share: 0,
-                    borrow: 0,
-                },
-                Round::Normal => Reserve {
-                    share: t.shares.get(&view.self_id).copied().unwrap_or(0),
-                    borrow: t.borrow,
-                },
-            });
-            let held = &held;
-            async move {
-                let ask = LeaseAsk { reserve, held };
-                let leased = store
-                    .lease(&key, &view.self_id, &line, &snapshot.request, &ask)
-                    .await;
-                (binding.key.clone(), leased)
+        {
+            // Until Redis confirms, the cut-off share is at most what this statement
+            // asks: if the answer is lost, Redis may already hold the smaller figure.
+            let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+            for ((i, _), (reserve, _)) in items.iter().zip(&asks) {
+                let ask = reserve.map_or(0, |r| r.share);
+                if let Some(entry) = reserved.get_mut(&self.state.bindings[*i].key) {
+                    entry.0 = entry.0.min(ask);
+                }
             }
-        });
+        }
+        let calls = items
+            .iter()
+            .zip(&asks)
+            .map(|((i, snapshot), (reserve, held))| {
+                let binding = &self.state.bindings[*i];
+                let dimension = binding.dimension;
+                let line = LeaseLine {
+                    windowed: dimension != Dimension::Concurrency,
+                    capacity: binding.capacity,
+                    window_ms: self.settings.window_ms,
+                    bucket_ms,
+                    max_credit: max_credit(binding.capacity, self.settings.max_credit),
+                    ttl_ms: self.ttl_ms(),
+                };
+                let key = ScopeKeys::lease(prefix, &binding.scope.to_string(), dimension.as_str());
+                let reserve = *reserve;
+                async move {
+                    let ask = LeaseAsk { reserve, held };
+                    let leased = store
+                        .lease(&key, &view.self_id, &line, &snapshot.request, &ask)
+                        .await;
+                    (binding.key.clone(), leased)
+                }
+            });
         let results = futures_util::future::join_all(calls).await;
         let mut out = Vec::with_capacity(items.len());
+        let mut unreachable = None;
         let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        // Every confirmed reservation is recorded, even when another key's call
+        // failed (its figure may be smaller than the one held here).
         for (key, result) in results {
             match result {
                 Ok(Ok(leased)) => {
@@ -335,10 +368,13 @@ impl Holder {
                     out.push(Ok(leased.reply));
                 }
                 Ok(Err(code)) => out.push(Err(code)),
-                Err(e) => return Err(CallError::Unreachable(e.to_string())),
+                Err(e) => unreachable = Some(CallError::Unreachable(e.to_string())),
             }
         }
-        Ok(out)
+        match unreachable {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// The reservation Redis keeps for this node on `key` now (`redis-lease`).

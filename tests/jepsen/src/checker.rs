@@ -168,8 +168,9 @@ pub struct Sample {
     pub at_ms: u64,
     /// Which node.
     pub node: usize,
-    /// How many live members it sees (itself included); `None`: it did not answer.
-    pub members: Option<usize>,
+    /// The node names of the live members it sees (itself included); `None`: it
+    /// did not answer.
+    pub members: Option<Vec<String>>,
 }
 
 /// The longest time after a healed cut until every node up saw every node up
@@ -183,16 +184,21 @@ pub fn convergence(faults: &[Interval], samples: &[Sample], nodes: usize) -> Res
             .filter(|f| f.from_ms <= healed && healed <= f.to_ms)
             .filter_map(|f| f.down)
             .collect();
-        let up = nodes - down.len();
+        let up: Vec<String> = (0..nodes)
+            .filter(|n| !down.contains(n))
+            .map(|n| format!("n{n}"))
+            .collect();
         for node in (0..nodes).filter(|n| !down.contains(n)) {
+            // Every node that is up, seen live (a restarted one may join too).
             let back = (samples.iter())
                 .filter(|s| s.node == node && s.at_ms >= healed)
-                .find(|s| s.members == Some(up));
+                .find(|s| (s.members.as_ref()).is_some_and(|m| up.iter().all(|u| m.contains(u))));
             match back {
                 Some(s) => worst = worst.max(s.at_ms - healed),
                 None => {
                     return Err(format!(
-                        "n{node} never saw all {up} members up after {} healed at {healed} ms",
+                        "n{node} never saw all {} members up after {} healed at {healed} ms",
+                        up.len(),
                         fault.label
                     ));
                 }
@@ -559,10 +565,10 @@ mod tests {
             healed: true,
             down: None,
         }];
-        let sample = |at_ms, node, members| Sample {
+        let sample = |at_ms, node, members: Option<usize>| Sample {
             at_ms,
             node,
-            members,
+            members: members.map(|n| (0..n).map(|i| format!("n{i}")).collect()),
         };
         let samples = [
             sample(900, 0, Some(2)),

@@ -286,12 +286,18 @@ pub fn sides(action: &Action, nodes: usize) -> Option<Vec<Vec<usize>>> {
     let Action::Cut(links) = action else {
         return None;
     };
-    // Connected components of the complement of the cut (the bridge node joins
-    // both sides' component, which is the point: report it as its own side).
+    // Nodes that can all reach each other form a side. A node cut from nobody
+    // (the bridge) reaches both sides: it is its own side, so its service cannot
+    // hide a side that got none.
     let cut = |a: usize, b: usize| links.contains(&(a, b)) || links.contains(&(b, a));
     let mut sides: Vec<Vec<usize>> = Vec::new();
     for n in 0..nodes {
-        match sides.iter_mut().find(|s| s.iter().all(|m| !cut(*m, n))) {
+        let bridge = (0..nodes).all(|m| !cut(m, n));
+        let joined = (sides.iter_mut()).filter(|_| !bridge).find(|s| {
+            s.iter()
+                .all(|m| !cut(*m, n) && (0..nodes).any(|o| cut(*m, o)))
+        });
+        match joined {
             Some(side) => side.push(n),
             None => sides.push(vec![n]),
         }
@@ -336,6 +342,11 @@ mod tests {
             panic!("{bridge:?}");
         };
         assert_eq!(links.len(), 1, "only the two ends are cut: {links:?}");
+        assert_eq!(
+            sides(&bridge[0].action, 3).unwrap().len(),
+            3,
+            "the two ends and the bridge, each its own side"
+        );
         let isolate = schedule(&names(&["isolate"]), 5, 3).unwrap();
         let Action::Cut(links) = &isolate[0].action else {
             panic!("{isolate:?}");

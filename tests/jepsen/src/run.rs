@@ -400,7 +400,16 @@ async fn monitor(ips: Vec<String>, started: Instant, end: Instant) -> Vec<Sample
             let members = match client.get(&url).bearer_auth("jepsen-admin").send().await {
                 Ok(r) if r.status().is_success() => (r.bytes().await.ok())
                     .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|b| b["cluster"]["members"].as_array().map(Vec::len)),
+                    .and_then(|b| {
+                        let members = b["cluster"]["members"].as_array()?.iter();
+                        // `node/generation@address`: the node name.
+                        (members.map(|m| {
+                            m["id"]
+                                .as_str()
+                                .map(|id| id.split('/').next().unwrap_or(id).to_owned())
+                        }))
+                        .collect::<Option<Vec<String>>>()
+                    }),
                 _ => None,
             };
             samples.push(Sample {
