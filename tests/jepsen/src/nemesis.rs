@@ -97,10 +97,22 @@ pub fn schedule(nemeses: &[String], nodes: usize, seed: u64) -> anyhow::Result<V
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973);
     let mut steps = Vec::new();
     let all: Vec<usize> = (0..nodes).collect();
+    let mut victims: Vec<usize> = Vec::new();
     for name in nemeses {
         let start = rng.random_range(0.2..0.34);
         let end = rng.random_range(0.62..0.75);
-        let victim = rng.random_range(0..nodes.max(1));
+        // Each nemesis its own victim while there are nodes left: two faults that
+        // stop and start the same process would interleave its restarts.
+        let free: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|n| !victims.contains(n))
+            .collect();
+        let victim = match free.len() {
+            0 => rng.random_range(0..nodes.max(1)),
+            k => free[rng.random_range(0..k)],
+        };
+        victims.push(victim);
         let (on, off) = match name.as_str() {
             "none" => continue,
             // Halves: the first half of the nodes against the rest.
@@ -324,6 +336,17 @@ mod tests {
         assert!(a[0].at < 0.34 && a[2].at > 0.62);
         let other = schedule(&names(&["partition", "kill"]), 3, 8).unwrap();
         assert_ne!(a, other, "another seed, another schedule");
+        // Two process faults never pick the same node while others are left.
+        for seed in 0..20 {
+            let steps = schedule(&names(&["restart", "skew"]), 3, seed).unwrap();
+            let victim = |s: &Step| match s.action {
+                Action::Kill(n) | Action::Skew(n) => Some(n),
+                _ => None,
+            };
+            let picked: Vec<usize> = steps.iter().filter_map(victim).collect();
+            assert_eq!(picked.len(), 2, "{steps:?}");
+            assert_ne!(picked[0], picked[1], "seed {seed}: {steps:?}");
+        }
     }
 
     #[test]
