@@ -106,6 +106,71 @@ async fn owner_death_moves_ownership_without_exceeding_l() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incarnation() {
+    // The owner of the request key spends most of L, then restarts (same node_id,
+    // a new generation). Ownership moves; the new owner rebuilds the line from the
+    // gossiped counters, where the previous incarnation is no longer a live
+    // member. Its spending must count until it leaves the window (the jepsen
+    // harness measured 41-42 of L = 40 when it did not).
+    const L: u64 = 60;
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let toml = |i: usize| {
+        lease_toml(i, &ports, "300ms").replace(&format!("rpm = {LIMIT}\n"), &format!("rpm = {L}\n"))
+    };
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(node(&toml(i), &[&upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let owner = owner_of(&nodes[0], KEY_REQUESTS).await;
+    let mut index = None;
+    for (i, n) in nodes.iter().enumerate() {
+        if self_id(n).await == owner {
+            index = Some(i);
+        }
+    }
+    let index = index.expect("the owner is one of the nodes");
+    let mut spent = 0;
+    while spent < 40 {
+        let response = post(&nodes[index], "/chat/completions", chat_body("hi", 5), &[]).await;
+        assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+        spent += 1;
+    }
+    // Every peer has its counters before it goes.
+    let seen = Instant::now() + Duration::from_secs(5);
+    for (i, n) in nodes.iter().enumerate() {
+        while i != index && views(std::slice::from_ref(n), KEY_REQUESTS).await[0] < spent {
+            assert!(Instant::now() < seen, "peers never saw the owner's usage");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let restarted = nodes.remove(index);
+    restarted.stop().await;
+    nodes.push(node(&toml(index), &[&upstream]).await);
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let nodes: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
+    let after = load(urls(&nodes), &[40, 40, 40], 3.0).await;
+    let truth = upstream.stats().admitted;
+    let new_owner = owner_of(&nodes[0], KEY_REQUESTS).await;
+    println!(
+        "restart within a window: {spent} before, {after:?} after; upstream admitted {truth} of L = {L}; owner {owner} -> {new_owner}"
+    );
+    assert_ne!(new_owner, owner, "ownership moved");
+    assert!(truth <= L, "admitted {truth} > L = {L} across a restart");
+    assert!(
+        after.iter().sum::<u64>() > 0,
+        "the cluster kept serving what was left of L"
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
     let upstream = mock(|m| {
         m.inter_token_ms = 100;

@@ -297,6 +297,15 @@ async fn killed_node_leaves_live_set_at_once_and_is_collected_after_grace() {
             if !dead {
                 return false;
             }
+            // Its last values stay readable as departed (what it spent still counts).
+            let departed = node.departed_values("c:round").await;
+            assert_eq!(
+                departed,
+                vec![(
+                    dropped.clone(),
+                    vec![("c:round".to_owned(), "1".to_owned())]
+                )]
+            );
         }
         true
     })
@@ -313,6 +322,7 @@ async fn killed_node_leaves_live_set_at_once_and_is_collected_after_grace() {
             if node.dead_members().await.contains(&victim) {
                 return false;
             }
+            assert!(node.departed_values("").await.is_empty(), "collected");
         }
         true
     })
@@ -385,6 +395,21 @@ async fn newer_generation_supersedes_a_live_incarnation_at_once() {
         live_ids(&n1).await == [n1.self_id().clone(), new.self_id().clone()].into()
     })
     .await;
+    // Superseded (not dead yet): its values are departed, not live.
+    assert!(
+        n1.live_values("c:")
+            .await
+            .iter()
+            .all(|(id, _)| id != old.self_id())
+    );
+    let departed = n1.departed_values("c:round").await;
+    assert_eq!(
+        departed,
+        vec![(
+            old.self_id().clone(),
+            vec![("c:round".to_owned(), "1".to_owned())]
+        )]
+    );
     wait_for(
         "the old incarnation to learn it is superseded",
         DEADLINE,

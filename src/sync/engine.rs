@@ -350,6 +350,7 @@ impl Engine {
         let mut redis_lost = Vec::new();
         let mut live = HashSet::new();
         let members = self.membership.live_values("").await;
+        let departed = self.membership.departed_values("").await;
         let mut usage = lock(&self.usage);
         for (member, values) in members {
             let node = member.to_string();
@@ -385,7 +386,28 @@ impl Engine {
             live.insert(node);
         }
         live.insert(self.self_id.clone());
+        // Departed members (dead, or a restarted node's previous incarnation): their
+        // last values, as received. What they spent in the window still counts (a
+        // rebuilt lease line, a dead member's charge); the jepsen harness measured
+        // 41-42 of L = 40 when a node restarted within one window of itself and the
+        // old incarnation's usage was forgotten.
+        let mut known = live.clone();
+        for (member, values) in departed {
+            let node = member.to_string();
+            for (key, value) in &values {
+                // Errors were logged while it was live; stale values are ignored.
+                let _ = usage.apply(&node, key, value);
+            }
+            known.insert(node);
+        }
         usage.retain_nodes(&live);
+        // Members chitchat collected (after the dead-node grace) are forgotten here
+        // too: bounded memory however many restarts.
+        for node in usage.nodes() {
+            if !known.contains(&node) {
+                usage.forget_node(&node);
+            }
+        }
         // Bounded: members live or awaiting GC only.
         let dead = &self.dead;
         let keep = |n: &String| live.contains(n) || dead.contains(n);
@@ -552,11 +574,15 @@ impl Engine {
                     (0, all)
                 }
                 // Gossip: unreachable members are charged their frozen share (or
-                // what they last published, if more) until GC.
+                // what they last published, if more) until GC; other departed
+                // members (a restarted node's previous incarnation, before it is
+                // declared dead) what they last published.
                 _ => {
                     let frozen = self.frozen.get(&binding.key).map_or(&[][..], Vec::as_slice);
                     let dead = dead_charge(&usage, &self.dead, frozen, binding, now_ms);
-                    (others_live.saturating_add(dead), demands)
+                    let departed = usage.departed_usage_except(&binding.key, &self.dead, now_ms);
+                    let others = others_live.saturating_add(dead).saturating_add(departed);
+                    (others, demands)
                 }
             };
             let figures = KeyFigures {

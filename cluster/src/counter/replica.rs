@@ -266,6 +266,13 @@ impl ClusterUsage {
         dropped
     }
 
+    /// Every node with registers here, live or departed, sorted.
+    pub fn nodes(&self) -> Vec<String> {
+        let mut nodes: Vec<String> = self.nodes.keys().cloned().collect();
+        nodes.sort_unstable();
+        nodes
+    }
+
     /// Live nodes, sorted.
     pub fn live_nodes(&self) -> Vec<String> {
         let mut nodes: Vec<String> = (self.nodes.iter())
@@ -313,12 +320,24 @@ impl ClusterUsage {
         Some(key.map_or(0, |k| k.usage(&self.window, now_ms)))
     }
 
-    /// Each live node's consumption of `limit_key` per bucket that counts at
-    /// `now_ms`, ascending by bucket, nodes sorted: what a new lease owner rebuilds
-    /// from.
+    /// `limit_key`'s usage at `now_ms` summed over the nodes that are not live
+    /// (departed: dead, or an older generation superseded by a restart), except those
+    /// in `skip`: what they spent still counts until it leaves the window.
+    pub fn departed_usage_except(&self, limit_key: &str, skip: &[String], now_ms: u64) -> u64 {
+        (self.nodes.iter())
+            .filter(|(node, r)| !r.live && !skip.contains(node))
+            .filter_map(|(_, r)| r.keys.get(limit_key))
+            .fold(0u64, |sum, k| {
+                sum.saturating_add(k.usage(&self.window, now_ms))
+            })
+    }
+
+    /// Each node's consumption of `limit_key` per bucket that counts at `now_ms`,
+    /// live or departed (a restarted node's previous incarnation spent in this window
+    /// too), ascending by bucket, nodes sorted: what a new lease owner rebuilds from.
     pub fn buckets_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, Vec<(u64, u64)>)> {
         let mut out = Vec::new();
-        for (node, replica) in self.nodes.iter().filter(|(_, r)| r.live) {
+        for (node, replica) in &self.nodes {
             let Some(key) = replica.keys.get(limit_key) else {
                 continue;
             };
@@ -458,6 +477,14 @@ mod tests {
         assert_eq!(u.usage_by_node(K, 1_000_000), vec![("a".to_owned(), 10)]);
         assert_eq!(u.usage_of("b", K, 1_000_000), Some(7), "registers kept");
         assert_eq!(u.usage_of("z", K, 1_000_000), None);
+        // What the departed spent still counts where asked for (a new lease owner's
+        // rebuild, a gossip node's charge for a superseded incarnation).
+        assert_eq!(u.departed_usage_except(K, &[], 1_000_000), 7);
+        assert_eq!(u.departed_usage_except(K, &["b".to_owned()], 1_000_000), 0);
+        let nodes: Vec<String> = (u.buckets_by_node(K, 1_000_000).into_iter())
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(nodes, vec!["a".to_owned(), "b".to_owned()]);
         let live: HashSet<String> = ["b".to_owned(), "c".to_owned()].into();
         u.retain_nodes(&live);
         assert_eq!(u.global_usage(K, 1_000_000), 7);

@@ -211,6 +211,10 @@ pub struct Line<H> {
     /// Consumption per member known only from the gossiped counters at rebuild, per
     /// bucket; a member's first statement replaces its part.
     rebuilt: BTreeMap<H, BTreeMap<u64, u64>>,
+    /// Members known from the counters at rebuild that were not live holders then
+    /// (dead, or a restarted node's previous incarnation): they may have spent
+    /// credit from the old owner that the counters do not show yet.
+    departed: BTreeSet<H>,
     recovery: Option<Recovery<H>>,
     terms: Terms<H>,
     last_now_ms: u64,
@@ -223,6 +227,7 @@ impl<H: Ord + Clone> Line<H> {
             config,
             accounts: BTreeMap::new(),
             rebuilt: BTreeMap::new(),
+            departed: BTreeSet::new(),
             recovery: None,
             terms: Terms::default(),
             last_now_ms: 0,
@@ -249,6 +254,9 @@ impl<H: Ord + Clone> Line<H> {
                 let part = line.rebuilt.entry(member.clone()).or_default();
                 for &(bucket, cost) in buckets {
                     add(part, bucket.min(now_bucket), cost);
+                }
+                if !live_holders.contains(member) {
+                    line.departed.insert(member.clone());
                 }
             }
         }
@@ -301,11 +309,14 @@ impl<H: Ord + Clone> Line<H> {
             None => {
                 let rebuilt = self.rebuilt.get(member);
                 let counters = rebuilt.map_or(0, |part| self.usage_in_window(part, now_ms));
-                // An unreachable member known only from the counters (this line was
-                // rebuilt after its owner died) may have spent credit the counters
-                // have not shown yet: up to `max_credit` (the jepsen harness
-                // measured 41 of 40 after a kill -9 without this).
-                let unreported = match (rebuilt, self.terms.floors.contains_key(member)) {
+                // A member known only from the counters (this line was rebuilt after
+                // its owner changed) that is unreachable or was already gone at the
+                // rebuild (a restarted node's previous incarnation) may have spent
+                // credit the counters have not shown yet: up to `max_credit`, while
+                // its counters count (the jepsen harness measured 41 of 40 after a
+                // kill -9 without this, and again after a restart).
+                let gone = self.terms.floors.contains_key(member) || self.departed.contains(member);
+                let unreported = match (rebuilt, gone) {
                     (Some(_), true) => self.config.max_credit,
                     _ => 0,
                 };
@@ -461,6 +472,8 @@ impl<H: Ord + Clone> Line<H> {
                 part.retain(|b, _| w.counts(*b, now_ms));
             }
             self.rebuilt.retain(|_, part| !part.is_empty());
+            let rebuilt = &self.rebuilt;
+            self.departed.retain(|m| rebuilt.contains_key(m));
         }
         if let Some(r) = &self.recovery {
             let done = r.unknown.is_empty();
@@ -755,6 +768,39 @@ mod tests {
             "the most of counters + credit and floor, not their sum"
         );
         assert_eq!(r.granted, 0, "82 + 52 already exceed L");
+    }
+
+    #[test]
+    fn a_departed_incarnation_is_charged_its_counters_and_unreported_credit() {
+        // A node restarted as `b2`; its previous incarnation `b1` spent 20 in this
+        // window and may hold up to max_credit (40) the counters do not show. The
+        // restart moved the key to a new owner: b1 is no live holder and has no
+        // floor (not declared dead yet), yet it is charged until its usage leaves.
+        let w = Window::try_new(1_000, 10).expect("window");
+        let config = LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 500).expect("config");
+        let counters = [("b1", vec![(0, 20)])];
+        let mut l = Line::rebuild(config, &counters, &["a", "b2"], 0);
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 100), ("b2", 100)]),
+            borrow: 0,
+            floors: BTreeMap::new(),
+        });
+        l.sync(&"a", &statement(1, &[], 0, 0), 10).expect("ok");
+        let r = l.sync(&"b2", &statement(1, &[], 0, 100), 20).expect("ok");
+        assert!(!l.recovering(20));
+        assert_eq!(l.charge_of(&"b1", 20), 20 + 40);
+        assert_eq!(
+            r.granted,
+            100 - 60,
+            "what b1 may have spent is not granted again"
+        );
+        l.settle(1_200);
+        assert_eq!(
+            l.charge_of(&"b1", 1_200),
+            0,
+            "left the window with its usage"
+        );
+        assert_eq!(l.available(1_200), 100 - 40, "only b2's credit is left");
     }
 
     #[test]

@@ -190,6 +190,27 @@ impl Membership {
             .await
     }
 
+    /// For every member chitchat still holds that is not a trusted live member (dead,
+    /// superseded by a newer generation of its `node_id`, or refused as a duplicate),
+    /// its keys starting with `prefix` as last received; metadata keys are never
+    /// returned. Chitchat keeps a dead node's state for the dead-node grace period, so
+    /// what a departed member spent still counts until it has left the window.
+    pub async fn departed_values(&self, prefix: &str) -> Vec<(MemberId, Vec<(String, String)>)> {
+        let trusted: HashSet<ChitchatId> = (self.view_rx.borrow().members.iter())
+            .map(|member| member.id.to_chitchat_id())
+            .collect();
+        self.handle
+            .with_chitchat(|chitchat| {
+                let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
+                (chitchat.node_states().iter())
+                    .filter(|(id, _)| !(trusted.contains(*id) && live.contains(id)))
+                    .filter(|(id, _)| **id != *chitchat.self_chitchat_id())
+                    .map(|(id, state)| (MemberId::from(id), values_with_prefix(state, prefix)))
+                    .collect()
+            })
+            .await
+    }
+
     /// Follows the live view; a new value is published whenever chitchat's live set or
     /// a live node's state version changes (heartbeats alone do not notify).
     pub fn watch_live(&self) -> watch::Receiver<LiveView> {

@@ -159,6 +159,11 @@ pub struct Interval {
     /// The node a kill or pause took down for the interval (its requests then
     /// are not a side's starvation).
     pub down: Option<usize>,
+    /// How much longer than one window a side may rightly go unserved while this
+    /// fault lasts (and one window after): a clock running behind by this much,
+    /// on a lease owner or a holder, keeps usage counting that much longer (the
+    /// conservative direction).
+    pub slack_ms: u64,
 }
 
 /// One look at a node's `/admin/cluster` during the run.
@@ -362,14 +367,23 @@ pub fn starved(faults: &[Interval], ops: &[Op], window_ms: u64) -> Vec<String> {
     };
     let ops: Vec<Op> = ops.iter().filter(|o| !is_down(o)).cloned().collect();
     let ops = &ops[..];
+    // One window, plus the slack of any fault in force (or a window over) at `t`.
+    let span_at = |t: u64| {
+        let slack = (faults.iter())
+            .filter(|f| f.from_ms <= t && t < f.to_ms.saturating_add(window_ms))
+            .map(|f| f.slack_ms)
+            .max()
+            .unwrap_or(0);
+        window_ms.saturating_add(slack)
+    };
     let mut out = Vec::new();
     for fault in faults {
-        let from = fault.from_ms.saturating_add(window_ms);
+        let from = fault.from_ms.saturating_add(window_ms + fault.slack_ms);
         for side in &fault.sides {
             let mine: Vec<&Op> = ops.iter().filter(|o| side.contains(&o.node)).collect();
             let served_within = |t: u64| {
                 (mine.iter()).any(|o| {
-                    o.status == Some(200) && o.invoke_ms + window_ms >= t && o.invoke_ms <= t
+                    o.status == Some(200) && o.invoke_ms + span_at(t) >= t && o.invoke_ms <= t
                 })
             };
             let unserved = (mine.iter())
@@ -496,6 +510,7 @@ mod tests {
             sides: vec![vec![0, 1], vec![2]],
             healed: false,
             down: None,
+            slack_ms: 0,
         }];
         let mut all = lines.clone();
         all.push(refused);
@@ -550,9 +565,18 @@ mod tests {
                 sides: vec![vec![0, 1]],
                 healed: false,
                 down: Some(2),
+                slack_ms: 0,
             },
         ];
         assert!(starved(&killed, &long_ago, 1_000).is_empty());
+        // A clock 500 ms behind keeps usage counting 500 ms longer: judged from a
+        // window and the slack in, against a window and the slack before.
+        let mut skewed = cut.clone();
+        skewed[0].slack_ms = 500;
+        assert!(starved(&skewed, &[op(2, 1_300, Some(429))], 1_000).is_empty());
+        assert!(starved(&skewed, &long_ago, 1_000).is_empty());
+        let longer_ago = [op(2, 200, Some(200)), op(2, 1_800, Some(429))];
+        assert_eq!(starved(&skewed, &longer_ago, 1_000).len(), 1);
     }
 
     #[test]
@@ -564,6 +588,7 @@ mod tests {
             sides: vec![vec![0], vec![1]],
             healed: true,
             down: None,
+            slack_ms: 0,
         }];
         let sample = |at_ms, node, members: Option<usize>| Sample {
             at_ms,
@@ -590,6 +615,7 @@ mod tests {
                 sides: vec![vec![0]],
                 healed: false,
                 down: Some(1),
+                slack_ms: 0,
             },
         ];
         let alone = [sample(1_200, 0, Some(1))];

@@ -460,6 +460,10 @@ fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
             Action::Kill(n) | Action::Stop(n) => Some(n),
             _ => None,
         };
+        let slack_ms = match e.step.action {
+            Action::Skew(_) => nemesis::SKEW_SECONDS.unsigned_abs() * 1_000,
+            _ => 0,
+        };
         out.push(Interval {
             from_ms: e.at_ms,
             to_ms,
@@ -467,6 +471,7 @@ fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
             sides,
             healed,
             down,
+            slack_ms,
         });
     }
     out
