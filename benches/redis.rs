@@ -182,7 +182,7 @@ async fn main() {
                 slot_ttl_ms: 0,
             };
             let refs = ("0", "0");
-            store.settle(&keys, &r, refs, (1, 5)).await.unwrap();
+            store.settle(&keys, &r, refs, (1, 5), None).await.unwrap();
         }
     })
     .await;

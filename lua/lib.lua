@@ -281,6 +281,44 @@ local function dim_settle(d, ref, reserved, actual, now)
   return log_settle(d.key, d.window_ms, ref, actual, now)
 end
 
+-- Settles a reservation the upstream answered `ago` ms before now (-1: never
+-- answered, settled in place). The provider counts a request when it arrives,
+-- which happened by the answer at the latest, so the cost leaves the admission
+-- bucket (or log entry) and `actual` is charged at the answer's time: left where
+-- it was, it would leave this window before the provider's whenever the way there
+-- took longer than what was left of its bucket. A charge whose place already left
+-- the window is charged again while the answer's time still counts. gcra has no
+-- window: settled in place. Returns the net correction.
+local function dim_settle_at(d, ref, reserved, actual, ago, now)
+  if ago < 0 or d.alg == 'gcra' then
+    if reserved == actual then return 0 end
+    return dim_settle(d, ref, reserved, actual, now)
+  end
+  local at = now - ago
+  if d.alg == 'window' then
+    local old, bucket = tonumber(ref), math.floor(at / d.p)
+    if bucket <= old then
+      if reserved == actual then return 0 end
+      return win_settle(d.key, d.window_ms, d.p, old, actual - reserved, now)
+    end
+    local removed = win_settle(d.key, d.window_ms, d.p, old, -reserved, now)
+    return removed + win_charge(d.key, d.window_ms, d.p, bucket, actual, now)
+  end
+  local score = tonumber(redis.call('ZSCORE', d.key, ref))
+  local old = 0
+  if score then
+    old = log_cost(ref)
+    redis.call('ZREM', d.key, ref)
+  end
+  if actual > 0 and at + d.window_ms > now then
+    local id = string.match(ref, '^(%d+):')
+    redis.call('ZADD', d.key, math.max(at, score or at), id .. ':' .. actual)
+    redis.call('PEXPIRE', d.key, d.window_ms + 1000)
+    return actual - old
+  end
+  return -old
+end
+
 -- Reads a dimension spec from ARGV starting at i: alg, cap, window_ms, p.
 local function read_dim(key, i)
   return { alg = ARGV[i], key = key, cap = tonumber(ARGV[i + 1]),

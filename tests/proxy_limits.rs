@@ -445,3 +445,66 @@ async fn nothing_is_charged_to_the_tenant_when_the_upstream_refuses() {
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// One request per 2 s window (buckets of 500 ms), a mock `latency_ms` to the
+/// first byte.
+async fn slow_upstream(latency_ms: u64) -> (tollgate::mock::MockHandle, Node) {
+    let upstream = mock(|m| m.latency_ms = latency_ms).await;
+    let config = format!(
+        "[limits]\nwindow = \"2s\"\nbuckets = 4\n{}",
+        single("rpm = 1\nmax_wait = \"0s\"")
+    );
+    let node = node(&config, &[&upstream]).await;
+    (upstream, node)
+}
+
+#[tokio::test]
+async fn a_request_counts_a_window_from_when_the_upstream_answered() {
+    // The provider counts a request on arrival, which the gateway knows happened
+    // by the answer (0.9 s here): the next must wait a window from the answer.
+    let (upstream, node) = slow_upstream(900).await;
+    let started = Instant::now();
+    let first = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(first.status(), 200);
+    // The admission's bucket has left (<= 2.5 s), the answer's has not (> 2.9 s).
+    tokio::time::sleep_until(started + Duration::from_millis(2_700)).await;
+    let early = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(
+        early.status(),
+        429,
+        "counted from the admission, not the answer"
+    );
+    // The answer's bucket has left too (<= 3.4 s).
+    tokio::time::sleep_until(started + Duration::from_millis(3_600)).await;
+    let later = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(later.status(), 200);
+    assert_eq!(upstream.stats().admitted, 2);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_request_still_unanswered_keeps_counting() {
+    // 3 s to the first byte, longer than the window: moved every half window while
+    // it waits, its charge never leaves before the provider can have counted it.
+    let (upstream, node) = slow_upstream(3_000).await;
+    let started = Instant::now();
+    let url = node.url();
+    let pending = tokio::spawn(async move {
+        post_url(&url, "/chat/completions", chat_body("hi", 5))
+            .await
+            .status()
+    });
+    // Its admission's bucket has left the window (<= 2.5 s); it is still waiting.
+    tokio::time::sleep_until(started + Duration::from_millis(2_700)).await;
+    let meanwhile = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(
+        meanwhile.status(),
+        429,
+        "the pending request stopped counting"
+    );
+    assert_eq!(pending.await.unwrap(), 200);
+    assert_eq!(upstream.stats().admitted, 1);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}

@@ -85,6 +85,50 @@ async fn window_admits_its_capacity_then_refuses_with_the_time_until_room() {
 }
 
 #[tokio::test]
+async fn a_settlement_moves_the_charge_to_when_the_upstream_answered() {
+    // The provider counts a request when it arrives, by the answer at the latest:
+    // settled with the answer's time, the charge counts a window from there.
+    let server = RedisServer::start();
+    let s = store(&server);
+    let log = DimSpec {
+        algorithm: Algorithm::Log,
+        capacity: 50,
+        window_ms: 1_000,
+    };
+    for (name, tokens) in [("window", window(50)), ("log", log)] {
+        let keys = ScopeKeys::new("tg", &format!("tenant:answered-{name}"));
+        let r = reservation(window(5), tokens, 10);
+        let mut refs = Vec::new();
+        for _ in 0..5 {
+            refs.push(admitted(&s.reserve(&keys, &r).await.unwrap()));
+        }
+        // One is answered 600 ms after its admission.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let corrections = s
+            .settle(&keys, &r, (&refs[0].0, &refs[0].1), (1, 10), Some(0))
+            .await
+            .unwrap();
+        assert_eq!(corrections, (0, 0), "{name}: moved, not changed");
+        // Past the admissions' window: the four others have left, the answered
+        // one still counts (requests and tokens), until a window after its answer.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        for _ in 0..4 {
+            admitted(&s.reserve(&keys, &r).await.unwrap());
+        }
+        let (dim, retry) = refused(&s.reserve(&keys, &r).await.unwrap());
+        assert_eq!(dim, "requests", "{name}");
+        let retry = retry.unwrap();
+        assert!((300..=600).contains(&retry), "{name}: retry {retry}");
+        let only_tokens = reservation(DimSpec::NONE, tokens, 11);
+        assert_eq!(
+            refused(&s.reserve(&keys, &only_tokens).await.unwrap()).0,
+            "tokens",
+            "{name}: 50 - 40 - the answered 10 < 11"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_refusal_that_recycles_buckets_keeps_the_window_sum_exact() {
     let server = RedisServer::start();
     let s = store(&server);
@@ -119,13 +163,13 @@ async fn all_or_nothing_refunds_and_debt_go_to_the_reservations_bucket() {
     assert_eq!(refused(&s.reserve(&keys, &r).await.unwrap()).0, "tokens");
     // Settle the first at 100 real tokens: 500 refunded into its bucket.
     let corrections = s
-        .settle(&keys, &r, (&first.0, &first.1), (1, 100))
+        .settle(&keys, &r, (&first.0, &first.1), (1, 100), None)
         .await
         .unwrap();
     assert_eq!(corrections, (0, -500));
     let second = admitted(&s.reserve(&keys, &r).await.unwrap());
     // 700 used; a debt of 300 on the second fills the window exactly.
-    s.settle(&keys, &r, (&second.0, &second.1), (1, 900))
+    s.settle(&keys, &r, (&second.0, &second.1), (1, 900), None)
         .await
         .unwrap();
     let one = reservation(DimSpec::NONE, window(1_000), 1);
@@ -331,7 +375,7 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
             slot_ttl_ms: 1_000,
         };
         let refs = admitted(&s.reserve(&keys, &r).await.unwrap());
-        s.settle(&keys, &r, (&refs.0, &refs.1), (1, 5))
+        s.settle(&keys, &r, (&refs.0, &refs.1), (1, 5), None)
             .await
             .unwrap();
         for i in 2..=3 {

@@ -65,6 +65,12 @@ impl Credit {
         spent
     }
 
+    /// Moves a spend to the bucket of `now_ms`, when the upstream answered (see
+    /// [`Budget::redate`]).
+    pub fn redate(&self, spent: Spent, cost: u64, now_ms: u64) -> Spent {
+        self.lock().redate(spent, cost, now_ms)
+    }
+
     /// Corrects a spend to its real cost at `now_ms` (see [`Budget::settle`]).
     pub fn settle(&self, spent: Spent, reserved: u64, actual: u64, now_ms: u64) {
         self.lock().settle(spent, reserved, actual, now_ms);

@@ -14,6 +14,10 @@ pub use super::task::SettleWith;
 pub trait RemoteCharge: Send + Sync + std::fmt::Debug {
     /// Settles the remote charge as the permit ends (off the request path).
     fn settle(self: Box<Self>, how: SettleWith);
+
+    /// The upstream answered: the remote charge counts from now on (see
+    /// [`Permit::redate`]); applied with the settlement.
+    fn redate(&self);
 }
 
 /// A charge on one scope, settled exactly once.
@@ -42,6 +46,22 @@ impl Permit {
         self
     }
 
+    /// Moves this permit's windowed charge to now (`ScopeLimits::redate`): the
+    /// upstream answered (response headers, an error or a timeout), so the provider
+    /// has counted the request by now and the charge must count a window from here;
+    /// or it is still unanswered half a window on, and must keep counting. Once
+    /// per upstream attempt and per half window of waiting (bounded).
+    pub fn redate(&self) {
+        if let Some(remote) = &self.remote {
+            remote.redate();
+        }
+        // See `send` on why this cannot fail while the runtime runs.
+        let _ = self.releases.send(Release {
+            permit_id: self.permit_id,
+            how: None,
+        });
+    }
+
     /// Settles and releases. Consumes the permit: a second settlement cannot compile.
     pub fn settle(mut self, how: SettleWith) {
         self.send(how);
@@ -57,7 +77,7 @@ impl Permit {
             // flight), so this send fails only when the runtime is shutting down.
             let _ = self.releases.send(Release {
                 permit_id: self.permit_id,
-                how,
+                how: Some(how),
             });
         }
     }

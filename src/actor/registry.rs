@@ -396,6 +396,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_answered_permit_counts_a_window_from_its_answer() {
+        let (registry, scope) = registry(60);
+        let permit = acquire(&registry, &scope).await.unwrap();
+        // The upstream answers 8 s after admission (a slow way there): the provider
+        // counted the request by then, so the charge moves there, and the
+        // settlement corrects it where it now is.
+        tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+        permit.redate();
+        permit.settle(SettleWith::Usage {
+            prompt: 10,
+            completion: 5,
+        });
+        // Past admission + W (10 s): still counted.
+        tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!(status.requests.unwrap().used, 1);
+        assert_eq!(status.tokens.unwrap().used, 15);
+        // A window after the answer (and its bucket): gone.
+        tokio::time::sleep(std::time::Duration::from_secs(7)).await;
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!(status.requests.unwrap().used, 0);
+        assert_eq!(status.tokens.unwrap().used, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn dropped_permits_settle_once_and_free_their_slot() {
         let (registry, scope) = registry(20);
         let a = acquire(&registry, &scope).await.unwrap();

@@ -399,6 +399,32 @@ impl ScopeLimits {
         Ok(spent)
     }
 
+    /// Moves a charge's windowed costs to the bucket of `now`, when the upstream
+    /// answered: the provider counted the request on arrival, by then at the latest,
+    /// so its cost must count here until a window after that (docs/design/limiter.md,
+    /// "Charged when answered"). Slots are not windowed: unchanged.
+    pub fn redate(&mut self, now: Nanos, charge: &mut Charge) {
+        let now_ms = now / 1_000_000;
+        let credits = &self.allowances.credits;
+        let [requests_spent, tokens_spent, _] = &mut charge.credit;
+        for (credit, entry) in [
+            (&credits.requests, requests_spent),
+            (&credits.tokens, tokens_spent),
+        ] {
+            if let (Some(credit), Some((spent, cost))) = (credit, entry.as_mut()) {
+                *spent = credit.redate(*spent, *cost, now_ms);
+            }
+        }
+        for (limiter, reservation) in [
+            (self.requests.as_mut(), &mut charge.requests),
+            (self.tokens.as_mut(), &mut charge.tokens),
+        ] {
+            if let (Some(limiter), Some(r)) = (limiter, reservation.take()) {
+                *reservation = Some(limiter.redate(now, r));
+            }
+        }
+    }
+
     /// Settles a charge and frees its concurrency slot. Consumes the charge, so each
     /// is settled once.
     pub fn settle(&mut self, now: Nanos, charge: Charge, how: Settle) -> Settled {

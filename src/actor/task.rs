@@ -1,8 +1,9 @@
 //! The actor loop: one tokio task per scope. It owns the scope's limits, its waiting
 //! queues, its in-flight permits and (for tenants) adaptive completion statistics.
 //! Commands arrive on a bounded mailbox; releases on their own channel, which is
-//! bounded by the number of permits outstanding (each permit sends exactly one), so
-//! a release can never be refused or lost.
+//! bounded by the permits outstanding (each sends one release, and before it one
+//! "answered" per upstream attempt, itself bounded), so a release can never be
+//! refused or lost.
 
 use super::clock::Clock;
 use super::estimate::{AdaptivePolicy, CompletionStats};
@@ -96,13 +97,13 @@ pub enum SettleWith {
     Cancel,
 }
 
-/// A release sent by a permit.
+/// A message from a permit.
 #[derive(Debug)]
 pub struct Release {
     /// The permit.
     pub permit_id: u64,
-    /// How it ended.
-    pub how: SettleWith,
+    /// How it ended; `None`: the charge moves to now ([`super::Permit::redate`]).
+    pub how: Option<SettleWith>,
 }
 
 #[derive(Debug)]
@@ -290,12 +291,21 @@ impl Actor {
     fn on_release(&mut self, release: Release) {
         let now = self.settings.clock.now_ns();
         self.last_active_ns = now;
+        let Some(ended) = release.how else {
+            // Answered: the provider counted the request by now; its charge counts
+            // for a window from here (`ScopeLimits::redate`).
+            match self.permits.get_mut(&release.permit_id) {
+                Some(held) => self.limits.redate(now, &mut held.charge),
+                None => debug_assert!(false, "answer for unknown permit {}", release.permit_id),
+            }
+            return;
+        };
         let Some(held) = self.permits.remove(&release.permit_id) else {
             // Permits send exactly one release; an unknown id would be a bug.
             debug_assert!(false, "release of unknown permit {}", release.permit_id);
             return;
         };
-        let how = match release.how {
+        let how = match ended {
             SettleWith::Usage { prompt, completion } => {
                 if self.settings.adaptive.is_some() {
                     self.completions.record(&held.model, completion);
@@ -308,7 +318,7 @@ impl Actor {
         };
         let reserved = held.charge.tokens_reserved;
         let settled = self.limits.settle(now, held.charge, how);
-        self.m.settled(reserved, &settled.tokens, release.how);
+        self.m.settled(reserved, &settled.tokens, ended);
     }
 
     /// Admits queued waiters in order while they fit, then expires the rest whose
@@ -382,7 +392,7 @@ impl Actor {
             self.m.cancelled();
             self.on_release(Release {
                 permit_id,
-                how: SettleWith::Cancel,
+                how: Some(SettleWith::Cancel),
             });
         }
     }

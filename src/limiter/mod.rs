@@ -296,6 +296,13 @@ impl Limiter {
         dispatch!(self, l => l.settle(now, reservation, actual))
     }
 
+    /// Moves `reservation` to `now`, when the upstream answered: the provider
+    /// counts a request on arrival, which happened by then (see
+    /// [`sliding_window::SlidingWindow::redate`]). Returns the reservation to settle.
+    pub fn redate(&mut self, now: Nanos, reservation: Reservation) -> Reservation {
+        dispatch!(self, l => l.redate(now, reservation))
+    }
+
     /// The live buckets and bucket width, for cluster counters; `None` for algorithms
     /// without buckets (cluster modes require `sliding-window`).
     pub fn export(&self, now: Nanos) -> Option<(Nanos, Vec<(u64, u64)>)> {

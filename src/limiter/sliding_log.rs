@@ -94,6 +94,40 @@ impl SlidingLog {
         Ok(Reservation { cost, slot: seq })
     }
 
+    /// Moves `reservation` to `now`, when the upstream answered (see
+    /// [`SlidingWindow::redate`](super::sliding_window::SlidingWindow::redate)): its
+    /// entry gives up the cost and a new entry at `now` takes it (the log stays in
+    /// time order); an entry that already left is charged again.
+    pub fn redate(&mut self, now: Nanos, reservation: Reservation) -> Reservation {
+        let now = now.max(self.latest_ns);
+        self.drop_expired(now);
+        let found = self
+            .entries
+            .binary_search_by_key(&reservation.slot, |e| e.seq);
+        if let Ok(i) = found {
+            let entry = &mut self.entries[i];
+            if entry.time_ns >= now {
+                return reservation;
+            }
+            let moved = reservation.cost.min(entry.cost);
+            entry.cost -= moved;
+            self.sum -= moved;
+        }
+        let seq = self.next_seq.max(now);
+        self.next_seq = seq.saturating_add(1);
+        self.entries.push_back(Entry {
+            time_ns: now,
+            cost: reservation.cost,
+            seq,
+        });
+        self.sum = self.sum.saturating_add(reservation.cost);
+        self.latest_ns = now;
+        Reservation {
+            cost: reservation.cost,
+            slot: seq,
+        }
+    }
+
     /// Corrects the reservation's own entry to `actual` if it is still in the window;
     /// otherwise reports the correction as expired and changes nothing.
     pub fn settle(&mut self, now: Nanos, reservation: Reservation, actual: u64) -> Settlement {
@@ -281,6 +315,32 @@ mod tests {
         assert_eq!(l.check(0, 4, Ceiling::FULL), Ok(()));
         assert_eq!(l.check(0, 11, Ceiling::FULL), Err(Denial::Never));
         assert_eq!(l.check(0, 7, batch()), Err(Denial::Never));
+    }
+
+    #[test]
+    fn redate_moves_the_entry_to_the_answer_and_recharges_what_had_left() {
+        let mut l = log();
+        let a = l.reserve(0, 4, Ceiling::FULL).unwrap();
+        l.reserve(5, 3, Ceiling::FULL).unwrap();
+        let a = l.redate(30, a);
+        assert_eq!(a.cost, 4);
+        assert_eq!(l.snapshot(30).used, 7);
+        assert_eq!(
+            l.snapshot(65).used,
+            4,
+            "the other 3 left at 65, the 4 count from 30"
+        );
+        assert_eq!(l.snapshot(89).used, 4);
+        assert_eq!(l.snapshot(90).used, 0);
+        // Settling the moved reservation corrects its new entry.
+        assert_eq!(l.settle(40, a, 1).refunded, 3);
+        assert_eq!(l.snapshot(40).used, 4);
+        // One that already left is charged again.
+        let mut l = log();
+        let late = l.reserve(0, 5, Ceiling::FULL).unwrap();
+        l.redate(70, late);
+        assert_eq!(l.snapshot(129).used, 5);
+        assert_eq!(l.snapshot(130).used, 0);
     }
 
     #[test]

@@ -83,6 +83,13 @@ impl TokenBucket {
         })
     }
 
+    /// Re-dating to the upstream's answer changes nothing here: GCRA spaces
+    /// admissions at the rate, with no window for a charge to leave early (and
+    /// cluster modes require `sliding-window`).
+    pub fn redate(&mut self, _now: Nanos, reservation: Reservation) -> Reservation {
+        reservation
+    }
+
     /// Moves the TAT back by the refund or forward by the debt. A refund never takes
     /// the TAT below `last arrival + everything charged after this reservation`, the
     /// least the later reservations imply on their own. A reservation made before the

@@ -227,8 +227,25 @@ async fn attempt_once(
         ));
     }
     let headers_by = req.deadline.min(started + upstream.timeout);
-    let sent =
-        tokio::time::timeout_at(headers_by, upstream_request(state, req, upstream).send()).await;
+    let send = tokio::time::timeout_at(headers_by, upstream_request(state, req, upstream).send());
+    tokio::pin!(send);
+    // The provider counts the request when it arrives, which the gateway only knows
+    // happened by the answer: the charges count a window from there, not from the
+    // admission (docs/design/limiter.md, "Charged when answered"). While no answer
+    // comes, they are moved every half window so they keep counting.
+    let sent = loop {
+        tokio::select! {
+            sent = &mut send => break sent,
+            () = tokio::time::sleep(limits.window / 2) => {
+                held.tenant.redate();
+                held.upstream.redate();
+            }
+        }
+    };
+    // Whatever came back (headers, an error, nothing in time), the provider has
+    // counted the request by now (bar one still on the wire after a timeout).
+    held.tenant.redate();
+    held.upstream.redate();
     let seconds = started.elapsed().as_secs_f64();
     let response = match sent {
         Err(_) => {

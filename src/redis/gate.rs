@@ -437,6 +437,7 @@ impl RedisGate {
             reservation,
             refs: (requests_ref, tokens_ref),
             heartbeat,
+            answered: Mutex::new(None),
         }
     }
 }
@@ -454,6 +455,8 @@ struct Charge {
     reservation: Reservation,
     refs: (String, String),
     heartbeat: Option<oneshot::Sender<()>>,
+    /// When the upstream last answered (the settlement moves the charge there).
+    answered: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl std::fmt::Debug for Charge {
@@ -466,6 +469,11 @@ impl std::fmt::Debug for Charge {
 }
 
 impl RemoteCharge for Charge {
+    fn redate(&self) {
+        *self.answered.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(tokio::time::Instant::now());
+    }
+
     fn settle(self: Box<Self>, how: SettleWith) {
         let Charge {
             gate,
@@ -473,8 +481,14 @@ impl RemoteCharge for Charge {
             reservation,
             refs,
             heartbeat,
+            answered,
         } = *self;
         drop(heartbeat);
+        // Measured now, as the permit ends: the script subtracts it from Redis's
+        // TIME when it runs, so the time the settlement spends in flight only
+        // dates the charge later (the safe direction).
+        let answered_ago_ms = (answered.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .map(|at| at.elapsed().as_millis() as u64);
         let reserved = reservation.token_cost;
         let actual = match how {
             SettleWith::Usage { prompt, completion } => (1, prompt.saturating_add(completion)),
@@ -485,7 +499,13 @@ impl RemoteCharge for Charge {
         tokio::spawn(async move {
             let settled = gate
                 .store
-                .settle(&keys, &reservation, (&refs.0, &refs.1), actual)
+                .settle(
+                    &keys,
+                    &reservation,
+                    (&refs.0, &refs.1),
+                    actual,
+                    answered_ago_ms,
+                )
                 .await;
             if let Err(e) = settled {
                 // The slot expires with its ttl; a lost refund only makes Redis

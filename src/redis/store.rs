@@ -277,14 +277,17 @@ impl RedisStore {
         parse_reserved(&answer)
     }
 
-    /// Settles a reservation: each dimension to its real cost, its slot freed.
-    /// Returns the corrections applied `(requests, tokens)`.
+    /// Settles a reservation: each dimension to its real cost, moved to the bucket
+    /// of the upstream's answer when there was one (`answered_ago_ms` before now:
+    /// the provider counted the request by then), its slot freed. Returns the
+    /// corrections applied `(requests, tokens)`.
     pub async fn settle(
         &self,
         keys: &ScopeKeys,
         r: &Reservation,
         refs: (&str, &str),
         actual: (u64, u64),
+        answered_ago_ms: Option<u64>,
     ) -> Result<(i64, i64), StoreError> {
         let mut inv = scripts::SETTLE.prepare_invoke();
         let permit = if r.concurrency > 0 {
@@ -303,7 +306,8 @@ impl RedisStore {
             .arg(&r.tokens.args()[..])
             .arg(refs.1)
             .arg(r.token_cost)
-            .arg(actual.1);
+            .arg(actual.1)
+            .arg(answered_ago_ms.map_or(-1, |ms| ms.min(i64::MAX as u64) as i64));
         self.run("settle", inv).await
     }
 

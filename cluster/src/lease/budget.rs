@@ -140,6 +140,36 @@ impl Budget {
         })
     }
 
+    /// Moves a spend of `cost` to the bucket of `now_ms`, when the upstream
+    /// answered (the provider counted the request by then, not at admission; see
+    /// the gateway's `SlidingWindow::redate`): cost still in its old bucket moves,
+    /// credit unchanged; cost whose bucket already left the window is spent again,
+    /// out of the credit as a debt is. Returns the spend to settle. Slots: as is.
+    pub fn redate(&mut self, spent: Spent, cost: u64, now_ms: u64) -> Spent {
+        let Kind::Windowed(w) = self.kind else {
+            return spent;
+        };
+        let bucket = w.bucket_index(now_ms);
+        if spent.bucket >= bucket {
+            return spent;
+        }
+        let moved = match self.usage.get_mut(&spent.bucket) {
+            Some(entry) if w.counts(spent.bucket, now_ms) => {
+                let moved = cost.min(*entry);
+                *entry -= moved;
+                if *entry == 0 {
+                    self.usage.remove(&spent.bucket);
+                }
+                moved
+            }
+            _ => 0,
+        };
+        self.credit = self.credit.saturating_sub(cost - moved);
+        *self.usage.entry(bucket).or_insert(0) += cost;
+        self.prune(w, now_ms);
+        Spent { bucket, ..spent }
+    }
+
     /// Corrects a spend to its real cost `actual` (refund below, debt above), at
     /// `now_ms`. A refund of credit goes back into the credit: the owner sees the
     /// same move from usage to credit in the next statement. A spend whose bucket
@@ -294,6 +324,29 @@ mod tests {
         assert_eq!((b.credit(100), b.used(100)), (5, 5));
         assert_eq!(b.credit(500), 0, "ends at send time + ttl");
         assert!(b.try_spend(1, 500).is_none());
+    }
+
+    #[test]
+    fn redate_moves_usage_to_the_answer_and_spends_again_what_had_left() {
+        let mut b = windowed(CutOffPolicy::Share);
+        grant(&mut b, 20, 0);
+        // Buckets of 100 ms in a 1 s window.
+        let s = b.try_spend(4, 100).expect("fits");
+        let moved = b.redate(s, 4, 250);
+        assert_eq!((s.bucket, moved.bucket), (1, 2));
+        assert_eq!(b.credit(300), 16, "a move spends no credit");
+        assert_eq!(b.snapshot(0, 300).request.usage, vec![(2, 4)]);
+        // Settling corrects the new bucket.
+        b.settle(moved, 4, 1, 300);
+        assert_eq!(b.snapshot(0, 301).request.usage, vec![(2, 1)]);
+        assert_eq!(b.credit(302), 19);
+        // A spend whose bucket left the window (bucket 3 counts until 1.4 s) is
+        // spent again in the bucket of the answer.
+        let late = b.try_spend(2, 310).expect("fits");
+        let again = b.redate(late, 2, 1_400);
+        assert_eq!(again.bucket, 14);
+        assert_eq!(b.used(1_400), 2, "only the re-spent 2 count");
+        assert!(b.snapshot(0, 1_400).request.usage.contains(&(14, 2)));
     }
 
     #[test]

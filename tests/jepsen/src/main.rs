@@ -128,7 +128,7 @@ async fn main() -> anyhow::Result<()> {
                     cut_off: policy,
                     max_borrow,
                     fault,
-                    // Away from the CI suite's subnets (31-63).
+                    // Away from the CI suite's subnets (31-64).
                     subnet: (std::process::id() % 150) as u8 + 100,
                     bin: std::env::current_exe()?,
                 },

@@ -5,8 +5,8 @@
 //! partition with a node restart, an isolated node with 30% packet loss); three
 //! tenants under one upstream limit; a node restarted with its clock 2 s behind
 //! (`lease`, `redis-lease`; and in `lease` together with another node killed
-//! and restarted within one window of its last spending); slow links (tbf shaping; `gossip`: `lease` is an open finding,
-//! docs/jepsen.md); and two runs the checker must fail: `local
+//! and restarted within one window of its last spending); slow links (tbf shaping;
+//! `gossip`, `lease`); and two runs the checker must fail: `local
 //! full` (the baseline without cluster sync) against lease's promise, and lease
 //! mode with its limiter deliberately broken (`--fault skip-cluster-sync`).
 //!
@@ -103,6 +103,7 @@ promises! {
     lease_skew: "lease", "skew", 60;
     redis_lease_skew: "redis-lease", "skew", 61;
     gossip_slow: "gossip", "slow", 63;
+    lease_slow: "lease", "slow", 64;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
