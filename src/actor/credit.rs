@@ -14,6 +14,8 @@ pub struct Credit(Arc<Inner>);
 
 #[derive(Debug)]
 struct Inner {
+    /// The limit key (for the lease audit).
+    key: Arc<str>,
     budget: Mutex<Budget>,
     /// Below this much credit the engine is woken to renew early.
     low_water: AtomicU64,
@@ -26,9 +28,10 @@ struct Inner {
 }
 
 impl Credit {
-    /// A credit over `budget`; `wake` wakes the engine's holder loop.
-    pub fn new(budget: Budget, wake: Arc<Notify>) -> Credit {
+    /// `key`'s credit over `budget`; `wake` wakes the engine's holder loop.
+    pub fn new(key: &str, budget: Budget, wake: Arc<Notify>) -> Credit {
         Credit(Arc::new(Inner {
+            key: key.into(),
             budget: Mutex::new(budget),
             low_water: AtomicU64::new(0),
             wanted: AtomicBool::new(false),
@@ -55,6 +58,14 @@ impl Credit {
         let (spent, left) = {
             let mut budget = self.lock();
             let spent = budget.try_spend(cost, now_ms);
+            if spent.is_some_and(|s| s.from_credit) && crate::sync::lease::audit::enabled() {
+                crate::sync::lease::audit::record(&crate::sync::lease::audit::Event::Spend {
+                    key: &self.0.key,
+                    seq: budget.adopted_seq(),
+                    cost,
+                    at_ms: now_ms,
+                });
+            }
             (spent, budget.credit(now_ms))
         };
         match spent {

@@ -102,6 +102,8 @@ pub struct ScopeExport {
     pub requested_requests: u64,
     /// Tokens asked of this actor since it started, admitted or not (demand).
     pub requested_tokens: u64,
+    /// Requests waiting in its queues now: the concurrency dimension's demand.
+    pub waiting: u64,
 }
 
 /// Settlement figures for metrics.
@@ -198,6 +200,7 @@ impl ScopeLimits {
             in_flight: self.in_flight,
             requested_requests: 0,
             requested_tokens: 0,
+            waiting: 0,
         }
     }
 

@@ -233,6 +233,7 @@ impl Actor {
             Command::Export(reply) => {
                 let mut export = self.limits.export(now);
                 (export.requested_requests, export.requested_tokens) = self.requested;
+                export.waiting = self.queue.len() as u64;
                 let _ = reply.send(export);
             }
         }

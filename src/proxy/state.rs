@@ -195,7 +195,7 @@ fn bind_allowances(
             };
             match (cluster.mode, kind) {
                 (mode, Some(kind)) if mode.leases() => {
-                    let credit = Credit::new(Budget::new(kind, policy), wake.clone());
+                    let credit = Credit::new(&binding.key, Budget::new(kind, policy), wake.clone());
                     let slot = match dimension {
                         Dimension::Requests => &mut spec.allowances.credits.requests,
                         Dimension::Tokens => &mut spec.allowances.credits.tokens,

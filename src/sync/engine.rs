@@ -328,7 +328,13 @@ impl Engine {
                 );
             }
             let key = key_of(scope, Dimension::Concurrency);
-            let demand = self.demand.observe(&key, export.requested_requests, now_ms);
+            // Slots are shared by what waits for one now, not by request rate: the
+            // headroom left beside the slots in use goes where requests queue. By
+            // rate, a busy node whose clients run one request at a time took all of
+            // it and another node's queued request got none while a slot stood
+            // free (the jepsen harness's ghost-slot check: 8 s at one of two slots
+            // in use, in `gossip`).
+            let demand = export.waiting;
             let _ = self.counters.set_in_flight(&key, export.in_flight);
             let _ = self.counters.set_demand(&key, demand);
             own.insert(

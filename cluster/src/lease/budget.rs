@@ -60,6 +60,8 @@ pub struct Budget {
     cut_off: Option<u64>,
     policy: CutOffPolicy,
     last_seq: u64,
+    /// The statement whose reply was adopted last (the credit's origin).
+    adopted_seq: u64,
 }
 
 impl Budget {
@@ -74,6 +76,7 @@ impl Budget {
             cut_off: None,
             policy,
             last_seq: 0,
+            adopted_seq: 0,
         }
     }
 
@@ -235,6 +238,12 @@ impl Budget {
             Kind::Slots => self.credit = reply.credit,
         }
         self.until_ms = snapshot.at_ms.saturating_add(reply.ttl_ms);
+        self.adopted_seq = snapshot.request.seq;
+    }
+
+    /// The statement whose owner reply was adopted last (0: none yet).
+    pub fn adopted_seq(&self) -> u64 {
+        self.adopted_seq
     }
 
     /// Gives back what is not in use (windowed: all credit; slots: the slots not in

@@ -13,6 +13,7 @@
 //! RPC addresses, and each key's terms (shares by gossiped demand, floors for
 //! unreachable members, borrowing).
 
+pub mod audit;
 pub mod holder;
 pub mod owner;
 pub mod rpc;

@@ -113,7 +113,19 @@ impl OwnerBook {
                 lines.entry(key.to_owned()).or_insert(rebuilt)
             }
         };
-        line.sync(&from.to_owned(), request, now_ms)
+        let reply = line.sync(&from.to_owned(), request, now_ms)?;
+        if super::audit::enabled()
+            && line.config().kind() != tollgate_cluster::lease::line::Kind::Slots
+        {
+            super::audit::record(&super::audit::Event::Grant {
+                key,
+                holder: from,
+                seq: request.seq,
+                credit: reply.credit,
+                until_ms: now_ms.saturating_add(reply.ttl_ms),
+            });
+        }
+        Ok(reply)
     }
 
     /// A line for a key this node just came to own: consumption from the counters,

@@ -213,6 +213,237 @@ pub fn convergence(faults: &[Interval], samples: &[Sample], nodes: usize) -> Res
     Ok(worst)
 }
 
+/// One node's permits at the end of a run, from its `/metrics`: every admission of
+/// a limiter scope must have been settled once the workload is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settlements {
+    /// `tollgate_decisions_total{outcome="admitted"}` over every scope.
+    pub admitted: u64,
+    /// `tollgate_settlements_total` over every scope and way.
+    pub settled: u64,
+    /// `tollgate_in_flight_requests`.
+    pub in_flight: u64,
+}
+
+/// One line of a node's lease audit (`n{i}.lease.jsonl`, the gateway's
+/// `sync::lease::audit`): a grant it made as an owner, or a spend of owner credit
+/// it made as a holder.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LeaseEvent {
+    /// `grant` or `spend`.
+    pub ev: String,
+    /// The limit key.
+    pub key: String,
+    /// Grants: the holder's member id (`node/generation@address`).
+    #[serde(default)]
+    pub holder: Option<String>,
+    /// The holder's statement the grant answered (spends: whose reply it spent).
+    pub seq: u64,
+    /// Grants: when the owner stops counting it as credit (its clock, Unix ms).
+    #[serde(default)]
+    pub until_ms: Option<u64>,
+    /// Spends: when (the holder's clock, Unix ms).
+    #[serde(default)]
+    pub at_ms: Option<u64>,
+}
+
+/// Every node's lease audit, read back: the grants of all owners, and each
+/// node's spends (with its index).
+#[derive(Debug, Clone, Default)]
+pub struct LeaseAudit {
+    /// Grants, from every node's file.
+    pub grants: Vec<LeaseEvent>,
+    /// Spends, by node.
+    pub spends: Vec<(usize, LeaseEvent)>,
+}
+
+/// Lease conservation: no owner credit spent after its owner let it lapse. Each
+/// spend (`spends`: the node and its event) is matched to the grant answering the
+/// statement it spent from (same node, key and statement); spends without one (an
+/// owner killed before its audit was flushed, `redis-lease`'s owner is Redis) are
+/// counted, not judged. `clock_slack_ms` forgives clocks set apart on purpose (the
+/// `skew` nemesis): an owner running behind lets credit lapse early on paper.
+pub fn conservation(audit: &LeaseAudit, clock_slack_ms: u64) -> Check {
+    let LeaseAudit { grants, spends } = audit;
+    let mut lapsed = Vec::new();
+    let (mut matched, mut unmatched) = (0, 0);
+    for (node, spend) in spends
+        .iter()
+        .filter(|(_, s)| !s.key.ends_with(":concurrency"))
+    {
+        let name = format!("n{node}");
+        let grant = grants.iter().find(|g| {
+            g.key == spend.key
+                && g.seq == spend.seq
+                && (g.holder.as_deref()).is_some_and(|h| h.split('/').next() == Some(name.as_str()))
+        });
+        match (grant.and_then(|g| g.until_ms), spend.at_ms) {
+            (Some(until), Some(at)) => {
+                matched += 1;
+                if at >= until.saturating_add(clock_slack_ms) {
+                    lapsed.push(format!(
+                        "{name} spent {} credit of statement {} at {at}, {} ms after its owner let it lapse",
+                        spend.key,
+                        spend.seq,
+                        at - until
+                    ));
+                }
+            }
+            _ => unmatched += 1,
+        }
+    }
+    Check {
+        name: "no lease credit spent after it lapsed".into(),
+        ok: lapsed.is_empty(),
+        detail: if !lapsed.is_empty() {
+            format!("{} of {matched}: {}", lapsed.len(), lapsed.join("; "))
+        } else if matched == 0 {
+            format!("not judged: no spend matched to its grant ({unmatched} spends)")
+        } else {
+            format!(
+                "{matched} spends of owner credit, each before its grant lapsed ({unmatched} without their grant's line, not judged)"
+            )
+        },
+    }
+}
+
+/// One look at the mock upstream's `/stats`: the requests it was serving.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct UpstreamSample {
+    /// When (ms since the run started).
+    pub at_ms: u64,
+    /// Requests in flight at the upstream; `None`: it did not answer.
+    pub in_flight: Option<u64>,
+}
+
+/// A concurrency limit under test: after a kill -9, the survivors must get every
+/// slot back (the upstream serving `limit` at once again) within `back_within_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct Slots<'a> {
+    /// The tenant's concurrency limit.
+    pub limit: u64,
+    /// The mode's promise for a dead node's slots, plus the harness's slack.
+    pub back_within_ms: u64,
+    /// The upstream's in-flight count through the run.
+    pub upstream: &'a [UpstreamSample],
+}
+
+/// Ghost slots: after each kill -9, how long until the upstream served the full
+/// concurrency limit again (the killed node's streams died with it; slots the
+/// cluster still counted for it would keep the survivors below the limit). A kill
+/// the run ends before the bound has passed is judged only if the slots came back.
+pub fn ghost_slots(faults: &[Interval], slots: &Slots<'_>, run_ms: u64) -> Check {
+    let mut worst = 0;
+    let mut failed = Vec::new();
+    let kills = faults
+        .iter()
+        .filter(|f| f.down.is_some() && f.label.starts_with("kill -9"));
+    let mut judged = 0;
+    for kill in kills {
+        let back = (slots.upstream.iter())
+            .filter(|s| s.at_ms >= kill.from_ms)
+            .find(|s| s.in_flight.is_some_and(|n| n >= slots.limit))
+            .map(|s| s.at_ms - kill.from_ms);
+        match back {
+            Some(ms) if ms <= slots.back_within_ms => {
+                judged += 1;
+                worst = worst.max(ms);
+            }
+            Some(ms) => {
+                judged += 1;
+                failed.push(format!("{}: {ms} ms", kill.label));
+            }
+            None if kill.from_ms + slots.back_within_ms < run_ms => {
+                judged += 1;
+                failed.push(format!("{}: never within the run", kill.label));
+            }
+            None => {}
+        }
+    }
+    Check {
+        name: "a killed node's slots come back".into(),
+        ok: failed.is_empty(),
+        detail: if failed.is_empty() {
+            format!(
+                "{judged} kills judged; the upstream served all {} slots again within {worst} ms (bound {} ms)",
+                slots.limit, slots.back_within_ms
+            )
+        } else {
+            format!(
+                "not back within {} ms: {}",
+                slots.back_within_ms,
+                failed.join("; ")
+            )
+        },
+    }
+}
+
+/// Whether every node that answered at the end settled every permit it admitted
+/// (its process's lifetime: a restarted node counts from its restart); nodes down
+/// at the end are named, not judged.
+pub fn settlement(nodes: &[Option<Settlements>]) -> Check {
+    let mut unsettled = Vec::new();
+    let mut down = Vec::new();
+    let mut admitted = 0;
+    for (n, figures) in nodes.iter().enumerate() {
+        match figures {
+            None => down.push(format!("n{n}")),
+            Some(f) => {
+                admitted += f.admitted;
+                if f.settled != f.admitted || f.in_flight != 0 {
+                    unsettled.push(format!(
+                        "n{n}: {} admitted, {} settled, {} in flight",
+                        f.admitted, f.settled, f.in_flight
+                    ));
+                }
+            }
+        }
+    }
+    let not_judged = if down.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} down at the end, not judged)", down.join(", "))
+    };
+    Check {
+        name: "accepted requests are settled".into(),
+        ok: unsettled.is_empty() && down.len() < nodes.len(),
+        detail: if unsettled.is_empty() {
+            format!(
+                "every one of {admitted} scope admissions settled, nothing in flight{not_judged}"
+            )
+        } else {
+            format!("{}{not_judged}", unsettled.join("; "))
+        },
+    }
+}
+
+/// Healthy utilisation: what the upstream accepted while no fault was in force (a
+/// fault counts until a window after it ends: what it left behind still shapes
+/// the shares), against `limit` per window over that time. `None` when the run
+/// had less than one window of healthy time.
+pub fn healthy_utilisation(case: &Case<'_>, lines: &[MockLine]) -> Option<f64> {
+    let w = case.window_ms;
+    let healthy = |t: u64| {
+        t < case.run_ms
+            && !(case.faults.iter()).any(|f| f.from_ms <= t && t < f.to_ms.saturating_add(w))
+    };
+    // Healthy time in 10 ms steps (exact enough next to W, and simple).
+    let healthy_ms = (0..case.run_ms / 10).filter(|s| healthy(s * 10)).count() as u64 * 10;
+    if healthy_ms < w {
+        return None;
+    }
+    let admitted = (lines.iter())
+        .filter(|l| sent(l))
+        .filter(|l| healthy(l.ts_ms.saturating_sub(case.t0_unix_ms)))
+        .count() as f64;
+    Some(admitted / (case.limit as f64 * healthy_ms as f64 / w as f64))
+}
+
+/// The least healthy utilisation every mode but `local-full` must reach: the
+/// workload asks for four times L, but its clients wait out retry-after (up to
+/// 2 s) and a bucket counts until its end leaves the window.
+pub const MIN_HEALTHY_UTILISATION: f64 = 0.8;
+
 /// What a run is held to: the mode, the faults it met, the cluster and the limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Case<'a> {
@@ -236,6 +467,16 @@ pub struct Case<'a> {
     pub samples: &'a [Sample],
     /// How soon after a heal every node must see every member again.
     pub converge_within_ms: u64,
+    /// Each node's permits at the end (`None`: it did not answer).
+    pub settlements: &'a [Option<Settlements>],
+    /// The run's length.
+    pub run_ms: u64,
+    /// The concurrency limit under test, if any (ghost slots).
+    pub slots: Option<Slots<'a>>,
+    /// Every node's lease audit: grants (from all nodes) and spends by node.
+    pub audit: Option<&'a LeaseAudit>,
+    /// How far clocks were set apart on purpose (the `skew` nemesis).
+    pub clock_slack_ms: u64,
 }
 
 /// A mode's promise for a total of `limit` per window, under the run's faults
@@ -347,6 +588,27 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
             format!("served nothing: {}", starved.join("; "))
         },
     });
+    checks.push(settlement(case.settlements));
+    // Judged on the request limit L: not when a concurrency limit binds instead.
+    let utilisation = healthy_utilisation(case, lines).filter(|_| case.slots.is_none());
+    checks.push(Check {
+        name: "utilisation when healthy".into(),
+        ok: case.mode == "local-full"
+            || utilisation.is_none_or(|u| u >= MIN_HEALTHY_UTILISATION),
+        detail: match utilisation {
+            Some(u) => format!(
+                "{u:.2} of L per window while no fault was in force (at least {MIN_HEALTHY_UTILISATION})"
+            ),
+            None if case.slots.is_some() => "not judged: the concurrency limit binds".into(),
+            None => "not judged: less than one window without a fault".into(),
+        },
+    });
+    if let Some(slots) = &case.slots {
+        checks.push(ghost_slots(case.faults, slots, case.run_ms));
+    }
+    if let Some(audit) = case.audit {
+        checks.push(conservation(audit, case.clock_slack_ms));
+    }
     checks
 }
 
@@ -479,7 +741,158 @@ mod tests {
             faults,
             samples: &[],
             converge_within_ms: 1_000,
+            settlements: &[Some(Settlements {
+                admitted: 4,
+                settled: 4,
+                in_flight: 0,
+            })],
+            run_ms: 2_000,
+            slots: None,
+            audit: None,
+            clock_slack_ms: 0,
         }
+    }
+
+    #[test]
+    fn lease_credit_must_not_be_spent_after_it_lapsed() {
+        let grant = |seq, until_ms| LeaseEvent {
+            ev: "grant".into(),
+            key: "tenant:t0:requests".into(),
+            holder: Some("n1/17@10.0.0.2:7200".into()),
+            seq,
+            until_ms: Some(until_ms),
+            ..LeaseEvent::default()
+        };
+        let spend = |seq, at_ms| {
+            (
+                1,
+                LeaseEvent {
+                    ev: "spend".into(),
+                    key: "tenant:t0:requests".into(),
+                    seq,
+                    at_ms: Some(at_ms),
+                    ..LeaseEvent::default()
+                },
+            )
+        };
+        let audit = |spends: Vec<(usize, LeaseEvent)>| LeaseAudit {
+            grants: vec![grant(10, 3_010), grant(20, 3_020)],
+            spends,
+        };
+        let ok = conservation(
+            &audit(vec![spend(10, 3_000), spend(20, 3_019), spend(30, 9_999)]),
+            0,
+        );
+        assert!(ok.ok && ok.detail.starts_with("2 spends"), "{ok:?}");
+        assert!(ok.detail.contains("1 without"), "{ok:?}");
+        let late = conservation(&audit(vec![spend(10, 3_010)]), 0);
+        assert!(!late.ok && late.detail.contains("0 ms after"), "{late:?}");
+        // Another node's statement with the same seq is not its grant.
+        let other = audit(vec![(0, spend(10, 5_000).1)]);
+        assert!(conservation(&other, 0).detail.starts_with("not judged"));
+        // Clocks set apart on purpose are forgiven up to the slack.
+        assert!(conservation(&audit(vec![spend(10, 4_000)]), 2_000).ok);
+    }
+
+    #[test]
+    fn a_killed_nodes_slots_must_come_back_within_the_bound() {
+        let kill = Interval {
+            from_ms: 1_000,
+            to_ms: 10_000,
+            label: "kill -9 n2".into(),
+            sides: vec![vec![0, 1]],
+            healed: false,
+            down: Some(2),
+            slack_ms: 0,
+        };
+        let at = |at_ms, n| UpstreamSample {
+            at_ms,
+            in_flight: Some(n),
+        };
+        // Full (2) before the kill does not count; back to 2 at 2500 ms: 1500 ms.
+        let upstream = [at(900, 2), at(1_250, 1), at(2_000, 1), at(2_500, 2)];
+        let slots = |back_within_ms| Slots {
+            limit: 2,
+            back_within_ms,
+            upstream: &upstream,
+        };
+        let ok = ghost_slots(std::slice::from_ref(&kill), &slots(2_000), 10_000);
+        assert!(ok.ok && ok.detail.contains("within 1500 ms"), "{ok:?}");
+        let late = ghost_slots(std::slice::from_ref(&kill), &slots(1_000), 10_000);
+        assert!(
+            !late.ok && late.detail.contains("kill -9 n2: 1500 ms"),
+            "{late:?}"
+        );
+        // Never back, with time left in the run: a ghost slot.
+        let never = [at(1_250, 1), at(5_000, 1)];
+        let stuck = Slots {
+            limit: 2,
+            back_within_ms: 2_000,
+            upstream: &never,
+        };
+        let c = ghost_slots(std::slice::from_ref(&kill), &stuck, 10_000);
+        assert!(!c.ok && c.detail.contains("never"), "{c:?}");
+        // A pause is no kill: its streams are still open at the upstream.
+        let pause = Interval {
+            label: "pause n2".into(),
+            ..kill.clone()
+        };
+        assert!(ghost_slots(&[pause], &stuck, 10_000).ok);
+    }
+
+    #[test]
+    fn utilisation_counts_only_healthy_time() {
+        // 2 s run, W = 1 s, L = 10; a fault 500-1000 ms counts until 2000 ms:
+        // healthy 0-500 ms (half a window): not judged.
+        let cut = [Interval {
+            from_ms: 500,
+            to_ms: 1_000,
+            label: "cut".into(),
+            sides: vec![],
+            healed: true,
+            down: None,
+            slack_ms: 0,
+        }];
+        let lines: Vec<MockLine> = (0..10).map(|i| admitted(i * 40)).collect();
+        assert_eq!(healthy_utilisation(&case("lease", &cut), &lines), None);
+        // No fault: 10 sent in 2 s of L = 10 per second is 0.5.
+        let u = healthy_utilisation(&case("lease", &[]), &lines).unwrap();
+        assert!((u - 0.5).abs() < 1e-9, "{u}");
+        let checks = check(&case("lease", &[]), &lines, &[]);
+        let c = checks
+            .iter()
+            .find(|c| c.name == "utilisation when healthy")
+            .unwrap();
+        assert!(!c.ok && c.detail.starts_with("0.50"), "{c:?}");
+        // Twice as many: 1.0, and it passes.
+        let full: Vec<MockLine> = (0..20).map(|i| admitted(i * 100)).collect();
+        let checks = check(&case("lease", &[]), &full, &[]);
+        assert!(checks.iter().all(|c| c.ok), "{checks:?}");
+    }
+
+    #[test]
+    fn every_admission_must_be_settled_on_the_nodes_that_answer() {
+        let done = Settlements {
+            admitted: 7,
+            settled: 7,
+            in_flight: 0,
+        };
+        let ok = settlement(&[Some(done), None]);
+        assert!(ok.ok, "{ok:?}");
+        assert!(ok.detail.contains("n1 down at the end"), "{ok:?}");
+        let open = Settlements {
+            settled: 6,
+            in_flight: 1,
+            ..done
+        };
+        let bad = settlement(&[Some(done), Some(open)]);
+        assert!(!bad.ok);
+        assert!(
+            bad.detail
+                .contains("n1: 7 admitted, 6 settled, 1 in flight"),
+            "{bad:?}"
+        );
+        assert!(!settlement(&[None, None]).ok, "nothing judged is no pass");
     }
 
     #[test]

@@ -53,6 +53,10 @@ enum Cmd {
         /// must fail.
         #[arg(long)]
         fault: Option<String>,
+        /// Each tenant's concurrency limit: streams last longer, and the checker
+        /// judges how soon a killed node's slots come back.
+        #[arg(long)]
+        concurrency: Option<u64>,
         /// Run again what an earlier run did (its directory's spec.json: the same
         /// seed, schedule and settings); every other option is ignored.
         #[arg(long)]
@@ -65,6 +69,9 @@ enum Cmd {
         /// A deliberate fault (test builds only): `skip-cluster-sync`.
         #[arg(long)]
         fault: Option<String>,
+        /// Append the node's lease events (grants, spends) to this JSONL file.
+        #[arg(long)]
+        lease_audit: Option<PathBuf>,
     },
     /// (inside a host) The mock upstream with a JSONL log.
     Mock {
@@ -106,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
             policy,
             max_borrow,
             fault,
+            concurrency,
             replay,
         } => {
             let spec = match replay {
@@ -128,7 +136,8 @@ async fn main() -> anyhow::Result<()> {
                     cut_off: policy,
                     max_borrow,
                     fault,
-                    // Away from the CI suite's subnets (31-64).
+                    concurrency,
+                    // Away from the CI suite's subnets (31-67).
                     subnet: (std::process::id() % 150) as u8 + 100,
                     bin: std::env::current_exe()?,
                 },
@@ -141,7 +150,15 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Node { config, fault } => {
+        Cmd::Node {
+            config,
+            fault,
+            lease_audit,
+        } => {
+            if let Some(path) = &lease_audit {
+                tollgate::sync::lease::audit::install(path)
+                    .with_context(|| format!("opening the lease audit {}", path.display()))?;
+            }
             match fault.as_deref() {
                 None => {}
                 Some("skip-cluster-sync") => tollgate::faults::skip_cluster_sync_on(),

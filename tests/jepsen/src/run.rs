@@ -1,7 +1,7 @@
 //! One run: hosts, the mock upstream, N nodes, the workload, the nemesis schedule,
 //! then the checks and the report in `target/jepsen/<run>/`.
 
-use crate::checker::{self, Check, Interval, MockLine, Op, Sample};
+use crate::checker::{self, Check, Interval, MockLine, Op, Sample, UpstreamSample};
 use crate::hosts::Net;
 use crate::nemesis::{self, Action, Step, Targets};
 use crate::procs::Proc;
@@ -15,6 +15,8 @@ const GOSSIP_PORT: u16 = 7200;
 const RPC_PORT: u16 = 7300;
 const MOCK_PORT: u16 = 9090;
 const REDIS_PORT: u16 = 6379;
+/// `[redis] slot_ttl` of the nodes: how soon a killed node's slot expires in Redis.
+const REDIS_SLOT_TTL: Duration = Duration::from_secs(2);
 
 /// What to run (saved as `spec.json` in the run's directory, for `--replay`).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -42,6 +44,10 @@ pub struct RunSpec {
     /// A deliberately broken limiter on every node (`skip-cluster-sync`), to
     /// prove the checker catches it.
     pub fault: Option<String>,
+    /// Each tenant's concurrency limit, if any: with it, streams last longer and
+    /// the ghost-slot check judges how soon a killed node's slots come back.
+    #[serde(default)]
+    pub concurrency: Option<u64>,
     /// Subnet index (10.77.K.0/24): distinct runs may overlap in time.
     pub subnet: u8,
     /// The harness binary (started as `node` and `mock` in the hosts).
@@ -130,14 +136,16 @@ upstreams = ["mock"]
         },
         tenants = (0..spec.tenants)
             .map(|k| format!(
-                "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}\nmax_wait = \"500ms\"\n",
+                "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}\nmax_wait = \"500ms\"\n{}",
                 tollgate::config::hash_api_key(&workload::tenant_key(k)),
                 tenant_limit(spec),
+                spec.concurrency.map_or(String::new(), |c| format!("concurrency = {c}\n")),
             ))
             .collect::<String>(),
         lease = lease_toml(spec),
         redis = redis_ip.map_or(String::new(), |ip| format!(
-            "\n[redis]\nurl = \"redis://{ip}:{REDIS_PORT}/\"\ntimeout = \"50ms\"\n"
+            "\n[redis]\nurl = \"redis://{ip}:{REDIS_PORT}/\"\ntimeout = \"50ms\"\nslot_ttl = \"{}ms\"\n",
+            REDIS_SLOT_TTL.as_millis()
         )),
     )
 }
@@ -263,9 +271,14 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
             &spec.limit.to_string(),
             "--window-ms",
             &window_ms.to_string(),
-            // Streams last 60-160 ms: a kill lands mid-stream now and then.
+            // Streams last 60-160 ms: a kill lands mid-stream now and then. With a
+            // concurrency limit, 0.3-0.8 s: slots are held long enough to matter.
             "--inter-token-ms",
-            "20",
+            if spec.concurrency.is_some() {
+                "100"
+            } else {
+                "20"
+            },
             "--log",
             &mock_log.display().to_string(),
         ]
@@ -287,6 +300,10 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         ];
         if let Some(fault) = &spec.fault {
             args.extend(["--fault".into(), fault.clone()]);
+        }
+        if spec.mode == "lease" {
+            let audit = spec.dir.join(format!("n{i}.lease.jsonl"));
+            args.extend(["--lease-audit".into(), audit.display().to_string()]);
         }
         nodes.push(Proc::start(
             &format!("n{i}"),
@@ -313,7 +330,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         started,
         end,
     ));
-    let monitor = tokio::spawn(monitor(ips.clone(), started, end));
+    let monitor = tokio::spawn(monitor(ips.clone(), mock_host.ip.clone(), started, end));
     let mut events = Vec::new();
     let mut targets = Targets {
         net: &net,
@@ -331,7 +348,8 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         });
     }
     let ops = load.await.context("workload")?;
-    let samples = monitor.await.context("monitor")?;
+    let (samples, upstream) = monitor.await.context("monitor")?;
+    let settlements = settlements(&ips).await;
     for node in &mut nodes {
         node.stop(Duration::from_secs(5)).await;
     }
@@ -354,9 +372,17 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         text.push('\n');
     }
     std::fs::write(spec.dir.join("views.jsonl"), text)?;
+    let mut text = String::new();
+    for sample in &upstream {
+        text.push_str(&serde_json::to_string(sample)?);
+        text.push('\n');
+    }
+    std::fs::write(spec.dir.join("upstream.jsonl"), text)?;
     let run_ms = spec.duration.as_millis() as u64;
     let faults = intervals(&events, spec.nodes, run_ms);
     let tenant_limits = vec![tenant_limit(&spec); spec.tenants.max(1)];
+    let audit = read_lease_audit(&spec);
+    let slots_back_within = slots_back_within(&spec)?;
     let case = checker::Case {
         mode: &spec.mode,
         nemeses: &spec.nemesis,
@@ -369,6 +395,19 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         samples: &samples,
         // Two failure-detection times of these nodes' gossip settings.
         converge_within_ms: 2 * failure_detection_ms(&spec.dir.join("n0.toml"))?,
+        settlements: &settlements,
+        run_ms,
+        audit: (spec.mode == "lease").then_some(&audit),
+        clock_slack_ms: if spec.nemesis.iter().any(|n| n == "skew") {
+            nemesis::SKEW_SECONDS.unsigned_abs() * 1_000
+        } else {
+            0
+        },
+        slots: spec.concurrency.map(|limit| checker::Slots {
+            limit,
+            back_within_ms: slots_back_within,
+            upstream: &upstream,
+        }),
     };
     let checks = checker::check(&case, &lines, &ops);
     let report = spec.dir.join("report.md");
@@ -386,15 +425,112 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     Ok(Outcome { checks, report })
 }
 
+/// Each node's permits once the workload is over, from its `/metrics` (`None`: it
+/// does not answer). Settlement runs off the request path: waits up to 3 s for
+/// each node's figures to agree before taking them as they are.
+async fn settlements(ips: &[String]) -> Vec<Option<checker::Settlements>> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for ip in ips {
+        let url = format!("http://{ip}:{PROXY_PORT}/metrics");
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut figures = None;
+        loop {
+            if let Ok(r) = client.get(&url).send().await
+                && let Ok(text) = r.text().await
+            {
+                figures = Some(parse_settlements(&text));
+            }
+            let done = figures
+                .is_none_or(|f: checker::Settlements| f.admitted == f.settled && f.in_flight == 0);
+            if done || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        out.push(figures);
+    }
+    out
+}
+
+/// Every node's lease audit (`lease` mode): the grants of all, and each node's
+/// spends. A line cut short by a kill -9 is skipped.
+fn read_lease_audit(spec: &RunSpec) -> checker::LeaseAudit {
+    let mut audit = checker::LeaseAudit::default();
+    for node in 0..spec.nodes {
+        let path = spec.dir.join(format!("n{node}.lease.jsonl"));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for line in text.lines() {
+            let Ok(event) = serde_json::from_str::<checker::LeaseEvent>(line) else {
+                continue;
+            };
+            match event.ev.as_str() {
+                "grant" => audit.grants.push(event),
+                _ => audit.spends.push((node, event)),
+            }
+        }
+    }
+    audit
+}
+
+/// The figures of [`checker::Settlements`] in a Prometheus text exposition.
+fn parse_settlements(text: &str) -> checker::Settlements {
+    let mut f = checker::Settlements {
+        admitted: 0,
+        settled: 0,
+        in_flight: 0,
+    };
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let value = value as u64;
+        if name.starts_with("tollgate_decisions_total{") && name.contains(r#"outcome="admitted""#) {
+            f.admitted += value;
+        } else if name.starts_with("tollgate_settlements_total{") {
+            f.settled += value;
+        } else if name == "tollgate_in_flight_requests" {
+            f.in_flight = value;
+        }
+    }
+    f
+}
+
 /// Every node's `/admin/cluster` every 250 ms until `end`: how many members it
 /// sees live (for the convergence check), `None` when it does not answer.
-async fn monitor(ips: Vec<String>, started: Instant, end: Instant) -> Vec<Sample> {
+async fn monitor(
+    ips: Vec<String>,
+    mock_ip: String,
+    started: Instant,
+    end: Instant,
+) -> (Vec<Sample>, Vec<UpstreamSample>) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(200))
         .build()
         .unwrap_or_default();
     let mut samples = Vec::new();
+    let mut upstream = Vec::new();
     while Instant::now() < end {
+        // The ground truth for slots: what the mock is serving right now.
+        let url = format!("http://{mock_ip}:{MOCK_PORT}/stats");
+        let in_flight = match client.get(&url).send().await {
+            Ok(r) => (r.bytes().await.ok())
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|b| b["in_flight"].as_u64()),
+            Err(_) => None,
+        };
+        upstream.push(UpstreamSample {
+            at_ms: started.elapsed().as_millis() as u64,
+            in_flight,
+        });
         for (node, ip) in ips.iter().enumerate() {
             let url = format!("http://{ip}:{PROXY_PORT}/admin/cluster");
             let members = match client.get(&url).bearer_auth("jepsen-admin").send().await {
@@ -420,7 +556,24 @@ async fn monitor(ips: Vec<String>, started: Instant, end: Instant) -> Vec<Sample
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    samples
+    (samples, upstream)
+}
+
+/// How soon a killed node's slots must be usable again (the README's modes
+/// table), plus what the harness adds: survivors' clients may be waiting out a
+/// retry-after (<= 2 s) and sampling is every 250 ms.
+fn slots_back_within(spec: &RunSpec) -> anyhow::Result<u64> {
+    let config = tollgate::config::Config::load(&spec.dir.join("n0.toml"))?;
+    let cluster = config.cluster.context("node configs have a [cluster]")?;
+    let promise = match spec.mode.as_str() {
+        // Declared dead: its in-flight count is dropped at once.
+        "gossip" | "local-split" | "local-full" => failure_detection_ms(&spec.dir.join("n0.toml"))?,
+        // Its credit (and the slots it held) lapse with the lease ttl.
+        "lease" | "redis-lease" => cluster.lease.ttl.as_millis() as u64,
+        // Its semaphore entries expire with the slot ttl.
+        _ => REDIS_SLOT_TTL.as_millis() as u64,
+    };
+    Ok(promise + 2_500)
 }
 
 /// A node's failure-detection time, from the config the harness wrote for it.
@@ -536,4 +689,31 @@ fn render(spec: &RunSpec, checks: &[Check], events: &[Event], ops: &[Op]) -> Str
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settlements_are_read_from_the_metrics_text() {
+        let text = r#"# HELP tollgate_decisions Limiter decisions by scope, outcome and reason.
+# TYPE tollgate_decisions counter
+tollgate_decisions_total{scope="tenant",outcome="admitted",reason=""} 12
+tollgate_decisions_total{scope="upstream",outcome="admitted",reason=""} 11
+tollgate_decisions_total{scope="tenant",outcome="refused",reason="requests"} 40
+tollgate_settlements_total{scope="tenant",how="usage"} 10
+tollgate_settlements_total{scope="tenant",how="cancel"} 2
+tollgate_settlements_total{scope="upstream",how="usage"} 11
+tollgate_in_flight_requests 0
+"#;
+        assert_eq!(
+            parse_settlements(text),
+            checker::Settlements {
+                admitted: 23,
+                settled: 23,
+                in_flight: 0
+            }
+        );
+    }
 }

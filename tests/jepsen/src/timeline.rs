@@ -1,6 +1,7 @@
 //! `timeline.svg`: requests admitted per second per node (from the history)
-//! against the limit's average rate (L / W), nemesis intervals shaded and single
-//! events (kill -9) marked. Plain SVG, no dependency.
+//! against the limit's average rate (L / W), and tokens admitted per second per
+//! node, nemesis intervals shaded and single events (kill -9) marked. Plain SVG,
+//! no dependency.
 
 use crate::checker::Op;
 
@@ -19,66 +20,123 @@ const COLORS: [&str; 6] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 ];
 
-/// The picture for `ops` over `duration_ms`, `nodes` nodes, limit rate `rate` (req/s).
+/// What one panel plots per node and second.
+#[derive(Clone, Copy)]
+enum Measure {
+    Requests,
+    Tokens,
+}
+
+/// The picture for `ops` over `duration_ms`, `nodes` nodes, limit rate `rate`
+/// (req/s): two panels, requests admitted per second per node against the limit,
+/// and tokens admitted per second per node (each response's reported usage), both
+/// with the faults shaded.
 pub fn render(ops: &[Op], nodes: usize, duration_ms: u64, rate: f64, marks: &[Mark]) -> String {
-    let (w, h, pad) = (800.0, 320.0, 40.0);
+    let (w, panel_h) = (800.0, 300.0);
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{}" font-family="sans-serif" font-size="11">
+<rect width="{w}" height="{}" fill="white"/>
+"#,
+        2.0 * panel_h,
+        2.0 * panel_h
+    );
+    let requests = per_second(ops, nodes, duration_ms, Measure::Requests);
+    let tokens = per_second(ops, nodes, duration_ms, Measure::Tokens);
+    let frame = Frame {
+        w,
+        h: panel_h,
+        top: 0.0,
+        duration_ms,
+    };
+    panel(&mut svg, &frame, &requests, Some(rate), "requests/s", marks);
+    let frame = Frame {
+        top: panel_h,
+        ..frame
+    };
+    panel(&mut svg, &frame, &tokens, None, "tokens/s", marks);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Admitted `measure` per node and whole second of the run.
+fn per_second(ops: &[Op], nodes: usize, duration_ms: u64, measure: Measure) -> Vec<Vec<u64>> {
     let seconds = (duration_ms / 1000).max(1) as usize + 1;
-    let mut per_node = vec![vec![0u32; seconds]; nodes];
+    let mut per_node = vec![vec![0u64; seconds]; nodes];
     for op in ops.iter().filter(|o| o.status == Some(200)) {
         let s = (op.complete_ms.unwrap_or(op.invoke_ms) / 1000) as usize;
         if let Some(slot) = per_node.get_mut(op.node).and_then(|v| v.get_mut(s)) {
-            *slot += 1;
+            *slot += match measure {
+                Measure::Requests => 1,
+                Measure::Tokens => op.tokens.unwrap_or(0),
+            };
         }
     }
-    let peak = (per_node.iter().flatten().copied().max().unwrap_or(1) as f64).max(rate * 1.5);
-    let x = |ms: f64| pad + (w - 2.0 * pad) * ms / duration_ms.max(1) as f64;
-    let y = |v: f64| h - pad - (h - 2.0 * pad) * v / peak;
-    let mut svg = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">
-<rect width="{w}" height="{h}" fill="white"/>
-"#
-    );
+    per_node
+}
+
+/// Where a panel sits in the picture.
+#[derive(Clone, Copy)]
+struct Frame {
+    w: f64,
+    h: f64,
+    top: f64,
+    duration_ms: u64,
+}
+
+/// One panel: the faults, the limit line (if any), a line per node and the axes.
+fn panel(
+    svg: &mut String,
+    f: &Frame,
+    per_node: &[Vec<u64>],
+    rate: Option<f64>,
+    unit: &str,
+    marks: &[Mark],
+) {
+    let pad = 40.0;
+    let (w, h, top) = (f.w, f.h, f.top);
+    let highest = per_node.iter().flatten().copied().max().unwrap_or(1).max(1) as f64;
+    let peak = highest.max(rate.unwrap_or(0.0) * 1.5);
+    let x = |ms: f64| pad + (w - 2.0 * pad) * ms / f.duration_ms.max(1) as f64;
+    let y = |v: f64| top + h - pad - (h - 2.0 * pad) * v / peak;
     for m in marks {
         match m.to_ms {
             Some(to) => svg.push_str(&format!(
-                r##"<rect x="{:.1}" y="{pad}" width="{:.1}" height="{:.1}" fill="#999" fill-opacity="0.2"/><text x="{:.1}" y="{}">{}</text>
+                r##"<rect x="{:.1}" y="{}" width="{:.1}" height="{:.1}" fill="#999" fill-opacity="0.2"/><text x="{:.1}" y="{}">{}</text>
 "##,
                 x(m.from_ms as f64),
+                top + pad,
                 x(to as f64) - x(m.from_ms as f64),
                 h - 2.0 * pad,
                 x(m.from_ms as f64) + 3.0,
-                pad - 5.0,
+                top + pad - 5.0,
                 m.label
             )),
             None => svg.push_str(&format!(
-                r##"<line x1="{0:.1}" x2="{0:.1}" y1="{pad}" y2="{1}" stroke="#d62728" stroke-dasharray="3,3"/><text x="{2:.1}" y="{3}">{4}</text>
+                r##"<line x1="{0:.1}" x2="{0:.1}" y1="{1}" y2="{2}" stroke="#d62728" stroke-dasharray="3,3"/><text x="{3:.1}" y="{4}">{5}</text>
 "##,
                 x(m.from_ms as f64),
-                h - pad,
+                top + pad,
+                top + h - pad,
                 x(m.from_ms as f64) + 3.0,
-                pad - 5.0,
+                top + pad - 5.0,
                 m.label
             )),
         }
     }
-    svg.push_str(&format!(
-        r##"<line x1="{pad}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="black" stroke-dasharray="6,4"/><text x="{:.1}" y="{:.1}">limit L/W = {rate:.1}/s (cluster total)</text>
+    if let Some(rate) = rate {
+        svg.push_str(&format!(
+            r##"<line x1="{pad}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="black" stroke-dasharray="6,4"/><text x="{:.1}" y="{:.1}">limit L/W = {rate:.1}/s (cluster total)</text>
 "##,
-        w - pad,
-        y(rate),
-        y(rate),
-        w - pad - 200.0,
-        y(rate) - 4.0
-    ));
+            w - pad,
+            y(rate),
+            y(rate),
+            w - pad - 200.0,
+            y(rate) - 4.0
+        ));
+    }
     for (node, counts) in per_node.iter().enumerate() {
         let points: Vec<String> = (counts.iter().enumerate())
-            .map(|(s, c)| {
-                format!(
-                    "{:.1},{:.1}",
-                    x(s as f64 * 1000.0 + 500.0),
-                    y(f64::from(*c))
-                )
-            })
+            .map(|(s, c)| format!("{:.1},{:.1}", x(s as f64 * 1000.0 + 500.0), y(*c as f64)))
             .collect();
         let color = COLORS[node % COLORS.len()];
         svg.push_str(&format!(
@@ -86,21 +144,20 @@ pub fn render(ops: &[Op], nodes: usize, duration_ms: u64, rate: f64, marks: &[Ma
 "#,
             points.join(" "),
             w - pad + 4.0,
-            pad + 14.0 * node as f64
+            top + pad + 14.0 * node as f64
         ));
     }
     svg.push_str(&format!(
-        r#"<line x1="{pad}" x2="{pad}" y1="{pad}" y2="{0}" stroke="black"/><line x1="{pad}" x2="{1}" y1="{0}" y2="{0}" stroke="black"/><text x="{pad}" y="{2}">0 s</text><text x="{3}" y="{2}">{4} s</text><text x="4" y="{pad}">{5:.0}/s</text>
-</svg>
+        r#"<line x1="{pad}" x2="{pad}" y1="{1}" y2="{0}" stroke="black"/><line x1="{pad}" x2="{2}" y1="{0}" y2="{0}" stroke="black"/><text x="{pad}" y="{3}">0 s</text><text x="{4}" y="{3}">{5} s</text><text x="4" y="{1}">{6:.0} {unit}</text>
 "#,
-        h - pad,
+        top + h - pad,
+        top + pad,
         w - pad,
-        h - pad + 14.0,
+        top + h - pad + 14.0,
         w - pad - 20.0,
-        duration_ms / 1000,
+        f.duration_ms / 1000,
         peak
     ));
-    svg
 }
 
 #[cfg(test)]
@@ -115,6 +172,7 @@ mod tests {
                 invoke_ms: 100,
                 complete_ms: Some(120),
                 status: Some(200),
+                tokens: Some(17),
                 ..Op::default()
             },
             Op {
@@ -139,7 +197,8 @@ mod tests {
         ];
         let svg = render(&ops, 2, 2_000, 5.0, &marks);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(svg.matches("<polyline").count(), 4, "two nodes, two panels");
+        assert!(svg.contains("17 tokens/s"), "the tokens panel peaks at 17");
         assert!(
             svg.contains("partition") && svg.contains("kill -9 n1") && svg.contains("limit L/W")
         );

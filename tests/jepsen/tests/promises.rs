@@ -44,6 +44,7 @@ fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
         cut_off: None,
         max_borrow: None,
         fault: None,
+        concurrency: None,
         subnet,
         bin: PathBuf::from(env!("CARGO_BIN_EXE_tollgate-jepsen")),
         dir,
@@ -128,6 +129,37 @@ async fn lease_keeps_its_promise_when_nodes_restart_within_one_window() {
     keeps(restarts).await;
 }
 
+/// A concurrency limit of 2 and a node killed mid-stream: the survivors get
+/// every slot back within the mode's promise (lease ttl, failure detection,
+/// Redis slot ttl).
+async fn slots_come_back(mode: &str, subnet: u8) {
+    let mut ghost = spec(mode, "kill", subnet);
+    ghost.concurrency = Some(2);
+    let outcome = run(ghost).await.unwrap();
+    let report = report(&outcome);
+    println!("{report}");
+    assert!(
+        report.contains("kills judged") && !report.contains("| 0 kills judged"),
+        "{report}"
+    );
+    assert!(outcome.passed(), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_gives_a_killed_nodes_slots_back() {
+    slots_come_back("lease", 65).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_gives_a_killed_nodes_slots_back() {
+    slots_come_back("gossip", 66).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_gives_a_killed_nodes_slots_back() {
+    slots_come_back("redis", 67).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_local_full_the_baseline_without_sync() {
     // `local full` is every node limiting alone: what a gateway without cluster
@@ -148,6 +180,11 @@ async fn the_checker_catches_local_full_the_baseline_without_sync() {
         faults: &[],
         samples: &[],
         converge_within_ms: 0,
+        settlements: &[],
+        run_ms: 10_000,
+        slots: None,
+        audit: None,
+        clock_slack_ms: 0,
     };
     let checks = tollgate_jepsen::checker::check(&lease, &read_mock(&outcome), &[]);
     assert!(

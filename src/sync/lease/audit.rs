@@ -1,0 +1,95 @@
+//! An optional JSONL log of lease events, for the jepsen harness's conservation
+//! check (docs/jepsen.md): owners log each grant with the time it lapses for them,
+//! holders each spend of owner credit with the statement whose reply it spends.
+//! The checker joins them: no credit may be spent after its owner let it lapse
+//! (the owner then counts it as spent in the bucket it lapsed in, so a later spend
+//! would land in a bucket nobody charged).
+//!
+//! Off unless [`install`]ed (the harness's `node --lease-audit PATH`): then one
+//! atomic load per spend. On: lines go through a bounded channel to a writer
+//! thread that flushes after every batch, so a kill -9 loses at most the last
+//! batch. A full channel blocks the spender (backpressure, never a dropped line).
+
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::mpsc::{SyncSender, sync_channel};
+
+/// Lines buffered between the node and the writer thread.
+const CHANNEL_LINES: usize = 65_536;
+
+static SINK: OnceLock<SyncSender<String>> = OnceLock::new();
+
+/// One lease event.
+#[derive(Debug, Serialize)]
+#[serde(tag = "ev", rename_all = "lowercase")]
+pub enum Event<'a> {
+    /// An owner answered `holder`'s statement `seq` for `key` with `credit`, which
+    /// lapses for the owner at `until_ms` (its clock, Unix ms).
+    Grant {
+        /// The limit key.
+        key: &'a str,
+        /// The holder's member id (`node/generation@address`).
+        holder: &'a str,
+        /// The statement answered.
+        seq: u64,
+        /// The holder's whole credit after the answer.
+        credit: u64,
+        /// When the owner stops counting it as credit.
+        until_ms: u64,
+    },
+    /// This node spent `cost` of owner credit for `key` at `at_ms` (its clock, Unix
+    /// ms), out of the reply to its statement `seq`.
+    Spend {
+        /// The limit key.
+        key: &'a str,
+        /// The statement whose reply the credit came with.
+        seq: u64,
+        /// What was spent.
+        cost: u64,
+        /// When.
+        at_ms: u64,
+    },
+}
+
+/// Starts appending events to `path` (once per process; later calls fail). A
+/// restarted node appends to its previous incarnation's lines.
+pub fn install(path: &Path) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let (tx, rx) = sync_channel::<String>(CHANNEL_LINES);
+    SINK.set(tx)
+        .map_err(|_| std::io::Error::other("lease audit already installed"))?;
+    std::thread::Builder::new()
+        .name("lease-audit".into())
+        .spawn(move || {
+            let mut out = std::io::BufWriter::new(file);
+            while let Ok(line) = rx.recv() {
+                let mut batch = vec![line];
+                batch.extend(rx.try_iter());
+                for line in batch {
+                    let _ = out.write_all(line.as_bytes());
+                    let _ = out.write_all(b"\n");
+                }
+                let _ = out.flush();
+            }
+        })?;
+    Ok(())
+}
+
+/// Whether events are being recorded.
+pub fn enabled() -> bool {
+    SINK.get().is_some()
+}
+
+/// Records `event` if the audit is on.
+pub fn record(event: &Event<'_>) {
+    if let Some(tx) = SINK.get()
+        && let Ok(line) = serde_json::to_string(event)
+    {
+        let _ = tx.send(line);
+    }
+}
