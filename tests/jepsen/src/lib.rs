@@ -15,7 +15,9 @@
 //! - [`run`]: one run, end to end, and its report.
 //! - [`checker`]: the checks, pure.
 //! - [`timeline`]: the run's timeline picture (SVG).
+//! - [`bench`]: accuracy against throughput over a matrix of runs (issue 6).
 
+pub mod bench;
 pub mod checker;
 pub mod hosts;
 pub mod nemesis;

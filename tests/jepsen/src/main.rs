@@ -62,6 +62,39 @@ enum Cmd {
         #[arg(long)]
         replay: Option<PathBuf>,
     },
+    /// Accuracy against throughput (issue 6): every mode x nodes x workload
+    /// pattern, one run each without faults; results in `target/jepsen/bench/`.
+    Bench {
+        /// The small matrix for CI: 3 nodes, `uniform` and `skewed-nodes`, 10 s
+        /// cells (every other option is ignored).
+        #[arg(long)]
+        quick: bool,
+        /// Modes, comma-separated.
+        #[arg(
+            long,
+            default_value = "local-full,local-split,gossip,lease,redis,redis-lease"
+        )]
+        modes: String,
+        /// Cluster sizes, comma-separated.
+        #[arg(long, default_value = "1,3,5")]
+        nodes: String,
+        /// Workload patterns, comma-separated (mixed, uniform, hot-tenant,
+        /// skewed-nodes, bursty).
+        #[arg(long, default_value = "uniform,hot-tenant,skewed-nodes,bursty,mixed")]
+        workloads: String,
+        /// Each cell's length.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// The window W.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        window: Duration,
+        /// L per window.
+        #[arg(long, default_value_t = 40)]
+        limit: u64,
+        /// Seeds every cell's clients.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
     /// (inside a host) A tollgate node from a config file.
     Node {
         #[arg(long)]
@@ -137,7 +170,8 @@ async fn main() -> anyhow::Result<()> {
                     max_borrow,
                     fault,
                     concurrency,
-                    // Away from the CI suite's subnets (31-67).
+                    pattern: tollgate_jepsen::workload::Pattern::default(),
+                    // Away from the CI suite's subnets (31-68).
                     subnet: (std::process::id() % 150) as u8 + 100,
                     bin: std::env::current_exe()?,
                 },
@@ -148,6 +182,57 @@ async fn main() -> anyhow::Result<()> {
             if !outcome.passed() {
                 std::process::exit(1);
             }
+            Ok(())
+        }
+        Cmd::Bench {
+            quick,
+            modes,
+            nodes,
+            workloads,
+            duration,
+            window,
+            limit,
+            seed,
+        } => {
+            let bin = std::env::current_exe()?;
+            // Away from the CI suite's subnets (31-68).
+            let subnet = (std::process::id() % 150) as u8 + 100;
+            let spec = if quick {
+                tollgate_jepsen::bench::BenchSpec::quick(
+                    bin,
+                    PathBuf::from("target/jepsen/bench-quick"),
+                    subnet,
+                )
+            } else {
+                let list = |s: &str| {
+                    s.split(',')
+                        .map(str::trim)
+                        .map(String::from)
+                        .collect::<Vec<_>>()
+                };
+                tollgate_jepsen::bench::BenchSpec {
+                    modes: list(&modes),
+                    nodes: (list(&nodes).iter())
+                        .map(|n| {
+                            n.parse::<usize>()
+                                .context("--nodes: numbers, comma-separated")
+                        })
+                        .collect::<anyhow::Result<_>>()?,
+                    patterns: (list(&workloads).iter())
+                        .map(|w| tollgate_jepsen::workload::Pattern::parse(w))
+                        .collect::<anyhow::Result<_>>()?,
+                    duration,
+                    window,
+                    limit,
+                    seed,
+                    bin,
+                    dir: PathBuf::from("target/jepsen/bench"),
+                    subnet,
+                }
+            };
+            tollgate_jepsen::bench::run(&spec).await?;
+            let table = std::fs::read_to_string(spec.dir.join("results.md"))?;
+            println!("{table}");
             Ok(())
         }
         Cmd::Node {

@@ -48,6 +48,9 @@ pub struct RunSpec {
     /// the ghost-slot check judges how soon a killed node's slots come back.
     #[serde(default)]
     pub concurrency: Option<u64>,
+    /// How the clients' demand is spread (`mixed` unless benchmarking).
+    #[serde(default)]
+    pub pattern: workload::Pattern,
     /// Subnet index (10.77.K.0/24): distinct runs may overlap in time.
     pub subnet: u8,
     /// The harness binary (started as `node` and `mock` in the hosts).
@@ -321,6 +324,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let load = tokio::spawn(workload::run(
         ips.clone(),
         Shape {
+            pattern: spec.pattern,
             tenants: spec.tenants.max(1),
             capacity_per_s: spec.limit as f64 / spec.window.as_secs_f64(),
             stream_share: 0.3,
@@ -349,7 +353,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     }
     let ops = load.await.context("workload")?;
     let (samples, upstream) = monitor.await.context("monitor")?;
-    let settlements = settlements(&ips).await;
+    let settlements = settlements(&ips, &spec.dir).await;
     for node in &mut nodes {
         node.stop(Duration::from_secs(5)).await;
     }
@@ -428,13 +432,13 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
 /// Each node's permits once the workload is over, from its `/metrics` (`None`: it
 /// does not answer). Settlement runs off the request path: waits up to 3 s for
 /// each node's figures to agree before taking them as they are.
-async fn settlements(ips: &[String]) -> Vec<Option<checker::Settlements>> {
+async fn settlements(ips: &[String], dir: &Path) -> Vec<Option<checker::Settlements>> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap_or_default();
     let mut out = Vec::new();
-    for ip in ips {
+    for (node, ip) in ips.iter().enumerate() {
         let url = format!("http://{ip}:{PROXY_PORT}/metrics");
         let deadline = Instant::now() + Duration::from_secs(3);
         let mut figures = None;
@@ -443,6 +447,8 @@ async fn settlements(ips: &[String]) -> Vec<Option<checker::Settlements>> {
                 && let Ok(text) = r.text().await
             {
                 figures = Some(parse_settlements(&text));
+                // Kept with the run (the benchmark reads sync bytes from it).
+                let _ = std::fs::write(dir.join(format!("n{node}.metrics.txt")), &text);
             }
             let done = figures
                 .is_none_or(|f: checker::Settlements| f.admitted == f.settled && f.in_flight == 0);

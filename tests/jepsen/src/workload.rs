@@ -33,9 +33,91 @@ pub fn tenant_of_model(model: &str) -> Option<usize> {
 /// The longest a client waits on a `retry-after` before trying again.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
 
+/// How demand is spread over the clients and time (about 4x capacity in all).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pattern {
+    /// The harness's default: node 0 and tenant 0 send most, and every client is
+    /// quiet one second in four.
+    #[default]
+    Mixed,
+    /// Every client sends the same, steadily.
+    Uniform,
+    /// Tenant 0 sends 16 times what each other tenant sends, steadily.
+    HotTenant,
+    /// Node k sends in proportion to 1/(k+1), steadily.
+    SkewedNodes,
+    /// Every client sends the same, in 2 s on / 2 s off phases (all in step).
+    Bursty,
+}
+
+impl Pattern {
+    /// Every pattern, for the benchmark matrix.
+    pub const ALL: [Pattern; 5] = [
+        Pattern::Mixed,
+        Pattern::Uniform,
+        Pattern::HotTenant,
+        Pattern::SkewedNodes,
+        Pattern::Bursty,
+    ];
+
+    /// Its name on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Mixed => "mixed",
+            Pattern::Uniform => "uniform",
+            Pattern::HotTenant => "hot-tenant",
+            Pattern::SkewedNodes => "skewed-nodes",
+            Pattern::Bursty => "bursty",
+        }
+    }
+
+    /// The pattern called `name`.
+    pub fn parse(name: &str) -> anyhow::Result<Pattern> {
+        (Pattern::ALL.into_iter())
+            .find(|p| p.name() == name)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown workload {name:?}: mixed, uniform, hot-tenant, skewed-nodes, bursty"
+                )
+            })
+    }
+
+    /// The share of the cluster's demand (4x capacity in all) of the client on
+    /// `node` for `tenant`.
+    fn weight(self, node: usize, tenant: usize, nodes: usize, tenants: usize) -> f64 {
+        let (n, t) = (nodes.max(1) as f64, tenants.max(1) as f64);
+        match self {
+            Pattern::Mixed => 4.0 / (node as f64 + 1.0) / (tenant as f64 + 1.0),
+            Pattern::Uniform | Pattern::Bursty => 4.0 / (n * t),
+            Pattern::HotTenant => {
+                // 16:1 between tenant 0 and each other tenant.
+                let parts = 16.0 + (t - 1.0);
+                let part = if tenant == 0 { 16.0 } else { 1.0 };
+                4.0 * part / parts / n
+            }
+            Pattern::SkewedNodes => {
+                let harmonic: f64 = (1..=nodes.max(1)).map(|k| 1.0 / k as f64).sum();
+                4.0 / (node as f64 + 1.0) / harmonic / t
+            }
+        }
+    }
+
+    /// Whether a client is quiet at `second` of the run.
+    fn quiet(self, second: u64, seed: u64) -> bool {
+        match self {
+            Pattern::Mixed => (second + seed) % 4 == 3,
+            Pattern::Bursty => (second / 2) % 2 == 1,
+            _ => false,
+        }
+    }
+}
+
 /// What the clients do.
 #[derive(Debug, Clone)]
 pub struct Shape {
+    /// How demand is spread.
+    pub pattern: Pattern,
     /// Tenants.
     pub tenants: usize,
     /// Requests per second the whole cluster may send (L / W): demand is a
@@ -57,10 +139,10 @@ pub async fn run(ips: Vec<String>, shape: Shape, started: Instant, end: Instant)
         .build()
         .unwrap_or_default();
     let mut tasks = Vec::new();
+    let nodes = ips.len();
     for (node, ip) in ips.into_iter().enumerate() {
         for tenant in 0..shape.tenants {
-            // Skewed: node 0 and tenant 0 send most; together about 4x capacity.
-            let weight = 4.0 / (node as f64 + 1.0) / (tenant as f64 + 1.0);
+            let weight = shape.pattern.weight(node, tenant, nodes, shape.tenants);
             let per_second = shape.capacity_per_s * weight;
             let gap = Duration::from_secs_f64(1.0 / per_second.max(0.5));
             let seed = shape.seed ^ ((node as u64) << 8) ^ tenant as u64;
@@ -104,9 +186,9 @@ impl Client {
     ) {
         let mut rng = SmallRng::seed_from_u64(seed);
         while Instant::now() < end {
-            // Bursty: in one second of four this client is quiet.
+            // Bursty patterns: quiet phases.
             let second = self.started.elapsed().as_secs();
-            if (second + seed) % 4 == 3 {
+            if shape.pattern.quiet(second, seed) {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
             }

@@ -45,6 +45,7 @@ fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
         max_borrow: None,
         fault: None,
         concurrency: None,
+        pattern: tollgate_jepsen::workload::Pattern::default(),
         subnet,
         bin: PathBuf::from(env!("CARGO_BIN_EXE_tollgate-jepsen")),
         dir,

@@ -1,0 +1,300 @@
+//! `bench`: accuracy against throughput (issue 6). Every cell of a matrix (mode x
+//! nodes x workload pattern) is one harness run without faults (real processes
+//! in network namespaces, the mock upstream as ground truth); this module turns
+//! each run's files into the figures a user chooses a mode by, and the table.
+//!
+//! Figures per cell, all from the run's own records: overshoot (the most the
+//! upstream was sent in any window, over L, minus 1), utilisation (what the
+//! upstream accepted over L per window across the run), upstream 429s, gateway
+//! 429s (what clients were refused), client latency of served requests
+//! (p50/p99/p999, end to end through the gateway and the mock), requests and
+//! tokens served per second, and gossip bytes published per second per node.
+
+use crate::checker::{self, MockLine, Op};
+use crate::run::{self, RunSpec};
+use crate::workload::Pattern;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The matrix and how each cell runs.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    /// Modes (as `run --mode`).
+    pub modes: Vec<String>,
+    /// Cluster sizes.
+    pub nodes: Vec<usize>,
+    /// Workload patterns.
+    pub patterns: Vec<Pattern>,
+    /// Each cell's length.
+    pub duration: Duration,
+    /// The window W.
+    pub window: Duration,
+    /// L per window.
+    pub limit: u64,
+    /// Seeds every cell's clients.
+    pub seed: u64,
+    /// The harness binary (`node`, `mock`).
+    pub bin: PathBuf,
+    /// Where the cells' run directories and the results go.
+    pub dir: PathBuf,
+    /// Subnet of every cell (one at a time; each run tears its hosts down).
+    pub subnet: u8,
+}
+
+impl BenchSpec {
+    /// The small matrix for CI (`--quick`): three nodes, two patterns, every mode
+    /// the README promises <= L or <= L x 1.2 for, and the `local full` baseline.
+    pub fn quick(bin: PathBuf, dir: PathBuf, subnet: u8) -> BenchSpec {
+        BenchSpec {
+            modes: [
+                "local-full",
+                "local-split",
+                "gossip",
+                "lease",
+                "redis",
+                "redis-lease",
+            ]
+            .map(String::from)
+            .to_vec(),
+            nodes: vec![3],
+            patterns: vec![Pattern::Uniform, Pattern::SkewedNodes],
+            duration: Duration::from_secs(10),
+            window: Duration::from_secs(5),
+            limit: 40,
+            seed: 7,
+            bin,
+            dir,
+            subnet,
+        }
+    }
+}
+
+/// One cell's figures.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Cell {
+    /// Mode.
+    pub mode: String,
+    /// Nodes.
+    pub nodes: usize,
+    /// Workload pattern.
+    pub pattern: String,
+    /// Most sent to the upstream in one window, over L, minus 1.
+    pub overshoot: f64,
+    /// Accepted by the upstream over L per window, across the run.
+    pub utilisation: f64,
+    /// Refusals by the upstream for its limits.
+    pub upstream_429s: u64,
+    /// Client requests refused by the gateway (429).
+    pub gateway_429s: u64,
+    /// Served requests' latency, ms (p50, p99, p999).
+    pub latency_ms: [u64; 3],
+    /// Requests served per second.
+    pub requests_per_s: f64,
+    /// Tokens served per second.
+    pub tokens_per_s: f64,
+    /// Gossip bytes published per second per node.
+    pub sync_bytes_per_s: f64,
+    /// Whether every check of the harness passed (the mode kept its promise).
+    pub promise_kept: bool,
+}
+
+/// Runs every cell (one at a time: each run's timing is the subject) and writes
+/// `results.json` and `results.md` into the spec's directory.
+pub async fn run(spec: &BenchSpec) -> anyhow::Result<Vec<Cell>> {
+    std::fs::create_dir_all(&spec.dir)?;
+    let mut cells = Vec::new();
+    for pattern in &spec.patterns {
+        for &nodes in &spec.nodes {
+            for mode in &spec.modes {
+                let name = format!("{mode}-{nodes}n-{}", pattern.name());
+                let cell_spec = RunSpec {
+                    mode: mode.clone(),
+                    nemesis: vec!["none".into()],
+                    nodes,
+                    duration: spec.duration,
+                    seed: spec.seed,
+                    limit: spec.limit,
+                    window: spec.window,
+                    tenants: if *pattern == Pattern::HotTenant { 3 } else { 1 },
+                    cut_off: None,
+                    max_borrow: None,
+                    fault: None,
+                    concurrency: None,
+                    pattern: *pattern,
+                    subnet: spec.subnet,
+                    bin: spec.bin.clone(),
+                    dir: spec.dir.join(&name),
+                };
+                let outcome = run::run(cell_spec.clone())
+                    .await
+                    .with_context(|| format!("bench cell {name}"))?;
+                let cell = figures(&cell_spec, outcome.passed())?;
+                println!(
+                    "{name}: overshoot {:+.3}, utilisation {:.2}, {} upstream 429s",
+                    cell.overshoot, cell.utilisation, cell.upstream_429s
+                );
+                cells.push(cell);
+            }
+        }
+    }
+    std::fs::write(
+        spec.dir.join("results.json"),
+        serde_json::to_string_pretty(&cells)?,
+    )?;
+    std::fs::write(spec.dir.join("results.md"), table(spec, &cells))?;
+    Ok(cells)
+}
+
+/// A cell's figures from its run directory.
+fn figures(spec: &RunSpec, promise_kept: bool) -> anyhow::Result<Cell> {
+    let lines: Vec<MockLine> = read_jsonl(&spec.dir.join("mock.jsonl"))?;
+    let ops: Vec<Op> = read_jsonl(&spec.dir.join("history.jsonl"))?;
+    let window_ms = spec.window.as_millis() as u64;
+    let run_ms = spec.duration.as_millis() as u64;
+    let seconds = spec.duration.as_secs_f64();
+    let peak = checker::window_peak(&lines, window_ms);
+    let accepted = lines.iter().filter(|l| l.outcome == "admitted").count() as f64;
+    let served: Vec<&Op> = ops.iter().filter(|o| o.status == Some(200)).collect();
+    let mut latencies: Vec<u64> = (served.iter())
+        .filter_map(|o| o.complete_ms.map(|c| c.saturating_sub(o.invoke_ms)))
+        .collect();
+    latencies.sort_unstable();
+    let mut sync_bytes = 0.0;
+    for node in 0..spec.nodes {
+        if let Ok(text) = std::fs::read_to_string(spec.dir.join(format!("n{node}.metrics.txt"))) {
+            sync_bytes += metric(&text, "tollgate_sync_published_bytes_total");
+        }
+    }
+    Ok(Cell {
+        mode: spec.mode.clone(),
+        nodes: spec.nodes,
+        pattern: spec.pattern.name().into(),
+        overshoot: peak.requests as f64 / spec.limit as f64 - 1.0,
+        utilisation: accepted / (spec.limit as f64 * run_ms as f64 / window_ms as f64),
+        upstream_429s: checker::upstream_429s(&lines),
+        gateway_429s: ops.iter().filter(|o| o.status == Some(429)).count() as u64,
+        latency_ms: [0.5, 0.99, 0.999].map(|q| quantile(&latencies, q)),
+        requests_per_s: served.len() as f64 / seconds,
+        tokens_per_s: served.iter().filter_map(|o| o.tokens).sum::<u64>() as f64 / seconds,
+        sync_bytes_per_s: sync_bytes / spec.nodes.max(1) as f64 / seconds,
+        promise_kept,
+    })
+}
+
+/// The `q` quantile of sorted `values` (nearest rank; 0 when empty).
+fn quantile(values: &[u64], q: f64) -> u64 {
+    if values.is_empty() {
+        return 0;
+    }
+    let rank = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+/// The sum of a metric's samples (every label set) in a Prometheus text
+/// exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    (text.lines())
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// The results as markdown: one table per workload pattern.
+pub fn table(spec: &BenchSpec, cells: &[Cell]) -> String {
+    let mut out = format!(
+        "L = {} requests per {} s window at the upstream, {} s per cell, seed {}, no faults.\n",
+        spec.limit,
+        spec.window.as_secs(),
+        spec.duration.as_secs(),
+        spec.seed
+    );
+    for pattern in &spec.patterns {
+        out.push_str(&format!(
+            "\n### Workload `{}`\n\n| mode | nodes | overshoot | utilisation | upstream 429s | gateway 429s | latency p50 / p99 / p999 (ms) | req/s | tokens/s | gossip B/s per node | promise kept |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+            pattern.name()
+        ));
+        for c in cells.iter().filter(|c| c.pattern == pattern.name()) {
+            out.push_str(&format!(
+                "| {} | {} | {:+.3} | {:.2} | {} | {} | {} / {} / {} | {:.1} | {:.0} | {:.0} | {} |\n",
+                c.mode,
+                c.nodes,
+                c.overshoot,
+                c.utilisation,
+                c.upstream_429s,
+                c.gateway_429s,
+                c.latency_ms[0],
+                c.latency_ms[1],
+                c.latency_ms[2],
+                c.requests_per_s,
+                c.tokens_per_s,
+                c.sync_bytes_per_s,
+                if c.promise_kept { "yes" } else { "**no**" }
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let v: Vec<u64> = (1..=1000).collect();
+        assert_eq!(quantile(&v, 0.5), 500);
+        assert_eq!(quantile(&v, 0.99), 990);
+        assert_eq!(quantile(&v, 0.999), 999);
+        assert_eq!(quantile(&[7], 0.999), 7);
+        assert_eq!(quantile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn metrics_sum_every_label_set_of_one_name_only() {
+        let text = "# TYPE tollgate_sync_published_bytes counter\ntollgate_sync_published_bytes_total 1200\ntollgate_sync_published_bytes_total_other 5\ntollgate_decisions_total{scope=\"tenant\"} 3\ntollgate_decisions_total{scope=\"upstream\"} 4\n";
+        assert_eq!(metric(text, "tollgate_sync_published_bytes_total"), 1200.0);
+        assert_eq!(metric(text, "tollgate_decisions_total"), 7.0);
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_cell_under_its_pattern() {
+        let spec = BenchSpec::quick(PathBuf::from("x"), PathBuf::from("y"), 1);
+        let cell = Cell {
+            mode: "lease".into(),
+            nodes: 3,
+            pattern: "uniform".into(),
+            overshoot: 0.0,
+            utilisation: 0.97,
+            upstream_429s: 0,
+            gateway_429s: 12,
+            latency_ms: [20, 150, 300],
+            requests_per_s: 7.9,
+            tokens_per_s: 95.0,
+            sync_bytes_per_s: 410.0,
+            promise_kept: true,
+        };
+        let md = table(&spec, &[cell]);
+        assert!(md.contains("### Workload `uniform`"), "{md}");
+        assert!(
+            md.contains(
+                "| lease | 3 | +0.000 | 0.97 | 0 | 12 | 20 / 150 / 300 | 7.9 | 95 | 410 | yes |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("### Workload `skewed-nodes`"), "{md}");
+    }
+}
