@@ -353,6 +353,14 @@ mod tests {
     }
 
     async fn acquire(registry: &Registry, scope: &ScopeId) -> Result<Permit, Refusal> {
+        acquire_waiting(registry, scope, 0).await
+    }
+
+    async fn acquire_waiting(
+        registry: &Registry,
+        scope: &ScopeId,
+        max_wait_ns: Nanos,
+    ) -> Result<Permit, Refusal> {
         let (answer, handle) = registry
             .acquire(scope, |reply| AcquireRequest {
                 lane: Lane::Interactive,
@@ -360,7 +368,7 @@ mod tests {
                 max_completion_tokens: 10,
                 model: "m".into(),
                 adaptive: false,
-                max_wait_ns: 0,
+                max_wait_ns,
                 busy_above: None,
                 reply,
             })
@@ -418,6 +426,54 @@ mod tests {
         let status = registry.status(&scope).await.unwrap();
         assert_eq!(status.requests.unwrap().used, 0);
         assert_eq!(status.tokens.unwrap().used, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_requests_waiting_for_a_slot_are_concurrency_demand() {
+        let (registry, scope) = registry(60);
+        let registry = Arc::new(registry);
+        let waiting = |r: &Arc<Registry>| {
+            let r = r.clone();
+            async move { r.export_live().await[0].1.waiting }
+        };
+        // Both slots taken: a third request queues for a slot.
+        let a = acquire(&registry, &scope).await.unwrap();
+        let b = acquire(&registry, &scope).await.unwrap();
+        let queued = {
+            let (registry, scope) = (registry.clone(), scope.clone());
+            tokio::spawn(
+                async move { acquire_waiting(&registry, &scope, 30 * NANOS_PER_SEC).await },
+            )
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(waiting(&registry).await, 1);
+        a.settle(SettleWith::Cancel);
+        let c = queued.await.unwrap().unwrap();
+        assert_eq!(waiting(&registry).await, 0, "served");
+        // Now the request window (5) is what holds a queued request back: not
+        // slot demand, though a slot is free.
+        b.settle(SettleWith::KeepReserved);
+        c.settle(SettleWith::KeepReserved);
+        for _ in 0..3 {
+            acquire(&registry, &scope)
+                .await
+                .unwrap()
+                .settle(SettleWith::KeepReserved);
+        }
+        let queued = {
+            let (registry, scope) = (registry.clone(), scope.clone());
+            tokio::spawn(
+                async move { acquire_waiting(&registry, &scope, 30 * NANOS_PER_SEC).await },
+            )
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(registry.status(&scope).await.unwrap().in_flight, 0);
+        assert_eq!(
+            waiting(&registry).await,
+            0,
+            "blocked on the window, not a slot"
+        );
+        queued.abort();
     }
 
     #[tokio::test(start_paused = true)]

@@ -102,7 +102,8 @@ pub struct ScopeExport {
     pub requested_requests: u64,
     /// Tokens asked of this actor since it started, admitted or not (demand).
     pub requested_tokens: u64,
-    /// Requests waiting in its queues now: the concurrency dimension's demand.
+    /// Requests waiting in its queues now while it has no slot free (else 0): the
+    /// concurrency dimension's demand.
     pub waiting: u64,
 }
 
@@ -335,6 +336,19 @@ impl ScopeLimits {
             }
         }
         worst.map_or(Ok(()), Err)
+    }
+
+    /// Whether one more request would find no slot here now (the local cap, the
+    /// cluster allowance or the slot credit used up): what makes queued requests
+    /// concurrency demand. Changes nothing (no credit is asked for).
+    pub fn slots_exhausted(&self, now: Nanos) -> bool {
+        let now_ms = now / 1_000_000;
+        let credit = (self.allowances.credits.concurrency.as_ref())
+            .is_some_and(|c| !c.with(|b| b.can_spend(1, now_ms)));
+        let allowance =
+            (self.allowances.concurrency.as_ref()).is_some_and(|a| self.in_flight + 1 > a.get());
+        let cap = self.concurrency.is_some_and(|c| self.in_flight + 1 > c);
+        credit || allowance || cap
     }
 
     /// Charges every dimension, or none.

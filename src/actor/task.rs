@@ -233,7 +233,14 @@ impl Actor {
             Command::Export(reply) => {
                 let mut export = self.limits.export(now);
                 (export.requested_requests, export.requested_tokens) = self.requested;
-                export.waiting = self.queue.len() as u64;
+                // Waiting for a slot: a queue while this scope has no slot free
+                // (a queue held back only by a window or request credit, with a
+                // slot free, is no slot demand).
+                export.waiting = if self.limits.slots_exhausted(now) {
+                    self.queue.len() as u64
+                } else {
+                    0
+                };
                 let _ = reply.send(export);
             }
         }

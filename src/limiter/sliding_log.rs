@@ -112,6 +112,11 @@ impl SlidingLog {
             let moved = reservation.cost.min(entry.cost);
             entry.cost -= moved;
             self.sum -= moved;
+            // Moved whole: the entry goes, so the log keeps one entry per charge
+            // (its entry cap holds).
+            if entry.cost == 0 {
+                self.entries.remove(i);
+            }
         }
         let seq = self.next_seq.max(now);
         self.next_seq = seq.saturating_add(1);

@@ -355,8 +355,8 @@ impl Engine {
         let (mut refused, mut received, mut lag) = (0, 0, 0);
         let mut redis_lost = Vec::new();
         let mut live = HashSet::new();
-        let members = self.membership.live_values("").await;
-        let departed = self.membership.departed_values("").await;
+        let values = self.membership.values("").await;
+        let (members, departed) = (values.live, values.departed);
         let mut usage = lock(&self.usage);
         for (member, values) in members {
             let node = member.to_string();
@@ -408,9 +408,11 @@ impl Engine {
         }
         usage.retain_nodes(&live);
         // Members chitchat collected (after the dead-node grace) are forgotten here
-        // too: bounded memory however many restarts.
+        // too once nothing of theirs counts any more: bounded memory however many
+        // restarts, and never before their usage has left the window (the grace
+        // may be shorter than a window).
         for node in usage.nodes() {
-            if !known.contains(&node) {
+            if !known.contains(&node) && usage.is_idle(&node, now_ms) {
                 usage.forget_node(&node);
             }
         }

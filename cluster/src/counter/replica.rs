@@ -273,6 +273,13 @@ impl ClusterUsage {
         nodes
     }
 
+    /// Whether nothing `node` published counts at `now_ms` (no bucket in the
+    /// window, demand and in-flight 0), or it is unknown.
+    pub fn is_idle(&self, node: &str, now_ms: u64) -> bool {
+        let window = self.window;
+        (self.nodes.get(node)).is_none_or(|r| r.keys.values().all(|k| k.is_zero(&window, now_ms)))
+    }
+
     /// Live nodes, sorted.
     pub fn live_nodes(&self) -> Vec<String> {
         let mut nodes: Vec<String> = (self.nodes.iter())
@@ -493,6 +500,9 @@ mod tests {
             u.demand_by_node(K),
             vec![("b".to_owned(), 0), ("c".to_owned(), 0)]
         );
+        assert!(!u.is_idle("b", 1_000_000), "its bucket still counts");
+        assert!(u.is_idle("b", 2_000_000), "left the window");
+        assert!(u.is_idle("z", 1_000_000), "unknown");
         assert!(u.forget_node("b"));
         assert!(!u.forget_node("b"));
         assert_eq!(u.global_usage(K, 1_000_000), 0);

@@ -55,6 +55,16 @@ pub struct Membership {
     _view_task: AbortOnDrop,
 }
 
+/// Every member's values, split: trusted live members, and the rest chitchat
+/// still holds (dead, superseded, refused).
+#[derive(Debug, Default)]
+pub struct MemberValues {
+    /// Trusted live members (self included), with their values.
+    pub live: Vec<(MemberId, Vec<(String, String)>)>,
+    /// Departed members, with their last values.
+    pub departed: Vec<(MemberId, Vec<(String, String)>)>,
+}
+
 /// Aborts the view task when the [`Membership`] goes away.
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -190,6 +200,39 @@ impl Membership {
             .await
     }
 
+    /// [`Self::live_values`] and [`Self::departed_values`] from one snapshot of the
+    /// view and of chitchat's state, so no member falls between the two lists.
+    pub async fn values(&self, prefix: &str) -> MemberValues {
+        let trusted: Vec<MemberId> = (self.view_rx.borrow().members.iter())
+            .map(|member| member.id.clone())
+            .collect();
+        self.handle
+            .with_chitchat(|chitchat| {
+                let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
+                let mut out = MemberValues::default();
+                let mut listed: HashSet<ChitchatId> = HashSet::new();
+                for id in &trusted {
+                    let chitchat_id = id.to_chitchat_id();
+                    if !live.contains(&chitchat_id) {
+                        continue;
+                    }
+                    if let Some(state) = chitchat.node_state(&chitchat_id) {
+                        out.live
+                            .push((id.clone(), values_with_prefix(state, prefix)));
+                        listed.insert(chitchat_id);
+                    }
+                }
+                for (id, state) in chitchat.node_states() {
+                    if !listed.contains(id) && id != chitchat.self_chitchat_id() {
+                        out.departed
+                            .push((MemberId::from(id), values_with_prefix(state, prefix)));
+                    }
+                }
+                out
+            })
+            .await
+    }
+
     /// For every member chitchat still holds that is not a trusted live member (dead,
     /// superseded by a newer generation of its `node_id`, or refused as a duplicate),
     /// its keys starting with `prefix` as last received; metadata keys are never
@@ -298,7 +341,7 @@ async fn run_view_task(
 fn log_event(event: &Event) {
     match event {
         Event::DuplicateRefused { refused, kept } => {
-            warn!(%refused, %kept, "duplicate node id refused: not a member, its state is ignored");
+            warn!(%refused, %kept, "duplicate node id refused: not a member, its state is not trusted (its usage is still charged as a departed member's)");
         }
         Event::Superseded { old, new } => {
             info!(%old, %new, "member restarted with a newer generation")

@@ -8,7 +8,10 @@
 //! Off unless [`install`]ed (the harness's `node --lease-audit PATH`): then one
 //! atomic load per spend. On: lines go through a bounded channel to a writer
 //! thread that flushes after every batch, so a kill -9 loses at most the last
-//! batch. A full channel blocks the spender (backpressure, never a dropped line).
+//! batch. A full channel blocks the spender (backpressure, never a dropped line;
+//! the spender holds its budget's lock meanwhile, and owners their lines' lock:
+//! a test facility, not for production). Not recorded: credit re-spent by a
+//! re-date whose bucket had left the window, and settlement debts.
 
 use serde::Serialize;
 use std::io::Write;

@@ -340,8 +340,11 @@ pub fn ghost_slots(faults: &[Interval], slots: &Slots<'_>, run_ms: u64) -> Check
         .filter(|f| f.down.is_some() && f.label.starts_with("kill -9"));
     let mut judged = 0;
     for kill in kills {
-        let back = (slots.upstream.iter())
-            .filter(|s| s.at_ms >= kill.from_ms)
+        // From the first sample after the kill that shows the killed node's
+        // streams gone (below the limit): before it, the upstream may still be
+        // serving them and a full count proves nothing.
+        let after = (slots.upstream.iter()).filter(|s| s.at_ms >= kill.from_ms);
+        let back = (after.skip_while(|s| s.in_flight.is_none_or(|n| n >= slots.limit)))
             .find(|s| s.in_flight.is_some_and(|n| n >= slots.limit))
             .map(|s| s.at_ms - kill.from_ms);
         match back {
@@ -433,7 +436,7 @@ pub fn healthy_utilisation(case: &Case<'_>, lines: &[MockLine]) -> Option<f64> {
         return None;
     }
     let admitted = (lines.iter())
-        .filter(|l| sent(l))
+        .filter(|l| l.outcome == "admitted")
         .filter(|l| healthy(l.ts_ms.saturating_sub(case.t0_unix_ms)))
         .count() as f64;
     Some(admitted / (case.limit as f64 * healthy_ms as f64 / w as f64))
@@ -812,8 +815,15 @@ mod tests {
             at_ms,
             in_flight: Some(n),
         };
-        // Full (2) before the kill does not count; back to 2 at 2500 ms: 1500 ms.
-        let upstream = [at(900, 2), at(1_250, 1), at(2_000, 1), at(2_500, 2)];
+        // Full (2) before the kill does not count, nor right after it (the killed
+        // node's streams still open); back to 2 at 2500 ms: 1500 ms.
+        let upstream = [
+            at(900, 2),
+            at(1_000, 2),
+            at(1_250, 1),
+            at(2_000, 1),
+            at(2_500, 2),
+        ];
         let slots = |back_within_ms| Slots {
             limit: 2,
             back_within_ms,

@@ -33,7 +33,11 @@ pub fn tenant_of_model(model: &str) -> Option<usize> {
 /// The longest a client waits on a `retry-after` before trying again.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
 
-/// How demand is spread over the clients and time (about 4x capacity in all).
+/// How demand is spread over the clients and time. The steady patterns ask 4x
+/// capacity in all; `mixed` more (4 x H(nodes) x H(tenants), H the harmonic
+/// number: 7.3x at 3 nodes and 1 tenant, less its quiet seconds); `bursty` 4x
+/// while on, 2x on average. Each client runs one request at a time, so what it
+/// sends is also bounded by the latency.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Pattern {
