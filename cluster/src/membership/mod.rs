@@ -175,29 +175,7 @@ impl Membership {
     /// For every trusted live member (self included), its keys starting with `prefix`
     /// and their values; metadata keys are never returned.
     pub async fn live_values(&self, prefix: &str) -> Vec<(MemberId, Vec<(String, String)>)> {
-        let members: Vec<MemberId> = self
-            .view_rx
-            .borrow()
-            .members
-            .iter()
-            .map(|member| member.id.clone())
-            .collect();
-        self.handle
-            .with_chitchat(|chitchat| {
-                let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
-                members
-                    .iter()
-                    .filter_map(|id| {
-                        let chitchat_id = id.to_chitchat_id();
-                        if !live.contains(&chitchat_id) {
-                            return None;
-                        }
-                        let state = chitchat.node_state(&chitchat_id)?;
-                        Some((id.clone(), values_with_prefix(state, prefix)))
-                    })
-                    .collect()
-            })
-            .await
+        self.values(prefix).await.live
     }
 
     /// [`Self::live_values`] and [`Self::departed_values`] from one snapshot of the
@@ -239,19 +217,7 @@ impl Membership {
     /// returned. Chitchat keeps a dead node's state for the dead-node grace period, so
     /// what a departed member spent still counts until it has left the window.
     pub async fn departed_values(&self, prefix: &str) -> Vec<(MemberId, Vec<(String, String)>)> {
-        let trusted: HashSet<ChitchatId> = (self.view_rx.borrow().members.iter())
-            .map(|member| member.id.to_chitchat_id())
-            .collect();
-        self.handle
-            .with_chitchat(|chitchat| {
-                let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
-                (chitchat.node_states().iter())
-                    .filter(|(id, _)| !(trusted.contains(*id) && live.contains(id)))
-                    .filter(|(id, _)| **id != *chitchat.self_chitchat_id())
-                    .map(|(id, state)| (MemberId::from(id), values_with_prefix(state, prefix)))
-                    .collect()
-            })
-            .await
+        self.values(prefix).await.departed
     }
 
     /// Follows the live view; a new value is published whenever chitchat's live set or

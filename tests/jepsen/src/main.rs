@@ -94,6 +94,10 @@ enum Cmd {
         /// Seeds every cell's clients.
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Keep cells already run (their directory has a report): resume an
+        /// interrupted matrix, or tabulate it again.
+        #[arg(long)]
+        resume: bool,
     },
     /// (inside a host) A tollgate node from a config file.
     Node {
@@ -128,6 +132,18 @@ async fn terminated() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// Runs `work` unless Ctrl-C or SIGTERM comes first: then `work` is dropped, and
+/// with it the run's processes (killed) and hosts (namespaces, links, bridge and
+/// iptables rules removed) before the harness exits.
+async fn until_interrupted<T>(
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    tokio::select! {
+        result = work => result,
+        () = terminated() => anyhow::bail!("interrupted: the run's processes and hosts were torn down"),
     }
 }
 
@@ -171,12 +187,12 @@ async fn main() -> anyhow::Result<()> {
                     fault,
                     concurrency,
                     pattern: tollgate_jepsen::workload::Pattern::default(),
-                    // Away from the CI suite's subnets (31-68).
+                    // Away from the CI suite's subnets (31-79).
                     subnet: (std::process::id() % 150) as u8 + 100,
                     bin: std::env::current_exe()?,
                 },
             };
-            let outcome = tollgate_jepsen::run::run(spec).await?;
+            let outcome = until_interrupted(tollgate_jepsen::run::run(spec)).await?;
             let report = std::fs::read_to_string(&outcome.report)?;
             println!("{report}");
             if !outcome.passed() {
@@ -193,11 +209,12 @@ async fn main() -> anyhow::Result<()> {
             window,
             limit,
             seed,
+            resume,
         } => {
             let bin = std::env::current_exe()?;
-            // Away from the CI suite's subnets (31-68).
-            let subnet = (std::process::id() % 150) as u8 + 100;
-            let spec = if quick {
+            // Away from the CI suite's subnets (31-79): cells take 100 in turn.
+            let subnet = (std::process::id() % 50) as u8 + 100;
+            let mut spec = if quick {
                 tollgate_jepsen::bench::BenchSpec::quick(
                     bin,
                     PathBuf::from("target/jepsen/bench-quick"),
@@ -228,9 +245,11 @@ async fn main() -> anyhow::Result<()> {
                     bin,
                     dir: PathBuf::from("target/jepsen/bench"),
                     subnet,
+                    resume: false,
                 }
             };
-            tollgate_jepsen::bench::run(&spec).await?;
+            spec.resume = resume;
+            until_interrupted(tollgate_jepsen::bench::run(&spec)).await?;
             let table = std::fs::read_to_string(spec.dir.join("results.md"))?;
             println!("{table}");
             Ok(())

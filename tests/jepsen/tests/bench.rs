@@ -3,7 +3,7 @@
 //! its promise and publishes its sync traffic. (That `local full` overshoots is
 //! proven by `promises.rs`; here its overshoot is small, because every node cools
 //! the upstream down on the mock's first 429 or `remaining: 0` header.) Needs
-//! root, like the rest of the harness.
+//! root, like the rest of the harness. Its cells take subnets 68-79.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
