@@ -6,6 +6,7 @@
 use super::registry::ActorHandle;
 use super::task::{Grant, Release};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 pub use super::task::SettleWith;
 
@@ -15,8 +16,9 @@ pub trait RemoteCharge: Send + Sync + std::fmt::Debug {
     /// Settles the remote charge as the permit ends (off the request path).
     fn settle(self: Box<Self>, how: SettleWith);
 
-    /// The upstream answered: the remote charge counts from now on (see
-    /// [`Permit::redate`]); applied with the settlement.
+    /// The upstream answered (or is still silent half a window on): the remote
+    /// charge counts from now on (see [`Permit::answered`]); applied with the
+    /// settlement.
     fn redate(&self);
 }
 
@@ -27,6 +29,8 @@ pub struct Permit {
     permit_id: u64,
     settled: bool,
     remote: Option<Box<dyn RemoteCharge>>,
+    /// When the upstream last answered: the settlement moves the charge there.
+    answered_at: Option<Instant>,
 }
 
 impl Permit {
@@ -37,6 +41,7 @@ impl Permit {
             permit_id: grant.permit_id,
             settled: false,
             remote: None,
+            answered_at: None,
         }
     }
 
@@ -46,12 +51,23 @@ impl Permit {
         self
     }
 
-    /// Moves this permit's windowed charge to now (`ScopeLimits::redate`): the
-    /// upstream answered (response headers, an error or a timeout), so the provider
-    /// has counted the request by now and the charge must count a window from here;
-    /// or it is still unanswered half a window on, and must keep counting. Once
-    /// per upstream attempt and per half window of waiting (bounded).
-    pub fn redate(&self) {
+    /// The upstream answered (response headers, an error or a timeout): the
+    /// provider has counted the request by now, so its windowed charge must count
+    /// a window from here (`ScopeLimits::redate`). Remembered and applied with the
+    /// settlement, in the same message: no extra one on the request path. Where the
+    /// settlement may come much later (a stream, a retry), also call
+    /// [`Self::redate_now`].
+    pub fn answered(&mut self) {
+        self.answered_at = Some(Instant::now());
+        if let Some(remote) = &self.remote {
+            remote.redate();
+        }
+    }
+
+    /// Moves the windowed charge to now at once (one message to the actor): a
+    /// stream starts, an attempt will be retried, or the upstream is still silent
+    /// half a window on and the charge must keep counting.
+    pub fn redate_now(&self) {
         if let Some(remote) = &self.remote {
             remote.redate();
         }
@@ -59,6 +75,7 @@ impl Permit {
         let _ = self.releases.send(Release {
             permit_id: self.permit_id,
             how: None,
+            answered_at: Some(Instant::now()),
         });
     }
 
@@ -78,6 +95,7 @@ impl Permit {
             let _ = self.releases.send(Release {
                 permit_id: self.permit_id,
                 how: Some(how),
+                answered_at: self.answered_at,
             });
         }
     }

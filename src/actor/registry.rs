@@ -406,12 +406,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_answered_permit_counts_a_window_from_its_answer() {
         let (registry, scope) = registry(60);
-        let permit = acquire(&registry, &scope).await.unwrap();
+        let mut permit = acquire(&registry, &scope).await.unwrap();
         // The upstream answers 8 s after admission (a slow way there): the provider
-        // counted the request by then, so the charge moves there, and the
-        // settlement corrects it where it now is.
+        // counted the request by then, so the charge moves there (with the
+        // settlement's message), and the settlement corrects it where it now is.
         tokio::time::sleep(std::time::Duration::from_secs(8)).await;
-        permit.redate();
+        permit.answered();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         permit.settle(SettleWith::Usage {
             prompt: 10,
             completion: 5,
@@ -426,6 +427,18 @@ mod tests {
         let status = registry.status(&scope).await.unwrap();
         assert_eq!(status.requests.unwrap().used, 0);
         assert_eq!(status.tokens.unwrap().used, 0);
+        // `redate_now` moves a held charge at once (a stream that settles late).
+        let permit = acquire(&registry, &scope).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+        permit.redate_now();
+        tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!(
+            status.requests.unwrap().used,
+            1,
+            "past admission + W: moved"
+        );
+        drop(permit);
     }
 
     #[tokio::test(start_paused = true)]

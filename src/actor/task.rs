@@ -1,9 +1,9 @@
 //! The actor loop: one tokio task per scope. It owns the scope's limits, its waiting
 //! queues, its in-flight permits and (for tenants) adaptive completion statistics.
 //! Commands arrive on a bounded mailbox; releases on their own channel, which is
-//! bounded by the permits outstanding (each sends one release, and before it one
-//! "answered" per upstream attempt, itself bounded), so a release can never be
-//! refused or lost.
+//! bounded by the permits outstanding (each sends one release, and before it at
+//! most one re-date per stream start, retried attempt and half window of waiting
+//! for an answer, all bounded), so a release can never be refused or lost.
 
 use super::clock::Clock;
 use super::estimate::{AdaptivePolicy, CompletionStats};
@@ -102,8 +102,11 @@ pub enum SettleWith {
 pub struct Release {
     /// The permit.
     pub permit_id: u64,
-    /// How it ended; `None`: the charge moves to now ([`super::Permit::redate`]).
+    /// How it ended; `None`: not yet, only `answered_at` is news.
     pub how: Option<SettleWith>,
+    /// When the upstream answered: the charge moves there first
+    /// ([`super::Permit::answered`]).
+    pub answered_at: Option<tokio::time::Instant>,
 }
 
 #[derive(Debug)]
@@ -299,20 +302,27 @@ impl Actor {
     fn on_release(&mut self, release: Release) {
         let now = self.settings.clock.now_ns();
         self.last_active_ns = now;
+        // The provider counted the request by the upstream's answer: its charge
+        // counts for a window from there (`ScopeLimits::redate`).
+        let answered_ns = release.answered_at.map(|at| self.settings.clock.ns_at(at));
         let Some(ended) = release.how else {
-            // Answered: the provider counted the request by now; its charge counts
-            // for a window from here (`ScopeLimits::redate`).
-            match self.permits.get_mut(&release.permit_id) {
-                Some(held) => self.limits.redate(now, &mut held.charge),
-                None => debug_assert!(false, "answer for unknown permit {}", release.permit_id),
+            match (self.permits.get_mut(&release.permit_id), answered_ns) {
+                (Some(held), Some(at)) => self.limits.redate(at, &mut held.charge),
+                (None, _) => {
+                    debug_assert!(false, "re-date of unknown permit {}", release.permit_id)
+                }
+                (Some(_), None) => {}
             }
             return;
         };
-        let Some(held) = self.permits.remove(&release.permit_id) else {
+        let Some(mut held) = self.permits.remove(&release.permit_id) else {
             // Permits send exactly one release; an unknown id would be a bug.
             debug_assert!(false, "release of unknown permit {}", release.permit_id);
             return;
         };
+        if let Some(at) = answered_ns {
+            self.limits.redate(at, &mut held.charge);
+        }
         let how = match ended {
             SettleWith::Usage { prompt, completion } => {
                 if self.settings.adaptive.is_some() {
@@ -401,6 +411,7 @@ impl Actor {
             self.on_release(Release {
                 permit_id,
                 how: Some(SettleWith::Cancel),
+                answered_at: None,
             });
         }
     }

@@ -58,6 +58,9 @@ enum Attempt {
 
 /// Settles the upstream's permit and hands the tenant's back for another attempt.
 fn retry(held: Held, upstream: SettleWith, error: ApiError, backoff: bool) -> Attempt {
+    // The tenant's charge lives on through the next attempts: moved now, not at
+    // its settlement, however long they take.
+    held.tenant.redate_now();
     held.upstream.settle(upstream);
     Attempt::Retry {
         error,
@@ -208,7 +211,7 @@ async fn attempt_once(
     state: &AppState,
     req: &Admitted<'_>,
     upstream: &Upstream,
-    held: Held,
+    mut held: Held,
     first: bool,
 ) -> Attempt {
     let started = Instant::now();
@@ -237,15 +240,15 @@ async fn attempt_once(
         tokio::select! {
             sent = &mut send => break sent,
             () = tokio::time::sleep(limits.window / 2) => {
-                held.tenant.redate();
-                held.upstream.redate();
+                held.tenant.redate_now();
+                held.upstream.redate_now();
             }
         }
     };
     // Whatever came back (headers, an error, nothing in time), the provider has
     // counted the request by now (bar one still on the wire after a timeout).
-    held.tenant.redate();
-    held.upstream.redate();
+    held.tenant.answered();
+    held.upstream.answered();
     let seconds = started.elapsed().as_secs_f64();
     let response = match sent {
         Err(_) => {
@@ -294,6 +297,10 @@ async fn attempt_once(
         return retry(held, SettleWith::RefundTokens, error, true);
     }
     if req.parsed.stream && status.is_success() {
+        // A stream settles at its end, maybe more than a window later: the
+        // charges move now.
+        held.tenant.redate_now();
+        held.upstream.redate_now();
         return Attempt::Done(stream_response(response, held, req, upstream));
     }
     match read_body(response, upstream.timeout, req.deadline).await {
