@@ -107,7 +107,7 @@ async fn owner_death_moves_ownership_without_exceeding_l() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incarnation() {
-    // The owner of the request key spends most of L, then restarts (same node_id,
+    // The owner of the request key spends half of L, then restarts (same node_id,
     // a new generation). Ownership moves; the new owner rebuilds the line from the
     // gossiped counters, where the previous incarnation is no longer a live
     // member. Its spending must count until it leaves the window (the jepsen
@@ -134,7 +134,9 @@ async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incar
     }
     let index = index.expect("the owner is one of the nodes");
     let mut spent = 0;
-    while spent < 40 {
+    // Half of L: a rebuilt owner also charges the old incarnation what it may
+    // not have reported (max_credit), and the rest must still be served.
+    while spent < 30 {
         let response = post(&nodes[index], "/chat/completions", chat_body("hi", 5), &[]).await;
         assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
         spent += 1;
@@ -154,7 +156,7 @@ async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incar
         wait_members(n, 3).await;
     }
     let nodes: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
-    let after = load(urls(&nodes), &[40, 40, 40], 3.0).await;
+    let after = load(urls(&nodes), &[40, 40, 40], 5.0).await;
     let truth = upstream.stats().admitted;
     let new_owner = owner_of(&nodes[0], KEY_REQUESTS).await;
     println!(

@@ -11,20 +11,30 @@ pub const LIMIT: u64 = 30;
 /// The shared secret of test clusters.
 pub const SECRET: &str = "test-cluster-secret-0123456789";
 
+/// A port for a socket a node binds later (its RPC listener, its gossip socket).
+/// Taken below the kernel's ephemeral range (32768-60999 by default) and never
+/// twice in this process: a port from `bind(0)` could be handed to another
+/// test's `bind(0)` listener before the node binds it (CI saw "Address already in
+/// use" for a lease RPC port). Each test process gets its own 500-port block.
+fn reserved_port(free: impl Fn(u16) -> bool) -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 24) as u16 * 500;
+    for _ in 0..500 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 500;
+        if free(port) {
+            return port;
+        }
+    }
+    panic!("no free port in 20000-32000 for this test process");
+}
+
 pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    reserved_port(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
 }
 
 pub fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    reserved_port(|p| std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok())
 }
 
 /// Node `i`'s config: gossip on `ports[i]`, a free RPC port, the shared secret,
