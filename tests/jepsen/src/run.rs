@@ -430,7 +430,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
 }
 
 /// Each node's permits once the workload is over, from its `/metrics` (`None`: it
-/// does not answer). Settlement runs off the request path: waits up to 3 s for
+/// does not answer). Settlement runs off the request path: waits up to 10 s for
 /// each node's figures to agree before taking them as they are.
 async fn settlements(ips: &[String], dir: &Path) -> Vec<Option<checker::Settlements>> {
     let client = reqwest::Client::builder()
@@ -440,7 +440,7 @@ async fn settlements(ips: &[String], dir: &Path) -> Vec<Option<checker::Settleme
     let mut out = Vec::new();
     for (node, ip) in ips.iter().enumerate() {
         let url = format!("http://{ip}:{PROXY_PORT}/metrics");
-        let deadline = Instant::now() + Duration::from_secs(3);
+        let deadline = Instant::now() + Duration::from_secs(10);
         let mut figures = None;
         loop {
             if let Ok(r) = client.get(&url).send().await
