@@ -477,6 +477,9 @@ pub struct Case<'a> {
     pub settlements: &'a [Option<Settlements>],
     /// The run's length.
     pub run_ms: u64,
+    /// Tokens per window the upstream grants, if it limits tokens (the seed
+    /// scenario): judged like requests.
+    pub token_limit: Option<u64>,
     /// The concurrency limit under test, if any (ghost slots).
     pub slots: Option<Slots<'a>>,
     /// Every node's lease audit: grants (from all nodes) and spends by node.
@@ -500,6 +503,8 @@ pub fn promised_max(case: &Case<'_>, limit: u64) -> u64 {
         // The baseline: every node enforces L alone.
         "local-full" => nodes * limit,
         "gossip" => gossip,
+        // No gateway (the benchmark's uncoordinated baseline): nothing promised.
+        "direct" => u64::MAX,
         // `redis` has no per-node reservations: when every node loses Redis they
         // fall back to gossip mode's rule (a node losing it alone stays <= L).
         "redis" if nemeses.iter().any(|n| n == "redis-kill") => gossip,
@@ -526,6 +531,18 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
             context(case, ops, peak.requests_at_ms, peak.requests > max),
         ),
     });
+    if let Some(token_limit) = case.token_limit {
+        let max = promised_max(case, token_limit);
+        checks.push(Check {
+            name: "tokens sent to the upstream per window <= promise".into(),
+            ok: peak.tokens <= max,
+            detail: format!(
+                "peak {} tokens in a {window_ms} ms window (promise {max}, limit {token_limit}, overshoot {:.3})",
+                peak.tokens,
+                peak.tokens as f64 / token_limit as f64 - 1.0,
+            ),
+        });
+    }
     if case.tenant_limits.len() > 1 {
         for (tenant, &tenant_limit) in case.tenant_limits.iter().enumerate() {
             let mine: Vec<MockLine> = (lines.iter())
@@ -753,10 +770,33 @@ mod tests {
                 in_flight: 0,
             })],
             run_ms: 2_000,
+            token_limit: None,
             slots: None,
             audit: None,
             clock_slack_ms: 0,
         }
+    }
+
+    #[test]
+    fn tokens_are_judged_against_the_token_limit_when_there_is_one() {
+        // Two requests of 10 + 5 tokens in one window: 30 tokens.
+        let lines = [admitted(100), admitted(200)];
+        let token_check = |limit| {
+            let case = Case {
+                token_limit: limit,
+                ..case("lease", &[])
+            };
+            check(&case, &lines, &[])
+                .into_iter()
+                .find(|c| c.name.starts_with("tokens sent"))
+        };
+        assert!(token_check(None).is_none());
+        assert!(token_check(Some(30)).is_some_and(|c| c.ok));
+        let over = token_check(Some(29)).expect("judged");
+        assert!(
+            !over.ok && over.detail.contains("peak 30 tokens"),
+            "{over:?}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`procs`]: node and mock processes (kill -9, pause, restart, stop).
 //! - [`nemesis`]: the faults, scheduled from the seed on one timeline.
 //! - [`workload`]: the clients (tenants, streams, lanes, retry-after).
+//! - [`tasks`]: the seed scenario's task workers (issue 6).
 //! - [`run`]: one run, end to end, and its report.
 //! - [`checker`]: the checks, pure.
 //! - [`timeline`]: the run's timeline picture (SVG).
@@ -23,5 +24,6 @@ pub mod hosts;
 pub mod nemesis;
 pub mod procs;
 pub mod run;
+pub mod tasks;
 pub mod timeline;
 pub mod workload;

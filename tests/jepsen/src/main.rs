@@ -69,19 +69,26 @@ enum Cmd {
         /// cells (every other option is ignored).
         #[arg(long)]
         quick: bool,
-        /// Modes, comma-separated.
+        /// Modes, comma-separated (`lease-borrow`: lease with `max_borrow` 0.2).
         #[arg(
             long,
-            default_value = "local-full,local-split,gossip,lease,redis,redis-lease"
+            default_value = "local-full,local-split,gossip,lease,lease-borrow,redis,redis-lease"
         )]
         modes: String,
         /// Cluster sizes, comma-separated.
         #[arg(long, default_value = "1,3,5")]
         nodes: String,
-        /// Workload patterns, comma-separated (mixed, uniform, hot-tenant,
-        /// skewed-nodes, bursty).
-        #[arg(long, default_value = "uniform,hot-tenant,skewed-nodes,bursty,mixed")]
+        /// Workloads, comma-separated: patterns (mixed, uniform, hot-tenant,
+        /// skewed-nodes, bursty) and `seed` (the seed scenario: every cell of it,
+        /// after the matrix).
+        #[arg(
+            long,
+            default_value = "uniform,hot-tenant,skewed-nodes,bursty,mixed,seed"
+        )]
         workloads: String,
+        /// Request loops per client (more: demand, not latency, bounds the clients).
+        #[arg(long, default_value_t = tollgate_jepsen::bench::LOOPS)]
+        loops: usize,
         /// Each cell's length.
         #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
         duration: Duration,
@@ -116,6 +123,15 @@ enum Cmd {
         listen: std::net::SocketAddr,
         #[arg(long)]
         rpm: u64,
+        /// Tokens per window (0: unlimited).
+        #[arg(long, default_value_t = 0)]
+        tpm: u64,
+        /// Shortest completion drawn, in tokens.
+        #[arg(long, default_value_t = 3)]
+        completion_min: u64,
+        /// Longest completion drawn, in tokens.
+        #[arg(long, default_value_t = 8)]
+        completion_max: u64,
         #[arg(long)]
         window_ms: u64,
         /// Delay per streamed token (ms).
@@ -187,6 +203,8 @@ async fn main() -> anyhow::Result<()> {
                     fault,
                     concurrency,
                     pattern: tollgate_jepsen::workload::Pattern::default(),
+                    loops: 1,
+                    tasks: None,
                     // Away from the CI suite's subnets (31-79).
                     subnet: (std::process::id() % 150) as u8 + 100,
                     bin: std::env::current_exe()?,
@@ -205,6 +223,7 @@ async fn main() -> anyhow::Result<()> {
             modes,
             nodes,
             workloads,
+            loops,
             duration,
             window,
             limit,
@@ -236,8 +255,17 @@ async fn main() -> anyhow::Result<()> {
                         })
                         .collect::<anyhow::Result<_>>()?,
                     patterns: (list(&workloads).iter())
+                        .filter(|w| *w != "seed")
                         .map(|w| tollgate_jepsen::workload::Pattern::parse(w))
                         .collect::<anyhow::Result<_>>()?,
+                    loops,
+                    seed_cells: if list(&workloads).iter().any(|w| w == "seed") {
+                        tollgate_jepsen::bench::SeedCell::all()
+                    } else {
+                        Vec::new()
+                    },
+                    seed_duration: tollgate_jepsen::bench::SEED_DURATION,
+                    seed_window: tollgate_jepsen::bench::SEED_WINDOW,
                     duration,
                     window,
                     limit,
@@ -285,16 +313,20 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Mock {
             listen,
             rpm,
+            tpm,
+            completion_min,
+            completion_max,
             window_ms,
             inter_token_ms,
             log,
         } => {
             let config = tollgate::mock::MockConfig {
                 rpm,
+                tpm,
                 window_ms,
                 inter_token_ms,
-                completion_min_tokens: 3,
-                completion_max_tokens: 8,
+                completion_min_tokens: completion_min,
+                completion_max_tokens: completion_max,
                 log_path: Some(log),
                 ..tollgate::mock::MockConfig::default()
             };

@@ -5,6 +5,7 @@ use crate::checker::{self, Check, Interval, MockLine, Op, Sample, UpstreamSample
 use crate::hosts::Net;
 use crate::nemesis::{self, Action, Step, Targets};
 use crate::procs::Proc;
+use crate::tasks::{self, TaskSpec};
 use crate::workload::{self, PROXY_PORT, Shape};
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
@@ -51,6 +52,14 @@ pub struct RunSpec {
     /// How the clients' demand is spread (`mixed` unless benchmarking).
     #[serde(default)]
     pub pattern: workload::Pattern,
+    /// Request loops per client (0 or 1: one; the benchmark uses more so that
+    /// demand, not latency, bounds what clients send).
+    #[serde(default)]
+    pub loops: usize,
+    /// The seed scenario's task workers instead of the request clients (issue 6);
+    /// the upstream then also grants `tpm` tokens per window.
+    #[serde(default)]
+    pub tasks: Option<TaskSpec>,
     /// Subnet index (10.77.K.0/24): distinct runs may overlap in time.
     pub subnet: u8,
     /// The harness binary (started as `node` and `mock` in the hosts).
@@ -93,7 +102,8 @@ fn node_toml(
     redis_ip: Option<&str>,
 ) -> String {
     let (mode, share) = match spec.mode.as_str() {
-        "local-full" => ("local", "full"),
+        // `direct`: the clients bypass the nodes, which are left idle.
+        "local-full" | "direct" => ("local", "full"),
         "local-split" => ("local", "split"),
         other => (other, "full"),
     };
@@ -130,18 +140,20 @@ base_url = "http://{mock_ip}:{MOCK_PORT}/v1"{upstream_limit}
 [[routes]]
 models = ["*"]
 upstreams = ["mock"]
-{tenants}{lease}{redis}"#,
+{tenants}{lease}{redis}{estimation}"#,
         seeds = seeds.join(", "),
-        upstream_limit = if spec.tenants > 1 {
-            format!("\nrpm = {}", spec.limit)
-        } else {
-            String::new()
+        upstream_limit = match (&spec.tasks, spec.tenants) {
+            (Some(t), _) => format!("\nrpm = {}\ntpm = {}", spec.limit, t.tpm),
+            (None, 0 | 1) => String::new(),
+            (None, _) => format!("\nrpm = {}", spec.limit),
         },
         tenants = (0..spec.tenants)
             .map(|k| format!(
-                "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}\nmax_wait = \"500ms\"\n{}",
+                "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}\nmax_wait = \"{}\"\n{}",
                 tollgate::config::hash_api_key(&workload::tenant_key(k)),
                 tenant_limit(spec),
+                // Task workers wait in the queue rather than retry (backpressure).
+                if spec.tasks.is_some() { "2s" } else { "500ms" },
                 spec.concurrency.map_or(String::new(), |c| format!("concurrency = {c}\n")),
             ))
             .collect::<String>(),
@@ -149,6 +161,10 @@ upstreams = ["mock"]
         redis = redis_ip.map_or(String::new(), |ip| format!(
             "\n[redis]\nurl = \"redis://{ip}:{REDIS_PORT}/\"\ntimeout = \"50ms\"\nslot_ttl = \"{}ms\"\n",
             REDIS_SLOT_TTL.as_millis()
+        )),
+        estimation = spec.tasks.as_ref().map_or(String::new(), |t| format!(
+            "\n[estimation]\ncompletion = \"{}\"\n",
+            t.estimate
         )),
     )
 }
@@ -262,6 +278,10 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let ips: Vec<String> = node_hosts.iter().map(|h| h.ip.clone()).collect();
     let mock_log = spec.dir.join("mock.jsonl");
     let window_ms = spec.window.as_millis() as u64;
+    let (tpm, completion) = match &spec.tasks {
+        Some(t) => (t.tpm, t.completion),
+        None => (0, (3, 8)),
+    };
     let mut mock = Proc::start(
         "mock",
         &mock_host,
@@ -272,15 +292,23 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
             &format!("{}:{MOCK_PORT}", mock_host.ip),
             "--rpm",
             &spec.limit.to_string(),
+            "--tpm",
+            &tpm.to_string(),
+            "--completion-min",
+            &completion.0.to_string(),
+            "--completion-max",
+            &completion.1.to_string(),
             "--window-ms",
             &window_ms.to_string(),
             // Streams last 60-160 ms: a kill lands mid-stream now and then. With a
             // concurrency limit, 0.3-0.8 s: slots are held long enough to matter.
             "--inter-token-ms",
-            if spec.concurrency.is_some() {
-                "100"
-            } else {
-                "20"
+            match (&spec.tasks, spec.concurrency) {
+                // Tasks: 200-600 tokens in 0.2-0.6 s, so 12 workers can ask for
+                // more than the token budget (the limiter, not latency, binds).
+                (Some(_), _) => "1",
+                (None, Some(_)) => "100",
+                (None, None) => "20",
             },
             "--log",
             &mock_log.display().to_string(),
@@ -321,19 +349,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let t0_unix_ms = unix_ms();
     let end = started + spec.duration;
-    let load = tokio::spawn(workload::run(
-        ips.clone(),
-        Shape {
-            pattern: spec.pattern,
-            tenants: spec.tenants.max(1),
-            capacity_per_s: spec.limit as f64 / spec.window.as_secs_f64(),
-            stream_share: 0.3,
-            batch_share: 0.3,
-            seed: spec.seed,
-        },
-        started,
-        end,
-    ));
+    let load = tokio::spawn(load(&spec, ips.clone(), &mock_host.ip, started, end));
     let monitor = tokio::spawn(monitor(ips.clone(), mock_host.ip.clone(), started, end));
     let mut events = Vec::new();
     let mut targets = Targets {
@@ -351,7 +367,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
             step: step.clone(),
         });
     }
-    let ops = load.await.context("workload")?;
+    let (ops, task_log) = load.await.context("workload")?;
     let (samples, upstream) = monitor.await.context("monitor")?;
     let settlements = settlements(&ips, &spec.dir).await;
     for node in &mut nodes {
@@ -370,6 +386,14 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         text.push('\n');
     }
     std::fs::write(&history, text)?;
+    if let Some(task_log) = &task_log {
+        let mut text = String::new();
+        for task in task_log {
+            text.push_str(&serde_json::to_string(task)?);
+            text.push('\n');
+        }
+        std::fs::write(spec.dir.join("tasks.jsonl"), text)?;
+    }
     let mut text = String::new();
     for sample in &samples {
         text.push_str(&serde_json::to_string(sample)?);
@@ -407,6 +431,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         } else {
             0
         },
+        token_limit: spec.tasks.as_ref().map(|t| t.tpm),
         slots: spec.concurrency.map(|limit| checker::Slots {
             limit,
             back_within_ms: slots_back_within,
@@ -427,6 +452,37 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let svg = crate::timeline::render(&ops, spec.nodes, run_ms, rate, &marks);
     std::fs::write(spec.dir.join("timeline.svg"), svg)?;
     Ok(Outcome { checks, report })
+}
+
+/// The clients: the seed scenario's task workers (which also return their
+/// tasks), or the request clients.
+fn load(
+    spec: &RunSpec,
+    ips: Vec<String>,
+    mock_ip: &str,
+    started: Instant,
+    end: Instant,
+) -> impl std::future::Future<Output = (Vec<Op>, Option<Vec<tasks::Task>>)> + use<> {
+    let mock_url = format!("http://{mock_ip}:{MOCK_PORT}");
+    let tasks = spec.tasks.clone();
+    let shape = Shape {
+        pattern: spec.pattern,
+        tenants: spec.tenants.max(1),
+        capacity_per_s: spec.limit as f64 / spec.window.as_secs_f64(),
+        stream_share: 0.3,
+        batch_share: 0.3,
+        seed: spec.seed,
+        loops: spec.loops,
+    };
+    async move {
+        match tasks {
+            Some(t) => {
+                let (ops, done) = tasks::run(t, ips, mock_url, started, end).await;
+                (ops, Some(done))
+            }
+            None => (workload::run(ips, shape, started, end).await, None),
+        }
+    }
 }
 
 /// Each node's permits once the workload is over, from its `/metrics` (`None`: it

@@ -133,6 +133,10 @@ pub struct Shape {
     pub batch_share: f64,
     /// Seeds the clients.
     pub seed: u64,
+    /// Request loops per client (at least 1), sharing its demand: one loop sends
+    /// one request at a time, so with a single loop what a client sends is bounded
+    /// by the latency (the benchmark uses several, to stay limiter-bound).
+    pub loops: usize,
 }
 
 /// Runs the clients until `end`; returns every operation.
@@ -147,20 +151,24 @@ pub async fn run(ips: Vec<String>, shape: Shape, started: Instant, end: Instant)
     for (node, ip) in ips.into_iter().enumerate() {
         for tenant in 0..shape.tenants {
             let weight = shape.pattern.weight(node, tenant, nodes, shape.tenants);
-            let per_second = shape.capacity_per_s * weight;
-            let gap = Duration::from_secs_f64(1.0 / per_second.max(0.5));
-            let seed = shape.seed ^ ((node as u64) << 8) ^ tenant as u64;
-            let client = Client {
-                http: client.clone(),
-                url: format!("http://{ip}:{PROXY_PORT}/v1/chat/completions"),
-                node,
-                tenant,
-                started,
-            };
-            let (ops, shape) = (ops.clone(), shape.clone());
-            tasks.push(tokio::spawn(async move {
-                client.drive(gap, &shape, seed, end, &ops).await;
-            }));
+            let loops = shape.loops.max(1);
+            let per_second = shape.capacity_per_s * weight / loops as f64;
+            let gap = Duration::from_secs_f64(1.0 / per_second.max(0.5 / loops as f64));
+            for lane in 0..loops {
+                let seed =
+                    shape.seed ^ ((node as u64) << 8) ^ tenant as u64 ^ ((lane as u64) << 20);
+                let client = Client {
+                    http: client.clone(),
+                    url: format!("http://{ip}:{PROXY_PORT}/v1/chat/completions"),
+                    node,
+                    tenant,
+                    started,
+                };
+                let (ops, shape) = (ops.clone(), shape.clone());
+                tasks.push(tokio::spawn(async move {
+                    client.drive(gap, &shape, seed, end, &ops).await;
+                }));
+            }
         }
     }
     for t in tasks {
@@ -254,7 +262,7 @@ impl Client {
 
 /// Total tokens from a response body: the `usage` object of a JSON response, or
 /// of a stream's last usage chunk.
-fn usage_tokens(body: &[u8]) -> Option<u64> {
+pub fn usage_tokens(body: &[u8]) -> Option<u64> {
     let total = |v: &serde_json::Value| v["usage"]["total_tokens"].as_u64();
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
         return total(&v);

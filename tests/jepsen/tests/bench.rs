@@ -2,8 +2,10 @@
 //! runs end to end with real processes, every cell serves, every synced mode keeps
 //! its promise and publishes its sync traffic. (That `local full` overshoots is
 //! proven by `promises.rs`; here its overshoot is small, because every node cools
-//! the upstream down on the mock's first 429 or `remaining: 0` header.) Needs
-//! root, like the rest of the harness. Its cells take subnets 68-79.
+//! the upstream down on the mock's first 429 or `remaining: 0` header.) Then the
+//! seed scenario's quick cells: the uncoordinated workers meet the provider's
+//! 429s, lease mode with either estimate meets none and completes tasks. Needs
+//! root, like the rest of the harness. Its cells take subnets 68-82.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
@@ -18,11 +20,12 @@ async fn the_quick_matrix_measures_every_mode() {
         dir,
         68,
     );
-    let cells = run(&spec).await.unwrap();
+    let results = run(&spec).await.unwrap();
     let table = std::fs::read_to_string(spec.dir.join("results.md")).unwrap();
     println!("{table}");
+    let cells = &results.matrix;
     assert_eq!(cells.len(), spec.modes.len() * spec.patterns.len());
-    for cell in &cells {
+    for cell in cells {
         let name = format!("{} {}", cell.mode, cell.pattern);
         assert!(cell.requests_per_s > 0.0, "{name} served nothing: {table}");
         if cell.mode != "local-full" {
@@ -34,5 +37,26 @@ async fn the_quick_matrix_measures_every_mode() {
                 "{name} published nothing: {table}"
             );
         }
+    }
+    assert_eq!(results.seed.len(), spec.seed_cells.len());
+    for seed in &results.seed {
+        let name = format!("seed scenario {} {}", seed.mode, seed.estimate);
+        assert!(
+            seed.tasks_per_window > 0.0,
+            "{name} completed nothing: {table}"
+        );
+        if seed.mode == "direct" {
+            assert!(seed.upstream_429s > 0, "{name} met no 429: {table}");
+        } else {
+            assert_eq!(seed.promise_kept, Some(true), "{name}: {table}");
+            assert_eq!(seed.upstream_429s, 0, "{name}: {table}");
+        }
+    }
+    for svg in ["accuracy-vs-throughput.svg", "latency-cdf-uniform-3n.svg"] {
+        let picture = std::fs::read_to_string(spec.dir.join(svg)).unwrap();
+        assert!(
+            picture.contains("<circle") || picture.contains("<polyline"),
+            "{svg}"
+        );
     }
 }

@@ -10,6 +10,11 @@
 //! (p50/p99/p999, end to end through the gateway and the mock), requests and
 //! tokens served per second, and gossip bytes published per second per node.
 
+mod plot;
+mod seed;
+
+pub use seed::{SeedCell, SeedFigures};
+
 use crate::checker::{self, MockLine, Op};
 use crate::run::{self, RunSpec};
 use crate::workload::Pattern;
@@ -17,6 +22,19 @@ use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// `max_borrow` of the `lease-borrow` cells.
+pub const BORROW: f64 = 0.2;
+/// Request loops per client in the matrix: with one, a client sending 4x its
+/// share is bounded by its own latency once the gateway queues it.
+pub const LOOPS: usize = 4;
+/// The seed scenario's window: the provider's minute, compressed ten times so a
+/// cell takes seconds (every limit is per window, so tasks per window read as
+/// tasks per minute).
+pub const SEED_WINDOW: Duration = Duration::from_secs(6);
+/// The seed scenario's run: six windows.
+pub const SEED_DURATION: Duration = Duration::from_secs(36);
+/// Nodes in the seed scenario (its 12 workers spread over them).
+pub const SEED_NODES: usize = 3;
 /// The matrix and how each cell runs.
 #[derive(Debug, Clone)]
 pub struct BenchSpec {
@@ -26,6 +44,16 @@ pub struct BenchSpec {
     pub nodes: Vec<usize>,
     /// Workload patterns.
     pub patterns: Vec<Pattern>,
+    /// Request loops per client, so that demand rather than latency bounds what
+    /// the clients send.
+    pub loops: usize,
+    /// The seed scenario's cells (mode, estimate), run after the matrix; empty:
+    /// not run.
+    pub seed_cells: Vec<SeedCell>,
+    /// The seed scenario's run length and window.
+    pub seed_duration: Duration,
+    /// The seed scenario's window (the "minute", compressed).
+    pub seed_window: Duration,
     /// Each cell's length.
     pub duration: Duration,
     /// The window W.
@@ -48,7 +76,9 @@ pub struct BenchSpec {
 
 impl BenchSpec {
     /// The small matrix for CI (`--quick`): three nodes, two patterns, every mode
-    /// the README promises <= L or <= L x 1.2 for, and the `local full` baseline.
+    /// the README promises <= L or <= L x 1.2 for, and the `local full` baseline;
+    /// then the seed scenario for the uncoordinated workers and lease mode with
+    /// both estimates, three windows each.
     pub fn quick(bin: PathBuf, dir: PathBuf, subnet: u8) -> BenchSpec {
         BenchSpec {
             modes: [
@@ -63,6 +93,19 @@ impl BenchSpec {
             .to_vec(),
             nodes: vec![3],
             patterns: vec![Pattern::Uniform, Pattern::SkewedNodes],
+            loops: LOOPS,
+            seed_cells: ["direct", "lease"]
+                .iter()
+                .flat_map(|mode| ["max-tokens", "adaptive"].map(|e| (*mode, e)))
+                .filter(|(mode, e)| *mode != "direct" || *e == "max-tokens")
+                .map(|(mode, estimate)| SeedCell {
+                    mode: mode.into(),
+                    estimate: estimate.into(),
+                })
+                .collect(),
+            // Three windows.
+            seed_duration: Duration::from_secs(18),
+            seed_window: SEED_WINDOW,
             duration: Duration::from_secs(10),
             window: Duration::from_secs(5),
             limit: 40,
@@ -106,7 +149,7 @@ pub struct Cell {
 
 /// Runs every cell (one at a time: each run's timing is the subject) and writes
 /// `results.json` and `results.md` into the spec's directory.
-pub async fn run(spec: &BenchSpec) -> anyhow::Result<Vec<Cell>> {
+pub async fn run(spec: &BenchSpec) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&spec.dir)?;
     let mut cells = Vec::new();
     let mut index: u8 = 0;
@@ -114,8 +157,13 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Vec<Cell>> {
         for &nodes in &spec.nodes {
             for mode in &spec.modes {
                 let name = format!("{mode}-{nodes}n-{}", pattern.name());
+                // `lease-borrow`: lease mode with borrowing on.
+                let (run_mode, max_borrow) = match mode.as_str() {
+                    "lease-borrow" => ("lease", Some(BORROW)),
+                    other => (other, None),
+                };
                 let cell_spec = RunSpec {
-                    mode: mode.clone(),
+                    mode: run_mode.into(),
                     nemesis: vec!["none".into()],
                     nodes,
                     duration: spec.duration,
@@ -124,10 +172,12 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Vec<Cell>> {
                     window: spec.window,
                     tenants: if *pattern == Pattern::HotTenant { 3 } else { 1 },
                     cut_off: None,
-                    max_borrow: None,
+                    max_borrow,
                     fault: None,
                     concurrency: None,
                     pattern: *pattern,
+                    loops: spec.loops,
+                    tasks: None,
                     subnet: spec.subnet.wrapping_add(index % 100).max(1),
                     bin: spec.bin.clone(),
                     dir: spec.dir.join(&name),
@@ -138,7 +188,8 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Vec<Cell>> {
                         .await
                         .with_context(|| format!("bench cell {name}"))?;
                 }
-                let cell = figures(&cell_spec)?;
+                let mut cell = figures(&cell_spec)?;
+                cell.mode = mode.clone();
                 println!(
                     "{name}: overshoot {:+.3}, utilisation {:.2}, {} upstream 429s",
                     cell.overshoot, cell.utilisation, cell.upstream_429s
@@ -147,19 +198,37 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Vec<Cell>> {
             }
         }
     }
+    let seeds = seed::run(spec, index).await?;
     std::fs::write(
         spec.dir.join("results.json"),
-        serde_json::to_string_pretty(&cells)?,
+        serde_json::to_string_pretty(&serde_json::json!({"matrix": cells, "seed": seeds}))?,
     )?;
-    std::fs::write(spec.dir.join("results.md"), table(spec, &cells))?;
-    Ok(cells)
+    let mut md = table(spec, &cells);
+    if !seeds.is_empty() {
+        md.push_str(&seed::table(spec, &seeds));
+    }
+    std::fs::write(spec.dir.join("results.md"), md)?;
+    plot::write_all(spec, &cells)?;
+    Ok(Results {
+        matrix: cells,
+        seed: seeds,
+    })
+}
+
+/// Every cell's figures.
+#[derive(Debug, Clone)]
+pub struct Results {
+    /// The matrix, in order.
+    pub matrix: Vec<Cell>,
+    /// The seed scenario, in order.
+    pub seed: Vec<SeedFigures>,
 }
 
 /// Whether the run's accuracy checks passed (its report): the upstream's and
 /// every tenant's peak against the promise, and the upstream's 429s. Liveness and
 /// utilisation are left out: with few clients or bursty ones, they measure the
 /// workload rather than the mode.
-fn promise_kept(report: &str) -> bool {
+pub(crate) fn promise_kept(report: &str) -> bool {
     let accuracy = [
         "| sent to the upstream per window",
         "| tenant t",
@@ -210,7 +279,7 @@ fn figures(spec: &RunSpec) -> anyhow::Result<Cell> {
 }
 
 /// The `q` quantile of sorted `values` (nearest rank; 0 when empty).
-fn quantile(values: &[u64], q: f64) -> u64 {
+pub(crate) fn quantile(values: &[u64], q: f64) -> u64 {
     if values.is_empty() {
         return 0;
     }
@@ -220,7 +289,7 @@ fn quantile(values: &[u64], q: f64) -> u64 {
 
 /// The sum of a metric's samples (every label set) in a Prometheus text
 /// exposition.
-fn metric(text: &str, name: &str) -> f64 {
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
     (text.lines())
         .filter(|l| {
             l.strip_prefix(name)
@@ -230,7 +299,7 @@ fn metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
+pub(crate) fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(text
