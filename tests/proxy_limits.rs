@@ -322,6 +322,37 @@ async fn provider_remaining_zero_cools_the_upstream_before_any_429() {
 }
 
 #[tokio::test]
+async fn remaining_zero_pauses_until_one_request_is_back_not_until_the_window_empties() {
+    // The provider's window (2 s, 4 requests) and the node's agree. Two requests
+    // at 0 s, two at 1 s: the fourth answer says remaining 0, reset 2 s (when the
+    // window is empty again, at 3 s). The first two leave at 2 s: from then on the
+    // provider has room, and the node must use it. Pausing for the whole reset
+    // (as it once did) refused the request at 2.3 s.
+    let upstream = mock(|m| {
+        m.rpm = 4;
+        m.window_ms = 2_000;
+    })
+    .await;
+    let config = format!(
+        "{}\n[limits]\nwindow = \"2s\"\nbuckets = 20\n",
+        single("rpm = 4\nmax_wait = \"0s\"")
+    );
+    let node = node(&config, &[&upstream]).await;
+    let started = Instant::now();
+    let send = || post(&node, "/chat/completions", chat_body("hi", 5), &[]);
+    for at_ms in [0, 0, 1_000, 1_000] {
+        tokio::time::sleep_until(started + Duration::from_millis(at_ms)).await;
+        assert_eq!(send().await.status(), 200);
+    }
+    tokio::time::sleep_until(started + Duration::from_millis(2_300)).await;
+    let later = send().await;
+    assert_eq!(later.status(), 200, "{:?}", later.headers());
+    assert_eq!(upstream.stats().refused.requests, 0);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn client_disconnect_mid_stream_frees_the_slot() {
     let upstream = mock(|m| {
         m.inter_token_ms = 50;

@@ -86,7 +86,8 @@ enum Cmd {
             default_value = "uniform,hot-tenant,skewed-nodes,bursty,mixed,seed"
         )]
         workloads: String,
-        /// Request loops per client (more: demand, not latency, bounds the clients).
+        /// Request loops in the whole cluster, shared by the clients (at least one
+        /// each): more, and demand rather than latency bounds what they send.
         #[arg(long, default_value_t = tollgate_jepsen::bench::LOOPS)]
         loops: usize,
         /// Each cell's length.
