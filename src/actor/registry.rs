@@ -404,6 +404,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn exports_and_status_reads_do_not_keep_an_idle_actor_alive() {
+        let (registry, scope) = registry(20);
+        let permit = acquire(&registry, &scope).await.unwrap();
+        permit.settle(SettleWith::Usage {
+            prompt: 10,
+            completion: 5,
+        });
+        // The cluster's sync engine exports every live actor each round.
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(45);
+        while tokio::time::Instant::now() < until && registry.live_actors() > 0 {
+            let _ = registry.export_live().await;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert_eq!(registry.live_actors(), 0, "retired though exported");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_answered_permit_counts_a_window_from_its_answer() {
         let (registry, scope) = registry(60);
         let mut permit = acquire(&registry, &scope).await.unwrap();

@@ -225,7 +225,12 @@ impl Actor {
 
     fn on_command(&mut self, command: Command) {
         let now = self.settings.clock.now_ns();
-        self.last_active_ns = now;
+        // Only a request is activity: the sync engine's export every round and
+        // status reads must not keep an idle actor alive (in a cluster they did,
+        // so no actor ever retired; docs/design/scale.md).
+        if matches!(command, Command::Acquire(_)) {
+            self.last_active_ns = now;
+        }
         match command {
             Command::Acquire(request) => self.on_acquire(now, request),
             Command::Status(reply) => {

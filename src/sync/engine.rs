@@ -218,6 +218,8 @@ impl Engine {
             Ok(()) => None,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot publish usage: peers see stale figures from this node");
+                // Nothing was written: every counting value goes out next round.
+                self.counters.unpublish();
                 Some(e.to_string())
             }
         };

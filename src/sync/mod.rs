@@ -116,8 +116,11 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
         phi_threshold: config.phi_threshold,
         dead_node_grace: config.dead_node_grace,
         metadata,
+        // About 2,000 limit keys busy in every bucket at the default 60 buckets
+        // (61 ring keys of ~50 bytes each), far more when most are idle (an idle
+        // key's ring is not rewritten); docs/design/scale.md.
         limits: StateLimits {
-            max_keys: 16_384,
+            max_keys: 131_072,
             max_bytes: tollgate_cluster::membership::MAX_STATE_BYTES_CEILING,
         },
     }

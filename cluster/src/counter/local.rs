@@ -261,6 +261,21 @@ impl LocalCounters {
         out
     }
 
+    /// The last [`Self::publish`] never reached the cluster (the write was refused):
+    /// everything that counts goes out again with the next one. Without this, a
+    /// bucket that stopped changing would keep its unpublished count from peers
+    /// for good.
+    pub fn unpublish(&mut self) {
+        for key in self.keys.values_mut() {
+            for slot in key.slots.values_mut() {
+                // Counts are capped at MAX_COUNT, so never equal to this.
+                slot.published = u64::MAX;
+            }
+            key.demand.published = u64::MAX;
+            key.in_flight.published = u64::MAX;
+        }
+    }
+
     /// The state of `limit_key`, inserted if new and there is room.
     fn key_mut(&mut self, limit_key: &str) -> Result<&mut LocalKey, RecordError> {
         let max_keys = self.max_keys;
@@ -331,6 +346,24 @@ mod tests {
         c.set_demand(K, 500).unwrap();
         // Back and forth since the last publish: nothing to say.
         assert!(c.publish(t).is_empty());
+    }
+
+    #[test]
+    fn a_publish_that_never_arrived_is_carried_again() {
+        let mut c = counters();
+        let t = 1_000_000;
+        let b = c.window().bucket_index(t);
+        c.record(K, b, 9, t).unwrap();
+        c.set_demand(K, 12).unwrap();
+        let lost = c.publish(t);
+        assert_eq!(lost.len(), 2);
+        c.unpublish();
+        // The same values again, and the in-flight 0 (a value the lost write may
+        // have changed to 0 must reach readers too; a redundant 0 costs nothing).
+        let mut again = lost.clone();
+        again.push(("f:tenant:acme:tokens".to_owned(), "0".to_owned()));
+        assert_eq!(c.publish(t), again);
+        assert!(c.publish(t).is_empty(), "then nothing new");
     }
 
     #[test]
