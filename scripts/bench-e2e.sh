@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end benchmark: clients straight to the mock vs through one tollgate node
-# with limits on, side by side in one run, on this machine. Prints a Markdown table
+# with limits on (standalone, config/bench.toml; and in lease mode, a cluster of
+# one, config/bench-lease.toml), side by side in one run, on this machine. Prints a Markdown table
 # for docs/BENCHMARKS.md. Usage: scripts/bench-e2e.sh [seconds per run, default 10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,19 +13,23 @@ out=$(mktemp -d)
 mock=$!
 RUST_LOG=warn "$bin" serve --config config/bench.toml >/dev/null 2>&1 &
 node=$!
-trap 'kill $mock $node 2>/dev/null; wait 2>/dev/null; rm -rf "$out"' EXIT
-for _ in $(seq 50); do curl -sf http://127.0.0.1:8190/readyz >/dev/null && break; sleep 0.1; done
+RUST_LOG=warn "$bin" serve --config config/bench-lease.toml >/dev/null 2>&1 &
+lease=$!
+trap 'kill $mock $node $lease 2>/dev/null; wait 2>/dev/null; rm -rf "$out"' EXIT
+for port in 8190 8191; do
+  for _ in $(seq 50); do curl -sf http://127.0.0.1:$port/readyz >/dev/null && break; sleep 0.1; done
+done
 
 run() { # name url extra-args...
   local name=$1 url=$2; shift 2
   "$bin" load --url "$url" --api-key sk-bench --duration "${secs}s" --no-progress --json "$out/$name.json" "$@" >/dev/null
 }
-run direct-64 http://127.0.0.1:9190/v1 --concurrency 64
-run gateway-64 http://127.0.0.1:8190/v1 --concurrency 64
-run direct-1k http://127.0.0.1:9190/v1 --rate 1000
-run gateway-1k http://127.0.0.1:8190/v1 --rate 1000
-run direct-c1 http://127.0.0.1:9190/v1 --concurrency 1
-run gateway-c1 http://127.0.0.1:8190/v1 --concurrency 1
+for target in direct:9190 gateway:8190 lease:8191; do
+  name=${target%:*} port=${target#*:}
+  run "$name-64" "http://127.0.0.1:$port/v1" --concurrency 64
+  run "$name-1k" "http://127.0.0.1:$port/v1" --rate 1000
+  run "$name-c1" "http://127.0.0.1:$port/v1" --concurrency 1
+done
 
 python3 - "$out" <<'PY'
 import json, sys, os
@@ -32,20 +37,19 @@ d = sys.argv[1]
 s = {n[:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d)}
 def rps(x): return x["throughput"]["ok_per_s"]
 def pct(x, p): return x["latency_ms"][p]
-print("| measure | direct to mock | through tollgate | tollgate / direct |")
-print("|---|---|---|---|")
-for tag, label in [("64", "64 connections, closed loop: req/s"), ("1k", "1,000 req/s open loop: p99 ms"), ("c1", "1 connection: p50 ms")]:
-    a, b = s["direct-" + tag], s["gateway-" + tag]
-    if tag == "64":
-        va, vb = rps(a), rps(b)
-    elif tag == "1k":
-        va, vb = pct(a, "p99"), pct(b, "p99")
-    else:
-        va, vb = pct(a, "p50"), pct(b, "p50")
-    print(f"| {label} | {va:.3f} | {vb:.3f} | {vb / va:.3f} |")
+print("| measure | direct to mock | through tollgate | tollgate / direct | through tollgate, lease mode | lease / direct |")
+print("|---|---|---|---|---|---|")
+for tag, label, f in [("64", "64 connections, closed loop: req/s", rps),
+                      ("64", "64 connections: p99 latency, ms", lambda x: pct(x, "p99")),
+                      ("1k", "1,000 req/s open loop: p99 latency, ms", lambda x: pct(x, "p99")),
+                      ("c1", "1 connection, closed loop: p50 latency, ms", lambda x: pct(x, "p50"))]:
+    a, b, c = (f(s[k + "-" + tag]) for k in ("direct", "gateway", "lease"))
+    print(f"| {label} | {a:,.3f} | {b:,.3f} | {b / a:.3f} | {c:,.3f} | {c / a:.3f} |")
 for tag in ["1k", "c1"]:
-    a, b = s["direct-" + tag], s["gateway-" + tag]
-    print(f"\nadded latency ({tag}): p50 {pct(b,'p50')-pct(a,'p50'):.3f} ms, p99 {pct(b,'p99')-pct(a,'p99'):.3f} ms")
+    a = s["direct-" + tag]
+    for k in ("gateway", "lease"):
+        b = s[k + "-" + tag]
+        print(f"\nadded latency ({k}, {tag}): p50 {pct(b,'p50')-pct(a,'p50'):.3f} ms, p99 {pct(b,'p99')-pct(a,'p99'):.3f} ms")
 for n in sorted(s):
     print(n, json.dumps(s[n]["outcomes"]))
 PY

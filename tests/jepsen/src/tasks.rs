@@ -171,7 +171,14 @@ impl Worker {
                     }
                 };
                 if Instant::now() + wait >= end {
-                    break;
+                    // The run ends first: this worker is done (starting another
+                    // task now would only hammer the upstream until the end).
+                    record
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .1
+                        .push(task);
+                    return;
                 }
                 tokio::time::sleep(wait).await;
             }

@@ -53,15 +53,17 @@ pub fn write_all(spec: &BenchSpec, cells: &[Cell]) -> anyhow::Result<()> {
 /// 0 and +0.2.
 pub fn accuracy_vs_throughput(modes: &[String], cells: &[Cell]) -> String {
     let x_max = (cells.iter().map(|c| c.utilisation).fold(1.0, f64::max) * 10.0).ceil() / 10.0;
+    let x_min = (cells.iter().map(|c| c.utilisation).fold(x_max, f64::min) * 10.0).floor() / 10.0;
     let y_max = (cells.iter().map(|c| c.overshoot).fold(0.3, f64::max) * 10.0).ceil() / 10.0;
     let y_min = (cells.iter().map(|c| c.overshoot).fold(-0.1, f64::min) * 10.0).floor() / 10.0;
-    let frame = Frame::new(0.0, x_max, y_min, y_max);
+    let frame = Frame::new(x_min.min(x_max - 0.1), x_max, y_min, y_max);
     let mut svg = open("overshoot against utilisation, every cell of the matrix");
     frame.axes(
         &mut svg,
         "utilisation (accepted by the upstream / L)",
         "overshoot (worst window / L - 1)",
-        |v| format!("{v:.1}"),
+        |v| format!("{v:.2}"),
+        |v| format!("{v:.2}"),
     );
     for (y, label) in [(0.0, "L"), (0.2, "L x 1.2 (gossip's promise)")] {
         if y <= y_max {
@@ -78,10 +80,13 @@ pub fn accuracy_vs_throughput(modes: &[String], cells: &[Cell]) -> String {
     }
     for (i, mode) in modes.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
+        // Rings, the first mode's widest: modes landing on the same point (most
+        // synced modes sit at utilisation 1, overshoot 0) stay visible.
+        let r = 3.0 + 2.0 * (modes.len() - 1 - i) as f64;
         for c in cells.iter().filter(|c| &c.mode == mode) {
             let _ = writeln!(
                 svg,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{color}" fill-opacity="0.75"><title>{} {} nodes {}: overshoot {:+.3}, utilisation {:.2}</title></circle>"#,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="{r}" fill="none" stroke="{color}" stroke-width="1.5"><title>{} {} nodes {}: overshoot {:+.3}, utilisation {:.2}</title></circle>"#,
                 frame.x(c.utilisation),
                 frame.y(c.overshoot),
                 c.mode,
@@ -104,13 +109,20 @@ pub fn latency_cdf(title: &str, curves: &[(String, Vec<u64>)]) -> String {
         .filter_map(|(_, ms)| ms.last().copied())
         .max()
         .unwrap_or(1);
-    let decades = (longest.max(10) as f64).log10().ceil();
-    let frame = Frame::new(0.0, decades, 0.0, 1.0);
+    let shortest = (curves.iter())
+        .filter_map(|(_, ms)| ms.first().copied())
+        .min()
+        .unwrap_or(1);
+    // From the decade below the fastest request to the one above the slowest.
+    let first = (shortest.max(1) as f64).log10().floor();
+    let decades = (longest.max(10) as f64).log10().ceil().max(first + 1.0);
+    let frame = Frame::new(first, decades, 0.0, 1.0);
     let mut svg = open(title);
     frame.axes(
         &mut svg,
         "latency (ms, log scale)",
         "share of served requests",
+        |_| String::new(),
         |v| format!("{v:.1}"),
     );
     for (i, (mode, ms)) in curves.iter().enumerate() {
@@ -132,8 +144,8 @@ pub fn latency_cdf(title: &str, curves: &[(String, Vec<u64>)]) -> String {
         }
         legend(&mut svg, i, &format!("{mode} ({n})"), color);
     }
-    // The x ticks are decades: relabel them as milliseconds.
-    for d in 0..=decades as u32 {
+    // The x axis is in decades: label each as milliseconds.
+    for d in first as u32..=decades as u32 {
         let _ = writeln!(
             svg,
             r#"<text x="{:.1}" y="{}" text-anchor="middle">{} ms</text>"#,
@@ -201,9 +213,16 @@ impl Frame {
         H - MARGIN.3 - (v - self.y0) / (self.y1 - self.y0) * (H - MARGIN.2 - MARGIN.3)
     }
 
-    /// The box, five ticks on each axis (labelled by `fmt`; the caller may
-    /// relabel), and the axis titles.
-    fn axes(&self, svg: &mut String, x_title: &str, y_title: &str, fmt: impl Fn(f64) -> String) {
+    /// The box, five ticks on each axis (labelled by `fmt_x` and `fmt_y`), and
+    /// the axis titles.
+    fn axes(
+        &self,
+        svg: &mut String,
+        x_title: &str,
+        y_title: &str,
+        fmt_x: impl Fn(f64) -> String,
+        fmt_y: impl Fn(f64) -> String,
+    ) {
         let (left, right, top, bottom) = (MARGIN.0, W - MARGIN.1, MARGIN.2, H - MARGIN.3);
         let _ = writeln!(
             svg,
@@ -223,7 +242,7 @@ impl Frame {
                 r##"<line x1="{px:.1}" y1="{bottom}" x2="{px:.1}" y2="{}" stroke="#333"/><text x="{px:.1}" y="{}" text-anchor="middle" fill="#555">{}</text>"##,
                 bottom + 4.0,
                 bottom + 16.0,
-                fmt(vx)
+                fmt_x(vx)
             );
             let _ = writeln!(
                 svg,
@@ -231,7 +250,7 @@ impl Frame {
                 left - 4.0,
                 left - 6.0,
                 py + 4.0,
-                fmt(vy)
+                fmt_y(vy)
             );
         }
         let _ = writeln!(
@@ -275,8 +294,8 @@ mod tests {
             &[cell("lease", 0.0, 1.0), cell("local-full", 0.3, 0.5)],
         );
         assert_eq!(svg.matches("<circle").count(), 2, "{svg}");
-        // Overshoot 0 sits on the L line; utilisation 1 at the right end (x_max 1).
-        let frame = Frame::new(0.0, 1.0, -0.1, 0.3);
+        // Overshoot 0 sits on the L line; utilisation 1 at the right end (x 0.5-1).
+        let frame = Frame::new(0.5, 1.0, -0.1, 0.3);
         let lease = format!(r#"cx="{:.1}" cy="{:.1}""#, frame.x(1.0), frame.y(0.0));
         assert!(svg.contains(&lease), "{svg}");
         assert!(svg.contains(">local-full</text>"), "{svg}");
