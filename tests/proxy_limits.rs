@@ -327,7 +327,7 @@ async fn remaining_zero_pauses_until_one_request_is_back_not_until_the_window_em
     // at 0 s, two at 1 s: the fourth answer says remaining 0, reset 2 s (when the
     // window is empty again, at 3 s). The first two leave at 2 s: from then on the
     // provider has room, and the node must use it. Pausing for the whole reset
-    // (as it once did) refused the request at 2.3 s.
+    // (as it once did) refused the request at 2.6 s.
     let upstream = mock(|m| {
         m.rpm = 4;
         m.window_ms = 2_000;
@@ -344,7 +344,7 @@ async fn remaining_zero_pauses_until_one_request_is_back_not_until_the_window_em
         tokio::time::sleep_until(started + Duration::from_millis(at_ms)).await;
         assert_eq!(send().await.status(), 200);
     }
-    tokio::time::sleep_until(started + Duration::from_millis(2_300)).await;
+    tokio::time::sleep_until(started + Duration::from_millis(2_600)).await;
     let later = send().await;
     assert_eq!(later.status(), 200, "{:?}", later.headers());
     assert_eq!(upstream.stats().refused.requests, 0);

@@ -1,6 +1,9 @@
 //! The sharded registry of live actors. An actor is spawned on first use and retires
 //! itself when idle *and at rest* (nothing queued, nothing in flight, every window
-//! empty), so retiring loses no state. Shards are `std::sync::Mutex<HashMap>`s held
+//! empty), so retiring loses no limit state (only the adaptive estimate's samples,
+//! which rebuild from the next completions; until then `max_tokens` is reserved,
+//! the safe side). In a cluster the sync engine's exports do not count as activity,
+//! and a retired actor's demand decays (`sync::demand`). Shards are `std::sync::Mutex<HashMap>`s held
 //! only to look up or insert a handle, never across an await.
 //!
 //! Race with retirement: a caller may hold a handle whose actor has just retired.
@@ -404,7 +407,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn exports_and_status_reads_do_not_keep_an_idle_actor_alive() {
+    async fn the_sync_rounds_exports_do_not_keep_an_idle_actor_alive() {
         let (registry, scope) = registry(20);
         let permit = acquire(&registry, &scope).await.unwrap();
         permit.settle(SettleWith::Usage {

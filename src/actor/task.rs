@@ -225,9 +225,11 @@ impl Actor {
 
     fn on_command(&mut self, command: Command) {
         let now = self.settings.clock.now_ns();
-        // Only a request is activity: the sync engine's export every round and
-        // status reads must not keep an idle actor alive (in a cluster they did,
-        // so no actor ever retired; docs/design/scale.md).
+        // Only a request is activity (and its releases, below): the sync engine's
+        // export every round and status reads must not keep an idle actor alive
+        // (in a cluster they did, so no actor ever retired; docs/design/scale.md).
+        // Retiring drops the adaptive estimate's samples: the next requests
+        // reserve max_tokens until it has seen enough again.
         if matches!(command, Command::Acquire(_)) {
             self.last_active_ns = now;
         }

@@ -190,8 +190,9 @@ fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
 }
 
 /// If the provider's own `x-ratelimit-remaining-*` says a window is exhausted, how
-/// long to stop sending there: until one unit is back at the provider's refill rate,
-/// `x-ratelimit-reset-*` (the time until the window is *empty* again) over
+/// long to stop sending there: until one request's worth is back at the provider's
+/// refill rate, `x-ratelimit-reset-*` (the time until the window is *empty* again)
+/// times one request's cost (1 request; `request_tokens` tokens) over
 /// `x-ratelimit-limit-*`; the whole reset when the limit is not given.
 ///
 /// Waiting for the whole reset wasted up to a third of the limit: a node that sent
@@ -200,19 +201,24 @@ fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
 /// node's own limiter already holds it to L; this pause only matters when the
 /// provider disagrees (another consumer on the same account), and then the
 /// provider's 429 carries the exact `retry-after` the next pause uses.
-fn provider_exhausted_for(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+fn provider_exhausted_for(
+    headers: &reqwest::header::HeaderMap,
+    request_tokens: u64,
+) -> Option<Duration> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    ["requests", "tokens"]
+    [("requests", 1), ("tokens", request_tokens.max(1))]
         .into_iter()
-        .filter(|dim| get(&format!("x-ratelimit-remaining-{dim}")).is_some_and(|v| v.trim() == "0"))
-        .filter_map(|dim| {
+        .filter(|(dim, _)| {
+            get(&format!("x-ratelimit-remaining-{dim}")).is_some_and(|v| v.trim() == "0")
+        })
+        .filter_map(|(dim, unit)| {
             let reset =
                 get(&format!("x-ratelimit-reset-{dim}")).and_then(super::headers::parse_reset)?;
-            let limit = get(&format!("x-ratelimit-limit-{dim}"))
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .filter(|l| *l > 0)
-                .unwrap_or(1);
-            Some(reset / limit)
+            let share = get(&format!("x-ratelimit-limit-{dim}"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|limit| *limit > 0)
+                .map_or(1.0, |limit| (unit as f64 / limit as f64).min(1.0));
+            Some(reset.mul_f64(share))
         })
         .max()
         .filter(|wait| !wait.is_zero())
@@ -286,9 +292,11 @@ async fn attempt_once(
     state
         .metrics
         .upstream_response(&upstream.metric_label, Some(status.as_u16()), seconds);
-    if let Some(wait) = provider_exhausted_for(response.headers()) {
+    let request_tokens = req.demand.prompt_tokens + req.demand.completion_tokens;
+    if let Some(wait) = provider_exhausted_for(response.headers(), request_tokens) {
         // The provider is the ground truth: when it says a window is used up, stop
-        // sending there until it resets, even if our own figures disagree.
+        // sending there until one request's worth is back, even if our own figures
+        // disagree.
         cool_down(state, upstream, wait.min(MAX_COOLDOWN));
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
@@ -435,8 +443,18 @@ mod tests {
             ("x-ratelimit-reset-requests", "5s"),
         ]);
         assert_eq!(
-            provider_exhausted_for(&exhausted),
+            provider_exhausted_for(&exhausted, 2_000),
             Some(Duration::from_millis(125))
+        );
+        // Tokens: until one request's tokens are back (2,000 of 150,000 per 6 s).
+        let tokens = headers(&[
+            ("x-ratelimit-limit-tokens", "150000"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "6s"),
+        ]);
+        assert_eq!(
+            provider_exhausted_for(&tokens, 2_000),
+            Some(Duration::from_millis(80))
         );
         // Without the limit, the whole reset (the cautious reading).
         let no_limit = headers(&[
@@ -444,13 +462,13 @@ mod tests {
             ("x-ratelimit-reset-tokens", "6s"),
         ]);
         assert_eq!(
-            provider_exhausted_for(&no_limit),
+            provider_exhausted_for(&no_limit, 2_000),
             Some(Duration::from_secs(6))
         );
         let room = headers(&[
             ("x-ratelimit-remaining-requests", "3"),
             ("x-ratelimit-reset-requests", "5s"),
         ]);
-        assert_eq!(provider_exhausted_for(&room), None);
+        assert_eq!(provider_exhausted_for(&room, 2_000), None);
     }
 }

@@ -240,6 +240,7 @@ impl LocalCounters {
         let window = self.window;
         let mut out = Vec::new();
         self.keys.retain(|limit_key, key| {
+            let before = out.len();
             key.slots.retain(|&slot, s| {
                 let counts = window.counts(s.bucket, now_ms);
                 if counts && s.count != s.published {
@@ -254,7 +255,10 @@ impl LocalCounters {
             if let Some(in_flight) = key.in_flight.take_changed() {
                 out.push((in_flight_key(limit_key), scalar_value(in_flight)));
             }
-            !key.is_idle()
+            // An idle key is forgotten one publish after its last values went out,
+            // so that `unpublish` can still resend them if that write failed (its
+            // final 0s above all: readers would keep the old figures for good).
+            !key.is_idle() || out.len() > before
         });
         out.sort_unstable();
         debug_assert!(self.keys.len() <= self.max_keys);
@@ -367,6 +371,25 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_final_zero_of_a_key_going_idle_is_carried_again() {
+        let mut c = counters();
+        c.set_in_flight(K, 2).unwrap();
+        assert_eq!(c.publish(1_000).len(), 1);
+        // The key goes idle: its in-flight 0 is published, and that write fails.
+        c.set_in_flight(K, 0).unwrap();
+        assert_eq!(
+            c.publish(2_000),
+            vec![("f:tenant:acme:tokens".to_owned(), "0".to_owned())]
+        );
+        c.unpublish();
+        assert!(
+            c.publish(3_000)
+                .contains(&("f:tenant:acme:tokens".to_owned(), "0".to_owned())),
+            "the final 0 goes out again"
+        );
+    }
+
+    #[test]
     fn slot_reuse_after_a_full_window_overwrites_cleanly() {
         let mut c = counters();
         let w = *c.window();
@@ -409,6 +432,9 @@ mod tests {
         assert_eq!(c.publish(0), vec![(in_flight_key(K), "3".to_owned())]);
         c.set_in_flight(K, 0).unwrap();
         assert_eq!(c.publish(0), vec![(in_flight_key(K), "0".to_owned())]);
+        // Kept one more publish (its 0 may have to go out again), then forgotten.
+        assert!(!c.is_empty());
+        assert!(c.publish(0).is_empty());
         assert!(c.is_empty(), "0 published, nothing counts: forgotten");
         c.set_demand(K, u64::MAX).unwrap();
         assert_eq!(c.publish(0), vec![(demand_key(K), scalar_value(MAX_COUNT))]);

@@ -12,7 +12,7 @@ use super::error::MembershipError;
 use super::metadata::RESERVED_PREFIX;
 
 /// Per-entry overhead chitchat adds on the wire (two length prefixes, a u64 version,
-/// a status byte); counted so the byte cap tracks the real datagram cost.
+/// a status byte); counted so the byte cap tracks what peers hold and ship.
 pub const ENTRY_OVERHEAD_BYTES: usize = 16;
 /// Highest `max_bytes` a config may ask for: 8 MiB, about 130 datagrams a
 /// newcomer takes over some tens of gossip rounds. (It was 48 KiB, one datagram:

@@ -1,8 +1,8 @@
 //! `bench --quick` in CI (issue 6): the small accuracy-against-throughput matrix
 //! runs end to end with real processes, every cell serves, every synced mode keeps
 //! its promise and publishes its sync traffic. (That `local full` overshoots is
-//! proven by `promises.rs`; here its overshoot is small, because every node cools
-//! the upstream down on the mock's first 429 or `remaining: 0` header.) Then the
+//! proven by `promises.rs`, and shows here too; it is not asserted, being the
+//! baseline.) Then the
 //! seed scenario's quick cells: the uncoordinated workers meet the provider's
 //! 429s, lease mode with either estimate meets none and completes tasks. Needs
 //! root, like the rest of the harness. Its cells take subnets 68-82.
