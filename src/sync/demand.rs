@@ -3,7 +3,7 @@
 //! this keeps their positive increments in a time-bounded history so the demand over
 //! the last window is a subtraction.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 #[derive(Debug, Default)]
 struct Track {
@@ -54,32 +54,6 @@ impl Demand {
         track.total - oldest
     }
 
-    /// Every key not in `present` exported nothing this round: its actor retired,
-    /// and the next one counts from 0 (without this, a new actor's first figure
-    /// below the old one's last was taken as no demand at all). Its demand decays
-    /// as the window moves on; once 0 the key is forgotten. Returns each absent
-    /// key's demand now.
-    pub fn absent(&mut self, present: &HashSet<String>, now_ms: u64) -> Vec<(String, u64)> {
-        let cutoff = now_ms.saturating_sub(self.window_ms);
-        let mut out = Vec::new();
-        self.keys.retain(|key, track| {
-            if present.contains(key) {
-                return true;
-            }
-            track.last_cumulative = 0;
-            track.history.push_back((now_ms, track.total));
-            while track.history.len() > 1 && track.history.get(1).is_some_and(|(t, _)| *t < cutoff)
-            {
-                track.history.pop_front();
-            }
-            let oldest = track.history.front().map_or(track.total, |(_, t)| *t);
-            let demand = track.total - oldest;
-            out.push((key.clone(), demand));
-            demand > 0
-        });
-        out
-    }
-
     /// The last window's demand for `key` without a new observation (0 if unseen).
     pub fn current(&self, key: &str) -> u64 {
         self.keys.get(key).map_or(0, |t| {
@@ -107,23 +81,5 @@ mod tests {
         assert_eq!(d.observe("k", 5, 1_300), 25);
         assert_eq!(d.current("k"), 25);
         assert_eq!(d.current("unseen"), 0);
-    }
-
-    #[test]
-    fn a_retired_actors_successor_counts_from_zero() {
-        let mut d = Demand::new(1_000);
-        assert_eq!(d.observe("k", 10, 0), 10);
-        // The actor retires: no export this round.
-        assert_eq!(d.absent(&HashSet::new(), 200), vec![("k".to_owned(), 10)]);
-        // Its successor asked 10 so far: 10 more, not "no change".
-        assert_eq!(d.observe("k", 10, 400), 20);
-        // Absent for over a window: the demand decays to 0 and the key is gone.
-        d.absent(&HashSet::new(), 600);
-        assert_eq!(d.absent(&HashSet::new(), 1_500), vec![("k".to_owned(), 0)]);
-        assert!(d.absent(&HashSet::new(), 1_700).is_empty());
-        assert_eq!(d.current("k"), 0);
-        // A present key is left alone.
-        assert_eq!(d.observe("p", 4, 1_800), 4);
-        assert!(d.absent(&HashSet::from(["p".to_owned()]), 1_900).is_empty());
     }
 }

@@ -301,7 +301,6 @@ impl Engine {
         now_ms: u64,
     ) -> HashMap<String, Own> {
         let mut own = HashMap::new();
-        let mut exported = HashSet::new();
         for (scope, export) in exports {
             for (dimension, window, requested) in [
                 (
@@ -322,7 +321,6 @@ impl Engine {
                 }
                 let demand = self.demand.observe(&key, requested, now_ms);
                 let _ = self.counters.set_demand(&key, demand);
-                exported.insert(key.clone());
                 own.insert(
                     key,
                     Own {
@@ -348,10 +346,6 @@ impl Engine {
                     demand,
                 },
             );
-        }
-        // Keys whose actor retired: their published demand decays to 0.
-        for (key, demand) in self.demand.absent(&exported, now_ms) {
-            let _ = self.counters.set_demand(&key, demand);
         }
         own
     }
