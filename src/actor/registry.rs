@@ -2,9 +2,9 @@
 //! itself when idle *and at rest* (nothing queued, nothing in flight, every window
 //! empty), so retiring loses no limit state (only the adaptive estimate's samples,
 //! which rebuild from the next completions; until then `max_tokens` is reserved,
-//! the safe side). In a cluster the sync engine's exports do not count as activity,
-//! and a retired actor's successor restarts its demand counter (`sync::demand`). Shards are `std::sync::Mutex<HashMap>`s held
-//! only to look up or insert a handle, never across an await.
+//! the safe side). In a cluster the sync engine's exports do not count as activity.
+//! Shards are `std::sync::Mutex<HashMap>`s held only to look up or insert a handle,
+//! never across an await.
 //!
 //! Race with retirement: a caller may hold a handle whose actor has just retired.
 //! Its send fails, or its reply channel closes unanswered; in both cases nothing was
