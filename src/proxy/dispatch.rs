@@ -205,16 +205,24 @@ fn provider_exhausted_for(
     headers: &reqwest::header::HeaderMap,
     request_tokens: u64,
 ) -> Option<Duration> {
+    // Every response passes here: header names are constants, nothing allocated.
+    const REQUESTS: [&str; 3] = [
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-limit-requests",
+    ];
+    const TOKENS: [&str; 3] = [
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+        "x-ratelimit-limit-tokens",
+    ];
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    [("requests", 1), ("tokens", request_tokens.max(1))]
+    [(REQUESTS, 1), (TOKENS, request_tokens.max(1))]
         .into_iter()
-        .filter(|(dim, _)| {
-            get(&format!("x-ratelimit-remaining-{dim}")).is_some_and(|v| v.trim() == "0")
-        })
-        .filter_map(|(dim, unit)| {
-            let reset =
-                get(&format!("x-ratelimit-reset-{dim}")).and_then(super::headers::parse_reset)?;
-            let share = get(&format!("x-ratelimit-limit-{dim}"))
+        .filter(|([remaining, ..], _)| get(remaining).is_some_and(|v| v.trim() == "0"))
+        .filter_map(|([_, reset, limit], unit)| {
+            let reset = get(reset).and_then(super::headers::parse_reset)?;
+            let share = get(limit)
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .filter(|limit| *limit > 0)
                 .map_or(1.0, |limit| (unit as f64 / limit as f64).min(1.0));
