@@ -15,6 +15,7 @@ use crate::proxy::AppState;
 use crate::redis::gate::{Fallback, RedisGate};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
 use tollgate_cluster::lease::line::Terms;
 use tollgate_cluster::membership::{Member, MemberId, Membership};
@@ -26,6 +27,14 @@ pub const ROUND_AT_KEY: &str = "sync:at";
 /// The key a node sets to `1` while it cannot reach Redis (`redis-lease`), so peers
 /// that still reach Redis charge its share there.
 pub const REDIS_LOST_KEY: &str = "redis:lost";
+
+/// Published once, `1`, by a node leaving gracefully (after its last requests were
+/// settled and its lease credit returned): peers charge it what its counters say
+/// and no partition floor, since it spends nothing more. Without it a restarted
+/// node declared dead before its successor appeared was charged its frozen share
+/// of L every window until collected (minutes): `tests/cluster_lease.rs` saw a
+/// cluster serve nothing for 5 s after its busiest node restarted.
+pub const LEFT_KEY: &str = "sync:left";
 
 /// What the engine feeds `lease` mode each round.
 pub struct LeaseFeed {
@@ -109,6 +118,9 @@ pub struct Engine {
     last_fresh: HashMap<String, u64>,
     /// Members (this one included) that announced they cannot reach Redis.
     redis_lost: Vec<String>,
+    /// Members that announced a graceful leave ([`LEFT_KEY`]): departed, never
+    /// treated as unreachable (no floor, no frozen share).
+    left: HashSet<String>,
     /// When this process joined (ms), and whether its view of the members has
     /// settled since (see [`Engine::settle`]).
     joined_ms: Option<u64>,
@@ -161,6 +173,7 @@ impl Engine {
                 + config.gossip_interval * 2)
                 .as_millis() as u64,
             redis_lost: Vec::new(),
+            left: HashSet::new(),
             joined_ms: None,
             settled: false,
             status,
@@ -196,6 +209,28 @@ impl Engine {
         self.membership
     }
 
+    /// A graceful leave, once requests have drained and lease credit went back:
+    /// publishes the last figures with [`LEFT_KEY`] and gossips for two
+    /// propagation times so peers have them before this node goes silent. If they
+    /// do not arrive (a lost datagram, a crash meanwhile), peers treat the silence
+    /// as they treat a crash: the safe side.
+    pub async fn leave(&mut self) {
+        let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
+        let exports = self.state.registry.export_live().await;
+        self.record_own(&exports, now_ms);
+        let mut published = self.counters.publish(now_ms);
+        published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
+        published.push((LEFT_KEY.to_owned(), "1".to_owned()));
+        match self.membership.set_many(published).await {
+            Ok(()) => {
+                tokio::time::sleep(Duration::from_millis(2 * self.propagation_ms)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot announce the leave: peers treat this node as crashed")
+            }
+        }
+    }
+
     /// One round: publish, read, recompute.
     pub async fn tick(&mut self) {
         if let Some(gate) = &self.redis_gate
@@ -225,7 +260,12 @@ impl Engine {
         };
         let (decode_errors, received, lag_ms) = self.read_cluster(now_ms).await;
         let dead = self.membership.dead_members().await;
-        let dead_now: Vec<String> = dead.iter().map(ToString::to_string).collect();
+        // A member that left gracefully spends nothing more: it is departed (its
+        // counters count), not unreachable (no floor for what it might spend).
+        let dead_now: Vec<String> = (dead.iter())
+            .map(ToString::to_string)
+            .filter(|d| !self.left.contains(d))
+            .collect();
         let newly_dead: Vec<String> = (dead_now.iter())
             .filter(|d| !self.dead.contains(d))
             .cloned()
@@ -277,7 +317,9 @@ impl Engine {
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         status.self_id.clone_from(&self.self_id);
         status.members = members.iter().map(MemberStatus::from).collect();
-        status.dead = dead.iter().map(ToString::to_string).collect();
+        status.dead.clone_from(&self.dead);
+        status.left = self.left.iter().cloned().collect();
+        status.left.sort();
         status.last_sync_ms = now_ms;
         status.bytes_published_total += bytes as u64;
         status.decode_errors_total += decode_errors;
@@ -356,6 +398,7 @@ impl Engine {
     async fn read_cluster(&mut self, now_ms: u64) -> (u64, u64, u64) {
         let (mut refused, mut received, mut lag) = (0, 0, 0);
         let mut redis_lost = Vec::new();
+        let mut left = HashSet::new();
         let mut live = HashSet::new();
         let values = self.membership.values("").await;
         let (members, departed) = (values.live, values.departed);
@@ -369,11 +412,20 @@ impl Engine {
                     }
                     continue;
                 }
+                if key == LEFT_KEY {
+                    if value == "1" {
+                        left.insert(node.clone());
+                    }
+                    continue;
+                }
                 if key == ROUND_AT_KEY {
                     if node != self.self_id
                         && let Ok(at) = value.parse::<u64>()
                     {
                         lag = lag.max(now_ms.saturating_sub(at));
+                        // Bounds how far its clock runs behind this one, so its
+                        // buckets can be dated on this clock where it matters.
+                        usage.observe_round(&node, at, now_ms);
                         // When this member was last heard from (a new round of its).
                         if self.round_seen.get(&node) != Some(&at) {
                             self.round_seen.insert(node.clone(), at);
@@ -403,6 +455,21 @@ impl Engine {
         for (member, values) in departed {
             let node = member.to_string();
             for (key, value) in &values {
+                // Its last round's stamp bounds its clock's lag even if this node
+                // never saw it live (a restarted node's previous incarnation, read
+                // by the new one): it ran no later than now.
+                if key == ROUND_AT_KEY {
+                    if let Ok(at) = value.parse::<u64>() {
+                        usage.observe_round(&node, at, now_ms);
+                    }
+                    continue;
+                }
+                if key == LEFT_KEY {
+                    if value == "1" {
+                        left.insert(node.clone());
+                    }
+                    continue;
+                }
                 // Errors were logged while it was live; stale values are ignored.
                 let _ = usage.apply(&node, key, value);
             }
@@ -425,6 +492,7 @@ impl Engine {
         self.last_fresh.retain(|n, _| keep(n));
         redis_lost.sort();
         self.redis_lost = redis_lost;
+        self.left = left;
         (refused, received, lag)
     }
 

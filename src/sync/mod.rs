@@ -42,20 +42,23 @@ use tollgate_cluster::membership::{
 /// A running sync engine (and in `lease` mode its RPC server and holder loop).
 pub struct SyncHandle {
     stop: watch::Sender<bool>,
-    task: JoinHandle<Membership>,
+    task: JoinHandle<Engine>,
     lease_tasks: Vec<JoinHandle<()>>,
 }
 
 impl SyncHandle {
-    /// Stops the engine and leaves the cluster.
+    /// Stops the engine and leaves the cluster: lease credit goes back first, then
+    /// the last figures go out with the leave announcement ([`Engine::leave`]).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         for task in self.lease_tasks {
             let _ = task.await;
         }
-        if let Ok(membership) = self.task.await
-            && let Err(e) = membership.shutdown().await
-        {
+        let Ok(mut engine) = self.task.await else {
+            return;
+        };
+        engine.leave().await;
+        if let Err(e) = engine.into_membership().shutdown().await {
             tracing::warn!(error = %e, "leaving the cluster failed");
         }
     }
@@ -168,7 +171,7 @@ pub async fn start(
                 _ = stopped.changed() => break,
             }
         }
-        engine.into_membership()
+        engine
     });
     Ok(SyncHandle {
         stop,

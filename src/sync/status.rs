@@ -46,8 +46,12 @@ pub struct ClusterStatus {
     pub self_id: String,
     /// Live members (this one included).
     pub members: Vec<MemberStatus>,
-    /// Members the failure detector declared dead (until garbage-collected).
+    /// Members the failure detector declared dead (until garbage-collected), those
+    /// that left gracefully excluded: the unreachable, charged their frozen share.
     pub dead: Vec<String>,
+    /// Members that announced a graceful leave and are not collected yet: charged
+    /// what their counters say, no floor.
+    pub left: Vec<String>,
     /// Unix ms of the last sync round.
     pub last_sync_ms: u64,
     /// Bytes of usage published since start.
@@ -78,6 +82,7 @@ impl ClusterStatus {
             self_id,
             members: Vec::new(),
             dead: Vec::new(),
+            left: Vec::new(),
             last_sync_ms: 0,
             bytes_published_total: 0,
             bytes_received_total: 0,

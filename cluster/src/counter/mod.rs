@@ -44,6 +44,13 @@ pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// Most buckets per window (the local limiter's bound too), so the ring stays small.
 pub const MAX_BUCKETS: u32 = 4096;
 
+/// How far behind a reader's clock a writer's may run before the reader dates the
+/// writer's buckets later (transit time plus NTP-level skew). Beyond it, a writer
+/// running behind would have its cost leave the reader's window early (the jepsen
+/// harness's `skew` nemesis, a clock 2 s behind, measured 41-43 of L = 40); within
+/// it, the error is at most the writer's spending in this many ms at a bucket's edge.
+pub const SKEW_TOLERANCE_MS: u64 = 100;
+
 /// Why a window cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WindowError {
@@ -121,6 +128,15 @@ impl Window {
     pub fn slot(&self, bucket: u64) -> u32 {
         // The remainder is < ring_slots, a u32.
         (bucket % u64::from(self.ring_slots)) as u32
+    }
+
+    /// How many buckets later to date the cost of a writer whose clock runs `lag_ms`
+    /// behind the reader's: the lag beyond [`SKEW_TOLERANCE_MS`], rounded up, so the
+    /// cost counts at least as long as it does at the provider.
+    pub fn buckets_behind(&self, lag_ms: u64) -> u64 {
+        lag_ms
+            .saturating_sub(SKEW_TOLERANCE_MS)
+            .div_ceil(self.bucket_ms)
     }
 
     /// Whether bucket `bucket` counts at `now_ms` (see the type docs). u128 arithmetic:

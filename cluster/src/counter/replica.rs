@@ -9,7 +9,7 @@
 //! their registers kept until [`ClusterUsage::forget_node`], so a node wrongly
 //! suspected and back a moment later is counted again without a resync.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use super::codec::{DecodeError, Decoded, decode};
 use super::{DEFAULT_MAX_KEYS, Window};
@@ -81,9 +81,14 @@ struct KeyReplica {
 
 impl KeyReplica {
     fn usage(&self, window: &Window, now_ms: u64) -> u64 {
+        self.usage_shifted(window, 0, now_ms)
+    }
+
+    /// Usage with every bucket dated `shift` buckets later (a writer's clock behind).
+    fn usage_shifted(&self, window: &Window, shift: u64, now_ms: u64) -> u64 {
         self.slots
             .values()
-            .filter(|r| window.counts(r.value.0, now_ms))
+            .filter(|r| window.counts(r.value.0.saturating_add(shift), now_ms))
             .fold(0u64, |sum, r| sum.saturating_add(r.value.1))
     }
 
@@ -120,6 +125,46 @@ impl KeyReplica {
 struct NodeReplica {
     live: bool,
     keys: HashMap<String, KeyReplica>,
+    clock: ClockLag,
+}
+
+/// How many recent observations bound a node's clock lag: a writer whose clock
+/// steps back is dated right again within this many of its rounds.
+const LAG_SAMPLES: usize = 8;
+
+/// What this reader knows of a writer's clock: the stamp of its last round (the
+/// writer's clock) and, for each new stamp, how far behind this reader's clock it
+/// was when first seen. A stamp is written before it is seen, so every sample is
+/// an upper bound of the writer's lag (plus propagation): the smallest recent one is
+/// the tightest, and `now - last stamp` is one at any time, even for a member this
+/// reader never saw live (a restarted node's previous incarnation).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ClockLag {
+    last_round_ms: Option<u64>,
+    samples: VecDeque<u64>,
+}
+
+impl ClockLag {
+    fn observe(&mut self, round_ms: u64, now_ms: u64) {
+        if self.last_round_ms == Some(round_ms) {
+            return;
+        }
+        self.last_round_ms = Some(round_ms);
+        if self.samples.len() == LAG_SAMPLES {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(now_ms.saturating_sub(round_ms));
+    }
+
+    /// The writer's lag behind this reader at `now_ms` (0 if it never stamped a
+    /// round: nothing bounds it, its buckets are read as dated).
+    fn lag_ms(&self, now_ms: u64) -> u64 {
+        let Some(last) = self.last_round_ms else {
+            return 0;
+        };
+        let observed = self.samples.iter().copied().min().unwrap_or(u64::MAX);
+        observed.min(now_ms.saturating_sub(last))
+    }
 }
 
 /// Every node's counters as gossiped, merged by max version. Pure.
@@ -245,6 +290,25 @@ impl ClusterUsage {
         }
     }
 
+    /// `node` stamped a round with its clock at `round_ms`, seen here at `now_ms`
+    /// (this reader's clock): bounds how far its clock runs behind this one, so its
+    /// buckets are dated on this reader's clock where the figure must not leave the
+    /// window early (a lease owner's rebuild, a departed member's charge).
+    pub fn observe_round(&mut self, node: &str, round_ms: u64, now_ms: u64) {
+        self.node_mut(node).clock.observe(round_ms, now_ms);
+    }
+
+    /// How far `node`'s clock runs behind this reader's at `now_ms`, as bounded by
+    /// its round stamps (0: unknown, or not behind).
+    pub fn clock_lag_ms(&self, node: &str, now_ms: u64) -> u64 {
+        self.nodes.get(node).map_or(0, |r| r.clock.lag_ms(now_ms))
+    }
+
+    /// Buckets to date `replica`'s cost later by at `now_ms` (its clock's lag).
+    fn shift_of(&self, replica: &NodeReplica, now_ms: u64) -> u64 {
+        self.window.buckets_behind(replica.clock.lag_ms(now_ms))
+    }
+
     /// Drops `node`'s registers (after chitchat garbage-collected the dead node).
     /// Returns whether it was known.
     pub fn forget_node(&mut self, node: &str) -> bool {
@@ -324,7 +388,8 @@ impl ClusterUsage {
     pub fn usage_of(&self, node: &str, limit_key: &str, now_ms: u64) -> Option<u64> {
         let replica = self.nodes.get(node)?;
         let key = replica.keys.get(limit_key);
-        Some(key.map_or(0, |k| k.usage(&self.window, now_ms)))
+        let shift = self.shift_of(replica, now_ms);
+        Some(key.map_or(0, |k| k.usage_shifted(&self.window, shift, now_ms)))
     }
 
     /// `limit_key`'s usage at `now_ms` summed over the nodes that are not live
@@ -333,24 +398,29 @@ impl ClusterUsage {
     pub fn departed_usage_except(&self, limit_key: &str, skip: &[String], now_ms: u64) -> u64 {
         (self.nodes.iter())
             .filter(|(node, r)| !r.live && !skip.contains(node))
-            .filter_map(|(_, r)| r.keys.get(limit_key))
-            .fold(0u64, |sum, k| {
-                sum.saturating_add(k.usage(&self.window, now_ms))
+            .filter_map(|(_, r)| Some((r.keys.get(limit_key)?, self.shift_of(r, now_ms))))
+            .fold(0u64, |sum, (k, shift)| {
+                sum.saturating_add(k.usage_shifted(&self.window, shift, now_ms))
             })
     }
 
     /// Each node's consumption of `limit_key` per bucket that counts at `now_ms`,
     /// live or departed (a restarted node's previous incarnation spent in this window
     /// too), ascending by bucket, nodes sorted: what a new lease owner rebuilds from.
+    /// Buckets are dated on this reader's clock: a node whose clock ran behind has
+    /// its buckets moved later by its lag ([`Self::clock_lag_ms`]), or a rebuilt
+    /// owner would let its cost leave the window early (the jepsen harness measured
+    /// 41-43 of L = 40 after a node ran 2 s behind and restarted with the true clock).
     pub fn buckets_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, Vec<(u64, u64)>)> {
         let mut out = Vec::new();
         for (node, replica) in &self.nodes {
             let Some(key) = replica.keys.get(limit_key) else {
                 continue;
             };
+            let shift = self.shift_of(replica, now_ms);
             let mut buckets: Vec<(u64, u64)> = (key.slots.values())
-                .filter(|r| self.window.counts(r.value.0, now_ms))
-                .map(|r| r.value)
+                .map(|r| (r.value.0.saturating_add(shift), r.value.1))
+                .filter(|&(bucket, _)| self.window.counts(bucket, now_ms))
                 .collect();
             buckets.sort_unstable();
             out.push((node.clone(), buckets));
@@ -405,6 +475,7 @@ impl ClusterUsage {
         let fresh = || NodeReplica {
             live: true,
             keys: HashMap::new(),
+            clock: ClockLag::default(),
         };
         self.nodes.entry(node.to_owned()).or_insert_with(fresh)
     }
@@ -426,6 +497,59 @@ mod tests {
         let key = slot_key(K, u.window().slot(bucket));
         u.apply_versioned(node, &key, version, &slot_value(bucket, count))
             .unwrap()
+    }
+
+    #[test]
+    fn a_departed_clock_running_behind_has_its_buckets_dated_on_the_readers_clock() {
+        let mut u = ClusterUsage::new(window());
+        // b's clock runs 2 s behind: at reader time 1_000_500 it stamps 998_500 and
+        // spends 9 in its bucket 998 (real time: this reader's bucket 1_000).
+        u.observe_round("b", 998_500, 1_000_500);
+        put(&mut u, "b", 1, 998, 9);
+        u.observe_round("b", 998_700, 1_000_700);
+        u.retain_nodes(&HashSet::new());
+        assert_eq!(u.clock_lag_ms("b", 1_000_700), 2_000);
+        // Read as dated, bucket 998 leaves at 1_059_000; the provider counts the
+        // spend until 1_061_000. Dated on this clock (shifted by 2 buckets: the lag
+        // beyond the tolerance, rounded up) it counts as long.
+        let at = 1_060_000;
+        assert_eq!(u.departed_usage_except(K, &[], at), 9);
+        assert_eq!(u.usage_of("b", K, at), Some(9));
+        assert_eq!(
+            u.buckets_by_node(K, at),
+            vec![("b".to_owned(), vec![(1_000, 9)])]
+        );
+        assert_eq!(u.departed_usage_except(K, &[], 1_061_000), 0, "then leaves");
+    }
+
+    #[test]
+    fn a_clock_lag_is_bounded_by_the_smallest_recent_sample_and_the_last_stamp() {
+        let mut u = ClusterUsage::new(window());
+        assert_eq!(u.clock_lag_ms("a", 5_000), 0, "unknown: read as dated");
+        // Seen late once (propagation), then promptly: the tightest bound wins.
+        u.observe_round("a", 1_000, 1_400);
+        u.observe_round("a", 1_200, 1_250);
+        assert_eq!(u.clock_lag_ms("a", 1_260), 50);
+        u.observe_round("a", 1_200, 9_999);
+        assert_eq!(
+            u.clock_lag_ms("a", 1_300),
+            50,
+            "a repeated stamp is no sample"
+        );
+        // A member never seen live, whose last stamp is old: it ran no later than
+        // now, so `now - stamp` bounds its lag.
+        u.observe_round("old", 500, 3_000);
+        assert_eq!(u.clock_lag_ms("old", 3_000), 2_500);
+        // A clock stepped back 2 s is learned within LAG_SAMPLES of its rounds.
+        let mut t = 2_000;
+        for _ in 0..LAG_SAMPLES {
+            t += 200;
+            u.observe_round("a", t - 2_000, t);
+        }
+        assert_eq!(u.clock_lag_ms("a", t), 2_000);
+        // Never dated earlier: a clock ahead of this one lags 0.
+        u.observe_round("ahead", 9_000, 5_000);
+        assert_eq!(u.clock_lag_ms("ahead", 5_000), 0);
     }
 
     #[test]

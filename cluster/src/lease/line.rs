@@ -568,19 +568,14 @@ impl<H: Ord + Clone> Line<H> {
     }
 }
 
-/// How far behind the owner's clock a holder's may run before the buckets of its
-/// statements
-/// are shifted forward (transit time plus NTP-level skew). A holder
-/// running further behind reports its usage in buckets that would leave the
-/// owner's window early (the jepsen harness's `skew` nemesis measured 41-42 of L =
-/// 40 with a clock 2 s behind); within it, the error is at most the holder's
-/// spending in this many ms at the edge of a bucket.
-pub const SKEW_TOLERANCE_MS: u64 = 100;
+/// The skew tolerance, shared with the counters' readers (see there).
+pub use crate::counter::SKEW_TOLERANCE_MS;
 
 /// How many buckets of width `bucket_ms` to shift a statement stamped `seq` (the
 /// holder's clock at its snapshot) and received at the owner's `now_ms`: the lag
-/// beyond [`SKEW_TOLERANCE_MS`], rounded up. Clocks running ahead shift nothing
-/// (their buckets are clamped to the owner's current one).
+/// beyond [`SKEW_TOLERANCE_MS`], rounded up ([`crate::counter::Window::buckets_behind`]).
+/// Clocks running ahead shift nothing (their buckets are clamped to the owner's
+/// current one).
 pub fn skew_shift(seq: u64, now_ms: u64, bucket_ms: u64) -> u64 {
     (now_ms.saturating_sub(seq))
         .saturating_sub(SKEW_TOLERANCE_MS)
