@@ -42,6 +42,18 @@ struct Outcome {
     p99_us: u64,
 }
 
+/// One request's reservation (cost 1 token) under `requests` and `tokens`.
+fn one(requests: Algorithm, tokens: Algorithm) -> Reservation {
+    Reservation {
+        requests: dim(requests),
+        tokens: dim(tokens),
+        token_cost: 1,
+        concurrency: 0,
+        permit_id: String::new(),
+        slot_ttl_ms: 0,
+    }
+}
+
 /// `CLIENTS` tasks calling `call(client, i)` on one multiplexed connection for `secs`.
 async fn run<F, Fut>(secs: f64, call: F) -> Outcome
 where
@@ -118,8 +130,15 @@ async fn main() {
         .spawn()
         .expect("redis-server is required");
     let url = format!("redis://127.0.0.1:{port}/");
+    let metrics = Arc::new(tollgate::ops::metrics::Metrics::new(false));
+    let calls = |script: &str| -> u64 {
+        let needle = format!("tollgate_redis_script_seconds_count{{script=\"{script}\"}} ");
+        (metrics.render().lines())
+            .find_map(|l| l.strip_prefix(needle.as_str()))
+            .map_or(0, |v| v.trim().parse().unwrap_or(0))
+    };
     let store = loop {
-        let s = RedisStore::single(&url, Duration::from_secs(1), None).unwrap();
+        let s = RedisStore::single(&url, Duration::from_secs(1), Some(metrics.clone())).unwrap();
         if s.command::<String>(&redis::cmd("PING")).await.is_ok() {
             break s;
         }
@@ -154,20 +173,33 @@ async fn main() {
             let store = store.clone();
             async move {
                 let keys = ScopeKeys::new("bench", &format!("tenant:{name}:{client}"));
-                let r = Reservation {
-                    requests: dim(requests),
-                    tokens: dim(tokens),
-                    token_cost: 1,
-                    concurrency: 0,
-                    permit_id: String::new(),
-                    slot_ttl_ms: 0,
-                };
-                store.reserve(&keys, &r).await.unwrap();
+                store.reserve(&keys, &one(requests, tokens)).await.unwrap();
             }
         })
         .await;
         rows.push((name.to_owned(), outcome));
     }
+    // The same reservation with every caller on one scope: a hot tenant. Calls
+    // that queue behind the one in flight go out together (`redis::batch`).
+    let hot = store.clone();
+    let calls_before = calls("reserve") + calls("reserve_many");
+    let batched = run(secs, move |_, _| {
+        let store = hot.clone();
+        async move {
+            let keys = ScopeKeys::new("bench", "tenant:hot");
+            let window = Algorithm::Window { bucket_ms: 1_000 };
+            store.reserve(&keys, &one(window, window)).await.unwrap();
+        }
+    })
+    .await;
+    let batch_calls = calls("reserve") + calls("reserve_many") - calls_before;
+    let per_call = (batched.per_second * secs) / batch_calls.max(1) as f64;
+    rows.push((
+        format!(
+            "reserve (window, requests + tokens), all callers on one scope: batched, {per_call:.1} per call"
+        ),
+        batched,
+    ));
     let s2 = store.clone();
     let settle = run(secs, move |client, _| {
         let store = s2.clone();

@@ -1,44 +1,96 @@
--- reserve.lua: admits one request on every dimension of one limit scope, or on
--- none (all checks first, then all commits, in one atomic call).
+-- reserve.lua: admits n requests of one limit scope (n = 1: a request alone), each
+-- on every dimension or on none (checks first, then commits), decided in order as
+-- n separate calls would be: a refused one charges nothing and the next is still
+-- tried. The gateway sends the reservations that queued behind a call in flight
+-- for the same scope together (src/redis/batch.rs), so a hot scope pays the
+-- per-call cost (EVALSHA, TIME, reading the windows) once per batch instead of
+-- once per request.
 --
 -- KEYS[1] requests window key, KEYS[2] tokens window key, KEYS[3] concurrency
 --         semaphore key (same {scope} hash tag)
--- ARGV[1] token cost (prompt + completion estimate)
--- ARGV[2] permit id (the semaphore member), ARGV[3] slot ttl in ms
--- ARGV[4..7]   requests: alg ('window' | 'gcra' | 'log' | 'none'), cap, window_ms,
+-- ARGV[1]      n, the number of reservations (1..64)
+-- ARGV[2..5]   requests: alg ('window' | 'gcra' | 'log' | 'none'), cap, window_ms,
 --              bucket_ms (window) or burst (gcra)
--- ARGV[8..11]  tokens: the same four
--- ARGV[12]     concurrency cap (0: none)
--- Returns {1, requests ref, tokens ref, now_ms} (refs settle the reservation:
---   a bucket id, a log member or 0) or {0, dimension, retry_after_ms} with
---   dimension 'requests' | 'tokens' | 'concurrency' and retry -1 = never.
--- Complexity: O(1) for window and gcra, O(entries in the window) for log,
---   O(log n) for the semaphore.
+-- ARGV[6..9]   tokens: the same four
+-- ARGV[10]     concurrency cap (0: none)
+-- ARGV[11 + 3(i-1) ..] for reservation i: token cost, permit id, slot ttl in ms
+-- Returns n answers, each as reserve.lua's: {1, requests ref, tokens ref, now_ms}
+--   or {0, dimension, retry_after_ms}.
+-- Complexity: O(n) for window and gcra (a window is read once and written once
+--   per call, however large n), O(n x entries) for log, O(n log m) for the
+--   semaphore.
 
 local now = now_ms()
-local cost = tonumber(ARGV[1])
+local n = tonumber(ARGV[1])
 local dims = {
-  { name = 'requests', spec = read_dim(KEYS[1], 4), cost = 1 },
-  { name = 'tokens', spec = read_dim(KEYS[2], 8), cost = cost },
+  { name = 'requests', spec = read_dim(KEYS[1], 2) },
+  { name = 'tokens', spec = read_dim(KEYS[2], 6) },
 }
-local conc = tonumber(ARGV[12])
-local worst = nil
+local conc = tonumber(ARGV[10])
+-- Windows: read once; decisions update the state in memory; written once below.
 for _, d in ipairs(dims) do
-  if d.spec.alg ~= 'none' then
-    local retry = dim_check(d.spec, d.cost, now)
-    if retry ~= 0 and (worst == nil or retry == -1 or (worst[3] ~= -1 and retry > worst[3])) then
-      worst = { 0, d.name, retry }
+  local s = d.spec
+  if s.alg == 'window' then s.st = win_load(s.key, s.window_ms, s.p, now) end
+end
+
+local function flush(s)
+  if s.dirty then
+    local slot = s.st.head % win_ring(s.window_ms, s.p)
+    redis.call('HSET', s.key, 'h', s.st.head, 's', s.st.sum, 'b' .. slot, s.st.head,
+      'c' .. slot, s.st.count)
+    if s.st.renew then
+      redis.call('PEXPIRE', s.key, s.window_ms + 2 * s.p)
+      s.st.renew = false
     end
+    s.dirty = false
   end
 end
-if conc > 0 then
-  local retry = sem_check(KEYS[3], conc, now)
-  if retry ~= 0 and worst == nil then worst = { 0, 'concurrency', retry } end
+
+local function check(s, cost)
+  if s.alg ~= 'window' then return dim_check(s, cost, now) end
+  if cost > s.cap then return -1 end
+  if s.st.sum + cost <= s.cap then return 0 end
+  -- The retry-after scan reads the buckets from Redis: write what this call
+  -- charged first.
+  flush(s)
+  return win_check_state(s.key, s.st, s.cap, s.window_ms, s.p, cost, now)
 end
-if worst then return worst end
-local refs = { '0', '0' }
-for i, d in ipairs(dims) do
-  if d.spec.alg ~= 'none' then refs[i] = tostring(dim_commit(d.spec, d.cost, now)) end
+
+local function commit(s, cost)
+  if s.alg ~= 'window' then return dim_commit(s, cost, now) end
+  s.st.sum, s.st.count, s.dirty = s.st.sum + cost, s.st.count + cost, true
+  return s.st.head
 end
-if conc > 0 then sem_commit(KEYS[3], ARGV[2], tonumber(ARGV[3]), now) end
-return { 1, refs[1], refs[2], now }
+
+local out = {}
+for i = 1, n do
+  local base = 11 + 3 * (i - 1)
+  local costs = { 1, tonumber(ARGV[base]) }
+  local worst = nil
+  for j, d in ipairs(dims) do
+    if d.spec.alg ~= 'none' then
+      local retry = check(d.spec, costs[j])
+      if retry ~= 0 and (worst == nil or retry == -1 or (worst[3] ~= -1 and retry > worst[3])) then
+        worst = { 0, d.name, retry }
+      end
+    end
+  end
+  if conc > 0 then
+    local retry = sem_check(KEYS[3], conc, now)
+    if retry ~= 0 and worst == nil then worst = { 0, 'concurrency', retry } end
+  end
+  if worst then
+    out[i] = worst
+  else
+    local refs = { '0', '0' }
+    for j, d in ipairs(dims) do
+      if d.spec.alg ~= 'none' then refs[j] = tostring(commit(d.spec, costs[j])) end
+    end
+    if conc > 0 then sem_commit(KEYS[3], ARGV[base + 1], tonumber(ARGV[base + 2]), now) end
+    out[i] = { 1, refs[1], refs[2], now }
+  end
+end
+for _, d in ipairs(dims) do
+  if d.spec.alg == 'window' then flush(d.spec) end
+end
+return out

@@ -313,6 +313,111 @@ async fn concurrent_callers_from_several_clients_never_exceed_the_capacity() {
     assert_eq!(admitted, 100, "exactly the capacity, from 200 callers");
 }
 
+/// `(admitted?, refused dimension)` of each answer, to compare decisions.
+fn outcomes(answers: &[Reserved]) -> Vec<(bool, String)> {
+    (answers.iter())
+        .map(|a| match a {
+            Reserved::Admitted { .. } => (true, String::new()),
+            Reserved::Refused { dimension, .. } => (false, dimension.clone()),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_is_decided_as_the_same_reservations_one_call_at_a_time() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    // Requests 6, tokens 100, 3 slots: every dimension refuses somewhere, and a
+    // refusal between admissions charges nothing.
+    let r = |cost: u64, id: &str| Reservation {
+        requests: window(6),
+        tokens: window(100),
+        token_cost: cost,
+        concurrency: 3,
+        permit_id: id.to_owned(),
+        slot_ttl_ms: 60_000,
+    };
+    let costs = [40, 70, 50, 200, 10, 0, 0, 0];
+    let batch: Vec<Reservation> = (costs.iter().enumerate())
+        .map(|(i, c)| r(*c, &format!("p{i}")))
+        .collect();
+    let batched = s
+        .reserve_many(&ScopeKeys::new("tg", "tenant:batch"), &batch)
+        .await
+        .unwrap();
+    let alone = ScopeKeys::new("tg", "tenant:alone");
+    let mut one_by_one = Vec::new();
+    for r in &batch {
+        one_by_one.push(s.reserve(&alone, r).await.unwrap());
+    }
+    assert_eq!(outcomes(&batched), outcomes(&one_by_one));
+    let expected: Vec<(bool, String)> = [
+        (true, ""),
+        (false, "tokens"),
+        (true, ""),
+        (false, "tokens"),
+        (true, ""),
+        (false, "concurrency"),
+        (false, "concurrency"),
+        (false, "concurrency"),
+    ]
+    .iter()
+    .map(|(a, d)| (*a, (*d).to_owned()))
+    .collect();
+    assert_eq!(outcomes(&batched), expected);
+    // A refusal after admissions in the same call still says when there is room.
+    match &batched[1] {
+        Reserved::Refused { retry_after_ms, .. } => {
+            let retry = retry_after_ms.unwrap();
+            assert!((900..=1_100).contains(&retry), "retry {retry}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The batch's charges were written: 100 tokens used, so 1 more does not fit,
+    // and the window's sum is exact for the next caller.
+    let next = Reservation {
+        concurrency: 0,
+        ..r(1, "late")
+    };
+    let keys = ScopeKeys::new("tg", "tenant:batch");
+    assert_eq!(refused(&s.reserve(&keys, &next).await.unwrap()).0, "tokens");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reservations_of_one_scope_are_batched_and_never_exceed_the_capacity() {
+    let server = RedisServer::start();
+    let metrics = std::sync::Arc::new(tollgate::ops::metrics::Metrics::new(false));
+    let s = RedisStore::single(&server.url(), TIMEOUT, Some(metrics.clone())).unwrap();
+    let keys = ScopeKeys::new("tg", "tenant:hot");
+    let mut tasks = Vec::new();
+    for _ in 0..300 {
+        let (s, keys) = (s.clone(), keys.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = reservation(window(200), window(10_000), 7);
+            matches!(
+                s.reserve(&keys, &r).await.unwrap(),
+                Reserved::Admitted { .. }
+            )
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += u32::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 200, "exactly the capacity, from 300 callers");
+    // Fewer calls than decisions: the ones that queued went out together.
+    let calls = |script: &str| -> u64 {
+        let needle = format!("tollgate_redis_script_seconds_count{{script=\"{script}\"}} ");
+        (metrics.render().lines())
+            .find_map(|l| l.strip_prefix(needle.as_str()))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let (single, batched) = (calls("reserve"), calls("reserve_many"));
+    assert!(batched > 0, "no batch formed: {single} single calls");
+    assert!(single + batched < 300, "{single} + {batched} calls for 300");
+    println!("300 reservations in {single} single calls and {batched} batches");
+}
+
 #[tokio::test]
 async fn a_stalled_redis_times_out_fast_and_recovers() {
     let server = RedisServer::start();

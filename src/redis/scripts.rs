@@ -13,7 +13,8 @@ fn with_lib(entry: &str) -> Script {
     Script::new(&format!("{LIB}\n{entry}"))
 }
 
-/// `reserve.lua`: all dimensions of one scope, all or nothing.
+/// `reserve.lua`: n reservations of one scope (1 alone, more batched), each all
+/// dimensions or none, decided in order.
 pub static RESERVE: LazyLock<Script> =
     LazyLock::new(|| with_lib(include_str!("../../lua/reserve.lua")));
 

@@ -186,6 +186,7 @@ pub struct RedisStore {
     conn: Conn,
     timeout: Duration,
     metrics: Option<Arc<Metrics>>,
+    batches: Arc<super::batch::Batches>,
 }
 
 impl RedisStore {
@@ -207,6 +208,7 @@ impl RedisStore {
             conn: Conn::Single(manager),
             timeout,
             metrics,
+            batches: Arc::default(),
         })
     }
 
@@ -225,6 +227,7 @@ impl RedisStore {
             conn: Conn::Cluster(conn),
             timeout,
             metrics,
+            batches: Arc::default(),
         })
     }
 
@@ -261,20 +264,66 @@ impl RedisStore {
         result
     }
 
-    /// Reserves one request on every dimension of `keys`' scope, or on none.
+    pub(super) fn batches(&self) -> &Arc<super::batch::Batches> {
+        &self.batches
+    }
+
+    /// Reserves one request on every dimension of `keys`' scope, or on none. Sent
+    /// at once when no call for the scope is in flight; otherwise batched with
+    /// the others that arrive meanwhile ([`super::batch`]), decided as if one at a
+    /// time.
     pub async fn reserve(&self, keys: &ScopeKeys, r: &Reservation) -> Result<Reserved, StoreError> {
+        super::batch::reserve(self, keys, r).await
+    }
+
+    /// Reserves `rs` (same scope, same limits) in one atomic call, decided in
+    /// order as separate [`Self::reserve`] calls would be: one answer each.
+    pub async fn reserve_many(
+        &self,
+        keys: &ScopeKeys,
+        rs: &[Reservation],
+    ) -> Result<Vec<Reserved>, StoreError> {
+        let Some(first) = rs.first() else {
+            return Ok(Vec::new());
+        };
         let mut inv = scripts::RESERVE.prepare_invoke();
         inv.key(&keys.requests)
             .key(&keys.tokens)
             .key(&keys.concurrency)
-            .arg(r.token_cost)
-            .arg(&r.permit_id)
-            .arg(r.slot_ttl_ms)
-            .arg(&r.requests.args()[..])
-            .arg(&r.tokens.args()[..])
-            .arg(r.concurrency);
-        let answer: Vec<redis::Value> = self.run("reserve", inv).await?;
-        parse_reserved(&answer)
+            .arg(rs.len())
+            .arg(&first.requests.args()[..])
+            .arg(&first.tokens.args()[..])
+            .arg(first.concurrency);
+        for r in rs {
+            inv.arg(r.token_cost).arg(&r.permit_id).arg(r.slot_ttl_ms);
+        }
+        // Batches are measured apart: their latency is one call's for many.
+        let label = if rs.len() == 1 {
+            "reserve"
+        } else {
+            "reserve_many"
+        };
+        let answers: Vec<Vec<redis::Value>> = self.run(label, inv).await?;
+        if answers.len() != rs.len() {
+            return Err(StoreError::Unexpected {
+                script: label,
+                detail: format!("{} answers for {} reservations", answers.len(), rs.len()),
+            });
+        }
+        answers.iter().map(|a| parse_reserved(a)).collect()
+    }
+
+    /// One reservation, one call.
+    pub(super) async fn reserve_one(
+        &self,
+        keys: &ScopeKeys,
+        r: &Reservation,
+    ) -> Result<Reserved, StoreError> {
+        let mut answers = self.reserve_many(keys, std::slice::from_ref(r)).await?;
+        answers.pop().ok_or_else(|| StoreError::Unexpected {
+            script: "reserve",
+            detail: "no answer".to_owned(),
+        })
     }
 
     /// Settles a reservation: each dimension to its real cost, moved to the bucket
