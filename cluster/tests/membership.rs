@@ -520,6 +520,51 @@ async fn duplicate_node_id_is_refused_and_counted() {
 }
 
 #[tokio::test]
+async fn a_state_many_datagrams_large_reaches_a_peer_over_several_exchanges() {
+    // 600 KB of keys (about ten datagrams): the gateway's counters for a few hundred
+    // busy tenants. chitchat cuts each delta to the datagram and the peer catches up
+    // over the next exchanges; every key arrives.
+    const CL: &str = "a_state_many_datagrams_large_reaches_a_peer_over_several_exchanges";
+    let transport = ChannelTransport::with_mtu(65_507);
+    let seeds = vec![mem_addr(1).to_string()];
+    let mut big = config(CL, "node-1", 1, mem_addr(1), &[]);
+    big.limits = StateLimits {
+        max_keys: 131_072,
+        max_bytes: tollgate_cluster::membership::MAX_STATE_BYTES_CEILING,
+    };
+    let a = start(big, &transport).await;
+    let b = start(config(CL, "node-2", 1, mem_addr(2), &seeds), &transport).await;
+    let keys: Vec<(String, String)> = (0..12_000)
+        .map(|i| {
+            (
+                format!("c:tenant:t{i}:tokens:{}", i % 61),
+                format!("tfrksg:{i:x}"),
+            )
+        })
+        .collect();
+    let bytes: usize = keys.iter().map(|(k, v)| k.len() + v.len() + 16).sum();
+    assert!(bytes > 600_000, "{bytes} bytes");
+    a.set_many(keys.clone()).await.expect("within the caps");
+    let a_id = a.self_id().clone();
+    wait_for(
+        "b to hold every key of a",
+        Duration::from_secs(30),
+        || async {
+            (b.live_values("c:").await.into_iter())
+                .find(|(id, _)| *id == a_id)
+                .is_some_and(|(_, kvs)| kvs.len() == keys.len())
+        },
+    )
+    .await;
+    let (_, got) = (b.live_values("c:").await.into_iter())
+        .find(|(id, _)| *id == a_id)
+        .expect("a is live at b");
+    let mut want = keys;
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
 async fn oversize_or_reserved_set_many_is_refused_and_changes_nothing() {
     const CL: &str = "oversize_or_reserved_set_many_is_refused_and_changes_nothing";
     let transport = ChannelTransport::default();

@@ -119,8 +119,13 @@ struct Lead<'a> {
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
         let batch = self.store.batches().next(&self.keys.requests);
-        if !batch.is_empty() {
-            tokio::spawn(drain(self.store.clone(), self.keys.clone(), batch));
+        if batch.is_empty() {
+            return;
+        }
+        // Dropped outside a runtime (only while one shuts down): the waiters'
+        // senders drop with the batch and each sees its call fail.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(drain(self.store.clone(), self.keys.clone(), batch));
         }
     }
 }

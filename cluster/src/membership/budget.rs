@@ -1,19 +1,25 @@
 //! Limits on the state one node publishes through `Membership::set_many`.
 //!
 //! A chitchat message is one UDP datagram (at most 65,507 bytes) carrying a digest of
-//! every node plus deltas; a node whose own state outgrows that cannot even be shipped
-//! to a newcomer in one exchange. So each node caps its own keys and bytes and refuses
-//! a batch that would cross either cap, before anything is written. Pure.
+//! every node plus deltas. A node's state may be larger: chitchat 0.13 cuts a delta
+//! to the datagram (`compute_partial_delta_respecting_mtu`, oldest versions first)
+//! and a peer catches up over the next exchanges. The caps bound what every peer
+//! holds for this node (memory) and how long a newcomer's catch-up takes, not the
+//! datagram. Each node refuses a batch that would cross either cap, before anything
+//! is written. Pure.
 
 use super::error::MembershipError;
 use super::metadata::RESERVED_PREFIX;
 
 /// Per-entry overhead chitchat adds on the wire (two length prefixes, a u64 version,
-/// a status byte); counted so the byte cap tracks the real datagram cost.
+/// a status byte); counted so the byte cap tracks what peers hold and ship.
 pub const ENTRY_OVERHEAD_BYTES: usize = 16;
-/// Highest `max_bytes` a config may ask for: leaves ~17 KB of the datagram for the
-/// digest and message headers.
-pub const MAX_STATE_BYTES_CEILING: usize = 48 * 1024;
+/// Highest `max_bytes` a config may ask for: 8 MiB, about 130 datagrams a
+/// newcomer takes over some tens of gossip rounds. (It was 48 KiB, one datagram:
+/// with the counters' ring of 61 keys per limit key at the default 60 buckets,
+/// about 16 limit keys, seven tenants with a request and a token limit, filled it;
+/// after that every publish was refused.)
+pub const MAX_STATE_BYTES_CEILING: usize = 8 * 1024 * 1024;
 
 /// Caps on what this node publishes (metadata keys excluded: they are validated and
 /// small).

@@ -254,7 +254,7 @@ mod tests {
             ),
             (
                 "limits.max_bytes",
-                Box::new(|c| c.limits.max_bytes = 1 << 20),
+                Box::new(|c| c.limits.max_bytes = 1 << 24),
             ),
         ];
         for (field, mutate) in cases {
