@@ -78,9 +78,12 @@ local function win_load(key, window_ms, bucket_ms, now)
   return { head = nb, sum = sum, count = 0, renew = true }
 end
 
--- Advances the window to now; returns head, sum.
+-- Advances the window to now; returns head, sum. A new bucket pushes the expiry
+-- back here too: a commit later in the same bucket does not (it sees no new
+-- bucket), so the key must already live a window past this one.
 local function win_advance(key, window_ms, bucket_ms, now)
   local st = win_load(key, window_ms, bucket_ms, now)
+  if st.renew then redis.call('PEXPIRE', key, window_ms + 2 * bucket_ms) end
   return st.head, st.sum
 end
 

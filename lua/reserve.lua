@@ -91,6 +91,13 @@ for i = 1, n do
   end
 end
 for _, d in ipairs(dims) do
-  if d.spec.alg == 'window' then flush(d.spec) end
+  local s = d.spec
+  if s.alg == 'window' then
+    flush(s)
+    -- A new bucket whose every reservation was refused: its head was written,
+    -- and later commits in it will not push the expiry back (they see no new
+    -- bucket), so push it now.
+    if s.st.renew then redis.call('PEXPIRE', s.key, s.window_ms + 2 * s.p) end
+  end
 end
 return out

@@ -148,12 +148,18 @@ pub async fn run_with_transport(
         let _ = drained_rx.wait_for(|stop| *stop).await;
         tokio::time::sleep(grace).await;
     };
-    tokio::select! {
-        result = serve => result?,
-        () = overrun => tracing::warn!(grace_secs = grace.as_secs(), "shutdown grace expired with requests still in flight"),
-    }
+    let drained = tokio::select! {
+        result = serve => {
+            result?;
+            true
+        }
+        () = overrun => {
+            tracing::warn!(grace_secs = grace.as_secs(), "shutdown grace expired with requests still in flight");
+            false
+        }
+    };
     if let Some(sync) = sync {
-        sync.shutdown().await;
+        sync.shutdown(drained).await;
     }
     let _ = mock_stop_tx.send(true);
     Ok(())

@@ -419,6 +419,28 @@ async fn concurrent_reservations_of_one_scope_are_batched_and_never_exceed_the_c
 }
 
 #[tokio::test]
+async fn a_new_bucket_pushes_the_expiry_back_even_when_its_first_reservation_is_refused() {
+    // Commits later in the same bucket do not push the expiry back (they see no
+    // new bucket), so the first call of a bucket must, admitted or not: else the
+    // key could expire while those commits still count.
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "tenant:ttl");
+    let r = reservation(window(1), DimSpec::NONE, 0);
+    admitted(&s.reserve(&keys, &r).await.unwrap());
+    // Two buckets (of 100 ms) later: the window is still full, refused.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(refused(&s.reserve(&keys, &r).await.unwrap()).0, "requests");
+    let pttl: i64 = s
+        .command(redis::cmd("PTTL").arg(&keys.requests))
+        .await
+        .unwrap();
+    // Pushed back to window + 2 buckets (1,200 ms) from the new bucket; without
+    // it ~950 ms were left from the first commit.
+    assert!(pttl > 1_050, "pttl {pttl}");
+}
+
+#[tokio::test]
 async fn a_stalled_redis_times_out_fast_and_recovers() {
     let server = RedisServer::start();
     let s = RedisStore::single(&server.url(), Duration::from_millis(15), None).unwrap();

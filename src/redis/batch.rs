@@ -12,11 +12,13 @@
 //! same order (`reserve.lua` decides them in sequence).
 //!
 //! Bounded: one waiting list per scope with a call in flight, each entry a
-//! request that is itself waiting (the actors bound those); a batch's call has
-//! the store's timeout, so a request waits at most two calls' timeouts.
+//! request that is itself waiting (the actors bound those); each call has the
+//! store's timeout, and a request waits behind at most ceil(queued / 64) calls.
+//! Waiters whose caller is gone are dropped before their batch goes out. The
+//! exact log (O(entries) per decision) is never batched.
 
 use super::ScopeKeys;
-use super::store::{RedisStore, Reservation, Reserved, StoreError};
+use super::store::{Algorithm, RedisStore, Reservation, Reserved, StoreError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
@@ -61,6 +63,11 @@ impl Batches {
         let mut batch = Vec::new();
         let mut rest = Vec::new();
         for w in waiting.drain(..) {
+            // Its caller is gone (client disconnected): reserving for it would
+            // charge what nobody settles.
+            if w.reply.is_closed() {
+                continue;
+            }
             let r = &w.reservation;
             let same = r.requests == requests && r.tokens == tokens && r.concurrency == concurrency;
             if same && batch.len() < MAX_BATCH {
@@ -77,6 +84,11 @@ impl Batches {
 /// [`RedisStore::reserve`]: alone if the scope is idle, else batched behind the
 /// call in flight.
 pub(super) async fn reserve(store: &RedisStore, keys: &ScopeKeys, r: &Reservation) -> Answer {
+    // The exact log costs O(entries) per decision: a batch of them could outlast
+    // the timeout and fail every waiter at once. Sent alone.
+    if [r.requests.algorithm, r.tokens.algorithm].contains(&Algorithm::Log) {
+        return store.reserve_one(keys, r).await;
+    }
     let batches = store.batches();
     let waiting = {
         let mut map = batches.lock();

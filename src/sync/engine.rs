@@ -196,7 +196,8 @@ impl Engine {
         }
         let joined = *self.joined_ms.get_or_insert(now_ms);
         let me = &self.membership.self_id().node_id;
-        let others_dead = dead.iter().any(|d| d.node_id != *me);
+        let others_dead =
+            (dead.iter()).any(|d| d.node_id != *me && !self.left.contains(&d.to_string()));
         let alone_by_design = self.membership.seeds_configured() == 0;
         let waited = now_ms.saturating_sub(joined)
             >= self.membership.failure_detection_time().as_millis() as u64;
@@ -213,8 +214,22 @@ impl Engine {
     /// publishes the last figures with [`LEFT_KEY`] and gossips for two
     /// propagation times so peers have them before this node goes silent. If they
     /// do not arrive (a lost datagram, a crash meanwhile), peers treat the silence
-    /// as they treat a crash: the safe side.
-    pub async fn leave(&mut self) {
+    /// as they treat a crash: the safe side. Not announced (silent, charged as a
+    /// crash) when something it spent may be unknown to its peers: requests still
+    /// running (`drained` false), or spending on a cut-off share while its lease
+    /// owner or Redis was unreachable, which only the floor peers charge covers.
+    pub async fn leave(&mut self, drained: bool) {
+        let cut_off = (self.lease.as_ref()).is_some_and(|feed| {
+            !(feed.cut_off.read().unwrap_or_else(|p| p.into_inner())).is_empty()
+        });
+        if !drained || cut_off || self.redis_lost_here() {
+            tracing::info!(
+                drained,
+                cut_off,
+                "leaving without the announcement: peers charge this node as unreachable until it is collected"
+            );
+            return;
+        }
         let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
         let exports = self.state.registry.export_live().await;
         self.record_own(&exports, now_ms);
@@ -425,7 +440,7 @@ impl Engine {
                         lag = lag.max(now_ms.saturating_sub(at));
                         // Bounds how far its clock runs behind this one, so its
                         // buckets can be dated on this clock where it matters.
-                        usage.observe_round(&node, at, now_ms);
+                        usage.observe_round(&node, at, now_ms, true);
                         // When this member was last heard from (a new round of its).
                         if self.round_seen.get(&node) != Some(&at) {
                             self.round_seen.insert(node.clone(), at);
@@ -460,7 +475,7 @@ impl Engine {
                 // by the new one): it ran no later than now.
                 if key == ROUND_AT_KEY {
                     if let Ok(at) = value.parse::<u64>() {
-                        usage.observe_round(&node, at, now_ms);
+                        usage.observe_round(&node, at, now_ms, false);
                     }
                     continue;
                 }

@@ -48,8 +48,10 @@ pub struct SyncHandle {
 
 impl SyncHandle {
     /// Stops the engine and leaves the cluster: lease credit goes back first, then
-    /// the last figures go out with the leave announcement ([`Engine::leave`]).
-    pub async fn shutdown(self) {
+    /// the last figures go out with the leave announcement ([`Engine::leave`]) if
+    /// `drained` (every request ended and was settled); otherwise the node goes
+    /// silent and peers charge it as they charge a crash.
+    pub async fn shutdown(self, drained: bool) {
         let _ = self.stop.send(true);
         for task in self.lease_tasks {
             let _ = task.await;
@@ -57,7 +59,7 @@ impl SyncHandle {
         let Ok(mut engine) = self.task.await else {
             return;
         };
-        engine.leave().await;
+        engine.leave(drained).await;
         if let Err(e) = engine.into_membership().shutdown().await {
             tracing::warn!(error = %e, "leaving the cluster failed");
         }

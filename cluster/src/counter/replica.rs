@@ -114,7 +114,12 @@ impl KeyReplica {
 
     /// Every register reads as zero at `now_ms`.
     fn is_zero(&self, window: &Window, now_ms: u64) -> bool {
-        self.usage(window, now_ms) == 0
+        self.is_zero_shifted(window, 0, now_ms)
+    }
+
+    /// [`Self::is_zero`] with buckets dated `shift` later.
+    fn is_zero_shifted(&self, window: &Window, shift: u64, now_ms: u64) -> bool {
+        self.usage_shifted(window, shift, now_ms) == 0
             && self.demand.is_none_or(|d| d.value == 0)
             && self.in_flight.is_none_or(|f| f.value == 0)
     }
@@ -132,6 +137,13 @@ struct NodeReplica {
 /// steps back is dated right again within this many of its rounds.
 const LAG_SAMPLES: usize = 8;
 
+/// The most lag assumed for a member this reader never saw live (a restarted
+/// node's previous incarnation, read by the new one): its only bound, `now - last
+/// stamp`, includes the time since it stopped, so uncapped it would keep a member
+/// that died long ago counting up to a window longer. A clock further behind than
+/// this is broken; its buckets are then under-dated by the excess.
+pub const UNSEEN_LAG_CAP_MS: u64 = 10_000;
+
 /// What this reader knows of a writer's clock: the stamp of its last round (the
 /// writer's clock) and, for each new stamp, how far behind this reader's clock it
 /// was when first seen. A stamp is written before it is seen, so every sample is
@@ -142,10 +154,12 @@ const LAG_SAMPLES: usize = 8;
 struct ClockLag {
     last_round_ms: Option<u64>,
     samples: VecDeque<u64>,
+    seen_live: bool,
 }
 
 impl ClockLag {
-    fn observe(&mut self, round_ms: u64, now_ms: u64) {
+    fn observe(&mut self, round_ms: u64, now_ms: u64, live: bool) {
+        self.seen_live |= live;
         if self.last_round_ms == Some(round_ms) {
             return;
         }
@@ -163,7 +177,12 @@ impl ClockLag {
             return 0;
         };
         let observed = self.samples.iter().copied().min().unwrap_or(u64::MAX);
-        observed.min(now_ms.saturating_sub(last))
+        let bound = observed.min(now_ms.saturating_sub(last));
+        if self.seen_live {
+            bound
+        } else {
+            bound.min(UNSEEN_LAG_CAP_MS)
+        }
     }
 }
 
@@ -291,11 +310,12 @@ impl ClusterUsage {
     }
 
     /// `node` stamped a round with its clock at `round_ms`, seen here at `now_ms`
-    /// (this reader's clock): bounds how far its clock runs behind this one, so its
-    /// buckets are dated on this reader's clock where the figure must not leave the
-    /// window early (a lease owner's rebuild, a departed member's charge).
-    pub fn observe_round(&mut self, node: &str, round_ms: u64, now_ms: u64) {
-        self.node_mut(node).clock.observe(round_ms, now_ms);
+    /// (this reader's clock) while it was `live`: bounds how far its clock runs
+    /// behind this one, so its buckets are dated on this reader's clock where the
+    /// figure must not leave the window early (a lease owner's rebuild, a departed
+    /// member's charge).
+    pub fn observe_round(&mut self, node: &str, round_ms: u64, now_ms: u64, live: bool) {
+        self.node_mut(node).clock.observe(round_ms, now_ms, live);
     }
 
     /// How far `node`'s clock runs behind this reader's at `now_ms`, as bounded by
@@ -340,8 +360,13 @@ impl ClusterUsage {
     /// Whether nothing `node` published counts at `now_ms` (no bucket in the
     /// window, demand and in-flight 0), or it is unknown.
     pub fn is_idle(&self, node: &str, now_ms: u64) -> bool {
+        // Dated on this reader's clock, as its charges are: a member whose clock ran
+        // behind is not forgotten while its shifted buckets still count.
         let window = self.window;
-        (self.nodes.get(node)).is_none_or(|r| r.keys.values().all(|k| k.is_zero(&window, now_ms)))
+        (self.nodes.get(node)).is_none_or(|r| {
+            let shift = self.shift_of(r, now_ms);
+            (r.keys.values()).all(|k| k.is_zero_shifted(&window, shift, now_ms))
+        })
     }
 
     /// Live nodes, sorted.
@@ -504,9 +529,9 @@ mod tests {
         let mut u = ClusterUsage::new(window());
         // b's clock runs 2 s behind: at reader time 1_000_500 it stamps 998_500 and
         // spends 9 in its bucket 998 (real time: this reader's bucket 1_000).
-        u.observe_round("b", 998_500, 1_000_500);
+        u.observe_round("b", 998_500, 1_000_500, true);
         put(&mut u, "b", 1, 998, 9);
-        u.observe_round("b", 998_700, 1_000_700);
+        u.observe_round("b", 998_700, 1_000_700, true);
         u.retain_nodes(&HashSet::new());
         assert_eq!(u.clock_lag_ms("b", 1_000_700), 2_000);
         // Read as dated, bucket 998 leaves at 1_059_000; the provider counts the
@@ -520,6 +545,9 @@ mod tests {
             vec![("b".to_owned(), vec![(1_000, 9)])]
         );
         assert_eq!(u.departed_usage_except(K, &[], 1_061_000), 0, "then leaves");
+        // Not forgotten while its shifted buckets count.
+        assert!(!u.is_idle("b", at));
+        assert!(u.is_idle("b", 1_061_000));
     }
 
     #[test]
@@ -527,10 +555,10 @@ mod tests {
         let mut u = ClusterUsage::new(window());
         assert_eq!(u.clock_lag_ms("a", 5_000), 0, "unknown: read as dated");
         // Seen late once (propagation), then promptly: the tightest bound wins.
-        u.observe_round("a", 1_000, 1_400);
-        u.observe_round("a", 1_200, 1_250);
+        u.observe_round("a", 1_000, 1_400, true);
+        u.observe_round("a", 1_200, 1_250, true);
         assert_eq!(u.clock_lag_ms("a", 1_260), 50);
-        u.observe_round("a", 1_200, 9_999);
+        u.observe_round("a", 1_200, 9_999, true);
         assert_eq!(
             u.clock_lag_ms("a", 1_300),
             50,
@@ -538,17 +566,20 @@ mod tests {
         );
         // A member never seen live, whose last stamp is old: it ran no later than
         // now, so `now - stamp` bounds its lag.
-        u.observe_round("old", 500, 3_000);
+        u.observe_round("old", 500, 3_000, false);
         assert_eq!(u.clock_lag_ms("old", 3_000), 2_500);
+        // ... capped: one that stopped long ago is not dated that much later.
+        u.observe_round("long-gone", 500, 60_500, false);
+        assert_eq!(u.clock_lag_ms("long-gone", 60_500), UNSEEN_LAG_CAP_MS);
         // A clock stepped back 2 s is learned within LAG_SAMPLES of its rounds.
         let mut t = 2_000;
         for _ in 0..LAG_SAMPLES {
             t += 200;
-            u.observe_round("a", t - 2_000, t);
+            u.observe_round("a", t - 2_000, t, true);
         }
         assert_eq!(u.clock_lag_ms("a", t), 2_000);
         // Never dated earlier: a clock ahead of this one lags 0.
-        u.observe_round("ahead", 9_000, 5_000);
+        u.observe_round("ahead", 9_000, 5_000, true);
         assert_eq!(u.clock_lag_ms("ahead", 5_000), 0);
     }
 

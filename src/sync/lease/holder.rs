@@ -106,7 +106,8 @@ struct TargetInputs {
     /// never stated).
     spent_since: u64,
     elapsed_ms: Option<u64>,
-    /// The actor was refused or ran low since, and the largest cost refused.
+    /// The actor was refused or ran low since, and the largest cost refused (0:
+    /// it only ran low).
     wanted: bool,
     wanted_cost: u64,
     last_target: u64,
@@ -126,7 +127,9 @@ fn credit_target(t: &TargetInputs) -> u64 {
     let recent = t.elapsed_ms.map_or(0, |elapsed| {
         t.spent_since.saturating_mul(t.horizon_ms) / elapsed.max(1)
     });
-    let grown = if t.wanted {
+    // A refusal (a cost it could not pay), not merely running low: a low-water
+    // wake is the ordinary refill, and doubling on it would climb to max_credit.
+    let grown = if t.wanted && t.wanted_cost > 0 {
         t.last_target.saturating_mul(2)
     } else {
         0
@@ -561,10 +564,17 @@ mod tests {
     fn a_holder_that_ran_dry_doubles_its_target() {
         let dry = TargetInputs {
             wanted: true,
+            wanted_cost: 1,
             last_target: 60,
             ..inputs()
         };
         assert_eq!(credit_target(&dry), 120);
+        // Only ran low (the ordinary refill): no doubling.
+        let low = TargetInputs {
+            wanted_cost: 0,
+            ..dry
+        };
+        assert_eq!(credit_target(&low), 1);
         // At least the one request that could not be paid, and at least 1.
         let big = TargetInputs {
             wanted_cost: 5_000,
@@ -573,6 +583,7 @@ mod tests {
         assert_eq!(credit_target(&big), 5_000);
         let first = TargetInputs {
             wanted: true,
+            wanted_cost: 1,
             ..inputs()
         };
         assert_eq!(credit_target(&first), 1);
