@@ -13,7 +13,7 @@ use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
 use crate::proxy::AppState;
 use crate::redis::gate::{Fallback, RedisGate};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
@@ -120,7 +120,7 @@ pub struct Engine {
     redis_lost: Vec<String>,
     /// Members that announced a graceful leave ([`LEFT_KEY`]): departed, never
     /// treated as unreachable (no floor, no frozen share).
-    left: HashSet<String>,
+    left: BTreeSet<String>,
     /// When this process joined (ms), and whether its view of the members has
     /// settled since (see [`Engine::settle`]).
     joined_ms: Option<u64>,
@@ -173,7 +173,7 @@ impl Engine {
                 + config.gossip_interval * 2)
                 .as_millis() as u64,
             redis_lost: Vec::new(),
-            left: HashSet::new(),
+            left: BTreeSet::new(),
             joined_ms: None,
             settled: false,
             status,
@@ -334,7 +334,6 @@ impl Engine {
         status.members = members.iter().map(MemberStatus::from).collect();
         status.dead.clone_from(&self.dead);
         status.left = self.left.iter().cloned().collect();
-        status.left.sort();
         status.last_sync_ms = now_ms;
         status.bytes_published_total += bytes as u64;
         status.decode_errors_total += decode_errors;
@@ -413,7 +412,7 @@ impl Engine {
     async fn read_cluster(&mut self, now_ms: u64) -> (u64, u64, u64) {
         let (mut refused, mut received, mut lag) = (0, 0, 0);
         let mut redis_lost = Vec::new();
-        let mut left = HashSet::new();
+        let mut left = BTreeSet::new();
         let mut live = HashSet::new();
         let values = self.membership.values("").await;
         let (members, departed) = (values.live, values.departed);

@@ -51,6 +51,14 @@ pub const MAX_BUCKETS: u32 = 4096;
 /// it, the error is at most the writer's spending in this many ms at a bucket's edge.
 pub const SKEW_TOLERANCE_MS: u64 = 100;
 
+/// [`Window::buckets_behind`] for buckets of `bucket_ms` (a lease statement's
+/// shift uses it with the line's bucket width).
+pub fn buckets_behind(lag_ms: u64, bucket_ms: u64) -> u64 {
+    lag_ms
+        .saturating_sub(SKEW_TOLERANCE_MS)
+        .div_ceil(bucket_ms.max(1))
+}
+
 /// Why a window cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WindowError {
@@ -134,9 +142,7 @@ impl Window {
     /// behind the reader's: the lag beyond [`SKEW_TOLERANCE_MS`], rounded up, so the
     /// cost counts at least as long as it does at the provider.
     pub fn buckets_behind(&self, lag_ms: u64) -> u64 {
-        lag_ms
-            .saturating_sub(SKEW_TOLERANCE_MS)
-            .div_ceil(self.bucket_ms)
+        buckets_behind(lag_ms, self.bucket_ms)
     }
 
     /// Whether bucket `bucket` counts at `now_ms` (see the type docs). u128 arithmetic:

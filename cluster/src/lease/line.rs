@@ -573,13 +573,11 @@ pub use crate::counter::SKEW_TOLERANCE_MS;
 
 /// How many buckets of width `bucket_ms` to shift a statement stamped `seq` (the
 /// holder's clock at its snapshot) and received at the owner's `now_ms`: the lag
-/// beyond [`SKEW_TOLERANCE_MS`], rounded up ([`crate::counter::Window::buckets_behind`]).
-/// Clocks running ahead shift nothing (their buckets are clamped to the owner's
-/// current one).
+/// beyond [`SKEW_TOLERANCE_MS`], rounded up (the counters' readers' rule,
+/// [`crate::counter::buckets_behind`]). Clocks running ahead shift nothing (their
+/// buckets are clamped to the owner's current one).
 pub fn skew_shift(seq: u64, now_ms: u64, bucket_ms: u64) -> u64 {
-    (now_ms.saturating_sub(seq))
-        .saturating_sub(SKEW_TOLERANCE_MS)
-        .div_ceil(bucket_ms.max(1))
+    crate::counter::buckets_behind(now_ms.saturating_sub(seq), bucket_ms)
 }
 
 /// Most `(bucket, cost)` entries in one statement (the counters' largest ring).
