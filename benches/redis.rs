@@ -6,7 +6,9 @@
 //!
 //! Run: `cargo bench --bench redis` (needs redis-server and redis-benchmark; it
 //! starts its own server on a free port). `TOLLGATE_BENCH_SECS` sets the seconds
-//! per script (default 3). Prints markdown tables for docs/BENCHMARKS.md.
+//! per script (default 3); `TOLLGATE_BENCH_ONLY=batched` runs only the baseline
+//! and the batched row (for profiling it). Prints markdown tables for
+//! docs/BENCHMARKS.md.
 
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a benchmark binary: failing loudly is right
 
@@ -150,6 +152,7 @@ async fn main() {
         .unwrap();
 
     let baseline = redis_benchmark(port, &sha);
+    let only_batched = std::env::var("TOLLGATE_BENCH_ONLY").is_ok_and(|v| v == "batched");
     let mut rows = Vec::new();
     for (name, requests, tokens) in [
         (
@@ -168,6 +171,9 @@ async fn main() {
             Algorithm::Log,
         ),
     ] {
+        if only_batched {
+            break;
+        }
         let store = store.clone();
         let outcome = run(secs, move |client, _| {
             let store = store.clone();
@@ -200,6 +206,31 @@ async fn main() {
         ),
         batched,
     ));
+    let print_rows = |rows: &[(String, Outcome)]| {
+        println!(
+            "\n### Scripts on loopback ({CLIENTS} concurrent callers, one multiplexed connection, {secs} s each)\n"
+        );
+        println!(
+            "redis-benchmark EVALSHA of `return 1`, same server, same run: **{baseline:.0}/s**\n"
+        );
+        println!("| script | decisions/s | vs raw EVALSHA | p50 | p99 |");
+        println!("|---|---|---|---|---|");
+        for (name, o) in rows {
+            println!(
+                "| {name} | {:.0} | {:.2} | {} us | {} us |",
+                o.per_second,
+                o.per_second / baseline,
+                o.p50_us,
+                o.p99_us
+            );
+        }
+    };
+    if only_batched {
+        print_rows(&rows);
+        let _ = server.kill();
+        let _ = server.wait();
+        return;
+    }
     let s2 = store.clone();
     let settle = run(secs, move |client, _| {
         let store = s2.clone();
@@ -231,21 +262,7 @@ async fn main() {
     .await;
     rows.push(("semaphore (acquire / release)".into(), semaphore));
 
-    println!(
-        "\n### Scripts on loopback ({CLIENTS} concurrent callers, one multiplexed connection, {secs} s each)\n"
-    );
-    println!("redis-benchmark EVALSHA of `return 1`, same server, same run: **{baseline:.0}/s**\n");
-    println!("| script | decisions/s | vs raw EVALSHA | p50 | p99 |");
-    println!("|---|---|---|---|---|");
-    for (name, o) in &rows {
-        println!(
-            "| {name} | {:.0} | {:.2} | {} us | {} us |",
-            o.per_second,
-            o.per_second / baseline,
-            o.p50_us,
-            o.p99_us
-        );
-    }
+    print_rows(&rows);
 
     // O(1) window vs the exact log, one caller, with N entries already in the window.
     println!("\n### Bucketed window vs exact sliding log (one caller; N entries in the window)\n");

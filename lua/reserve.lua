@@ -14,8 +14,9 @@
 -- ARGV[6..9]   tokens: the same four
 -- ARGV[10]     concurrency cap (0: none)
 -- ARGV[11 + 3(i-1) ..] for reservation i: token cost, permit id, slot ttl in ms
--- Returns n answers, each as reserve.lua's: {1, requests ref, tokens ref, now_ms}
---   or {0, dimension, retry_after_ms}.
+-- Returns n answers, each {1, requests ref, tokens ref, now_ms} or {0, dimension,
+--   retry_after_ms}; a window's ref is an integer (its bucket id), the others
+--   strings ('0' for none).
 -- Complexity: O(n) for window and gcra (a window is read once and written once
 --   per call, however large n), O(n x entries) for log, O(n log m) for the
 --   semaphore.
@@ -84,7 +85,13 @@ for i = 1, n do
   else
     local refs = { '0', '0' }
     for j, d in ipairs(dims) do
-      if d.spec.alg ~= 'none' then refs[j] = tostring(commit(d.spec, costs[j])) end
+      if d.spec.alg ~= 'none' then
+        local ref = commit(d.spec, costs[j])
+        -- A window's ref is its bucket id, a whole number: returned as an
+        -- integer reply, not formatted by tostring (a printf of a double per
+        -- dimension per reservation was the script's largest cost in a batch).
+        if d.spec.alg == 'window' then refs[j] = ref else refs[j] = tostring(ref) end
+      end
     end
     if conc > 0 then sem_commit(KEYS[3], ARGV[base + 1], tonumber(ARGV[base + 2]), now) end
     out[i] = { 1, refs[1], refs[2], now }

@@ -161,6 +161,11 @@ async fn drain(store: RedisStore, keys: ScopeKeys, mut batch: Vec<Waiter>) {
                 }
             }
         }
+        // The callers just answered are often about to reserve again: let them
+        // run first, so they join the next batch instead of one of them leading
+        // a call of its own once this scope looks idle (measured: 25 decisions
+        // per call without this, alternating lone and full calls).
+        tokio::task::yield_now().await;
         batch = batches.next(&keys.requests);
     }
 }
