@@ -53,6 +53,7 @@ pub struct Metrics {
     tenant_requests: Family<ByTenant, Counter>,
     in_flight: Gauge,
     sync_bytes: Counter,
+    sync_round: Histogram,
     gossip_refused: Counter,
     members: Gauge,
     degraded: Family<Static<2>, Gauge>,
@@ -189,6 +190,7 @@ impl Metrics {
             tenant_requests: Family::default(),
             in_flight: Gauge::default(),
             sync_bytes: Counter::default(),
+            sync_round: micros_histogram(),
             gossip_refused: Counter::default(),
             members: Gauge::default(),
             degraded: Family::default(),
@@ -275,6 +277,11 @@ impl Metrics {
             "sync_published_bytes",
             "Usage bytes this node published to the cluster",
             m.sync_bytes.clone(),
+        );
+        r.register(
+            "sync_round_seconds",
+            "Time one sync round took (publish, read the cluster, recompute); above the sync interval, rounds fall behind",
+            m.sync_round.clone(),
         );
         r.register(
             "gossip_values_refused",
@@ -382,6 +389,11 @@ impl Metrics {
         self.sync_bytes.inc_by(bytes_published);
         self.gossip_refused.inc_by(refused_values);
         self.members.set(live_members);
+    }
+
+    /// How long one sync round took.
+    pub fn sync_round_took(&self, took: std::time::Duration) {
+        self.sync_round.observe(took.as_secs_f64());
     }
 
     /// Bytes read from peers' gossiped state in one round, and the convergence lag.

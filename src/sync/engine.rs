@@ -248,6 +248,7 @@ impl Engine {
 
     /// One round: publish, read, recompute.
     pub async fn tick(&mut self) {
+        let started = tokio::time::Instant::now();
         if let Some(gate) = &self.redis_gate
             && gate.is_lost()
             && gate.probe().await
@@ -301,6 +302,7 @@ impl Engine {
         let metrics = &self.state.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
         metrics.sync_received(received, lag_ms as i64);
+        metrics.sync_round_took(started.elapsed());
         metrics.degraded("members_unreachable", !self.dead.is_empty());
         metrics.degraded("publish_failed", publish_error.is_some());
         let cut_off = (self.lease.as_ref())

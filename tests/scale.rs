@@ -1,0 +1,326 @@
+//! Scale simulation (issue 6, part 4; docs/design/scale.md, "Simulation"): N real
+//! nodes in one process gossiping over chitchat's in-memory transport (cut to UDP's
+//! 65,507-byte datagram), T configured tenants, A of them sending; measures what
+//! the model predicts: formation time, sync round time, published and wire bytes,
+//! CPU, resident memory, convergence lag. One cell per process, so RSS is the
+//! cell's own:
+//!
+//! ```text
+//! SCALE_NODES=16 SCALE_TENANTS=1000 SCALE_ACTIVE=7 SCALE_MODE=gossip \
+//!   cargo test --release --test scale -- --ignored --exact scale_cell --nocapture
+//! ```
+//!
+//! `scripts/scale-sim.sh` runs the grid and prints the table for BENCHMARKS.md.
+//! Each cell prints one `SCALE_ROW {json}` line.
+#![allow(clippy::unwrap_used)] // a measurement: a failed unwrap is a failed cell
+
+mod common;
+
+use common::cluster::*;
+use common::*;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tollgate_cluster::chitchat::transport::{ChannelTransport, Transport};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+        })
+        .unwrap_or(default)
+}
+
+/// Resident set size of this process, bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// CPU time of this process (user + system), seconds.
+fn cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the command name (which may hold spaces) start at ')'.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')'.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+/// The tenants' part of every node's config: T tenants with their own keys and
+/// limits high enough never to refuse (every request takes the full path).
+fn tenants_toml(tenants: u64) -> String {
+    let mut text = String::from(
+        "[[upstreams]]\nid = \"mock\"\nkind = \"openai\"\nbase_url = \"{MOCK}\"\n\n\
+         [[routes]]\nmodels = [\"*\"]\nupstreams = [\"mock\"]\n",
+    );
+    for k in 0..tenants {
+        let hash = tollgate::config::hash_api_key(&format!("sk-{k}"));
+        text.push_str(&format!(
+            "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{hash}\"]\n\
+             rpm = 1000000\ntpm = 1000000000\nconcurrency = 1000\n"
+        ));
+    }
+    text
+}
+
+/// Node `i` of `n`: the model's default intervals (gossip 100 ms, sync 200 ms,
+/// lease ttl 3 s); nodes 0-2 are everyone's seeds.
+fn node_toml(tenants: &str, i: usize, n: usize, mode: &str) -> String {
+    let seeds: Vec<String> = (0..n.min(3))
+        .filter(|j| *j != i)
+        .map(|j| format!("\"127.0.0.1:{}\"", gossip_port(j)))
+        .collect();
+    format!(
+        "{tenants}\n[cluster]\ncluster_id = \"scale\"\nnode_id = \"node-{i}\"\n\
+         gossip_listen = \"127.0.0.1:{}\"\nrpc_listen = \"127.0.0.1:{}\"\n\
+         secret = \"{SECRET}\"\nseeds = [{}]\nmode = \"{mode}\"\n",
+        gossip_port(i),
+        free_tcp_port(),
+        seeds.join(", ")
+    )
+}
+
+/// Logical gossip ports: the channel transport binds nothing.
+fn gossip_port(i: usize) -> u16 {
+    41_000 + i as u16
+}
+
+/// Figures summed over the nodes at one instant.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    at: Option<Instant>,
+    cpu_s: f64,
+    wire_bytes: u64,
+    published_bytes: u64,
+    round_sum_s: f64,
+    rounds: f64,
+    max_lag_ms: u64,
+    degraded: usize,
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn sample(nodes: &[Arc<Node>], transport: &ChannelTransport) -> Sample {
+    let mut s = Sample {
+        at: Some(Instant::now()),
+        cpu_s: cpu(),
+        wire_bytes: transport.statistics().num_bytes_total,
+        ..Sample::default()
+    };
+    for n in nodes {
+        let body = admin(n, "/admin/cluster").await;
+        let c = &body["cluster"];
+        s.published_bytes += c["bytes_published_total"].as_u64().unwrap_or(0);
+        s.max_lag_ms = s
+            .max_lag_ms
+            .max(c["convergence_lag_ms"].as_u64().unwrap_or(0));
+        s.degraded += usize::from(!c["degraded"].is_null());
+        let text = metrics(n).await;
+        s.round_sum_s += metric(&text, "tollgate_sync_round_seconds_sum");
+        s.rounds += metric(&text, "tollgate_sync_round_seconds_count");
+    }
+    s
+}
+
+/// What happened between two samples, per node.
+fn phase(a: &Sample, b: &Sample, n: usize) -> serde_json::Value {
+    let secs = (b.at.unwrap() - a.at.unwrap()).as_secs_f64();
+    let rounds = (b.rounds - a.rounds).max(1.0);
+    json!({
+        "secs": round2(secs),
+        "cpu_cores": round2((b.cpu_s - a.cpu_s) / secs),
+        "wire_bytes_per_s_per_node": ((b.wire_bytes - a.wire_bytes) as f64 / secs / n as f64).round(),
+        "published_bytes_per_s_per_node": ((b.published_bytes - a.published_bytes) as f64 / secs / n as f64).round(),
+        "round_ms_mean": round2((b.round_sum_s - a.round_sum_s) / rounds * 1000.0),
+        "rounds_per_s_per_node": round2(rounds / secs / n as f64),
+        "max_lag_ms": b.max_lag_ms,
+        "degraded_nodes": b.degraded,
+    })
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Each of the first `active` tenants sends to every node, together `rate`
+/// requests per second over all (tenant, node) pairs, for `secs`; returns the
+/// responses that were not 200 (there should be none: nothing is limited).
+async fn drive(nodes: &[Arc<Node>], active: u64, rate: u64, secs: f64) -> u64 {
+    let pairs = active as f64 * nodes.len() as f64;
+    let gap = Duration::from_secs_f64(pairs / rate as f64);
+    let client = reqwest::Client::new();
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for k in 0..active {
+        for (j, node) in nodes.iter().enumerate() {
+            let (client, url) = (client.clone(), node.url());
+            // Spread the pairs' first requests over one gap.
+            let offset = gap.mul_f64((k as f64 * nodes.len() as f64 + j as f64) / pairs);
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(offset).await;
+                let mut failed = 0;
+                while Instant::now() < end {
+                    let response = client
+                        .post(format!("{url}/chat/completions"))
+                        .bearer_auth(format!("sk-{k}"))
+                        .json(&chat_body("hi", 5))
+                        .send()
+                        .await;
+                    failed += u64::from(response.map_or(true, |r| r.status() != 200));
+                    tokio::time::sleep(gap).await;
+                }
+                failed
+            }));
+        }
+    }
+    let mut failed = 0;
+    for t in tasks {
+        failed += t.await.unwrap();
+    }
+    failed
+}
+
+/// One cell of the grid.
+struct Cell {
+    n: usize,
+    tenants: u64,
+    active: u64,
+    secs: f64,
+    rate: u64,
+    mode: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, a minute per cell: scripts/scale-sim.sh"]
+async fn scale_cell() {
+    let tenants = env("SCALE_TENANTS", 100);
+    let row = run_cell(Cell {
+        n: env("SCALE_NODES", 3) as usize,
+        tenants,
+        active: env("SCALE_ACTIVE", 1).min(tenants),
+        secs: env("SCALE_SECS", 5) as f64,
+        rate: env("SCALE_RATE", 200),
+        mode: std::env::var("SCALE_MODE").unwrap_or_else(|_| "gossip".to_owned()),
+    })
+    .await;
+    println!("SCALE_ROW {row}");
+    assert_eq!(
+        row["failed_requests"], 0,
+        "requests failed though nothing is limited: {row}"
+    );
+}
+
+/// The short version for CI: 3 nodes with 300 configured tenants, one of them
+/// busy. At rest a node publishes only its round stamp (idle tenants cost no
+/// gossip), and a busy tenant's figures do go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_but_idle_tenants_publish_nothing() {
+    let row = run_cell(Cell {
+        n: 3,
+        tenants: 300,
+        active: 1,
+        secs: 2.0,
+        rate: 60,
+        mode: "gossip".to_owned(),
+    })
+    .await;
+    println!("SCALE_ROW {row}");
+    assert_eq!(row["failed_requests"], 0, "{row}");
+    // `sync:at` is ~20 bytes five times a second: 100 B/s per node.
+    let idle = row["idle"]["published_bytes_per_s_per_node"]
+        .as_f64()
+        .unwrap();
+    assert!((60.0..=150.0).contains(&idle), "idle publishing: {row}");
+    let busy = row["active_phase"]["published_bytes_per_s_per_node"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        busy > idle + 100.0,
+        "a busy tenant published nothing: {row}"
+    );
+    assert_eq!(row["idle"]["degraded_nodes"], 0, "{row}");
+}
+
+async fn run_cell(cell: Cell) -> serde_json::Value {
+    let Cell {
+        n,
+        tenants,
+        active,
+        secs,
+        rate,
+        mode,
+    } = cell;
+    assert!(n <= 500, "at most 500 nodes (the RPC port block)");
+
+    let upstream = mock(|_| {}).await;
+    let rss_before = rss();
+    let transport = ChannelTransport::with_mtu(65_507);
+    let tenants_text = tenants_toml(tenants);
+    let started = Instant::now();
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        let shared: Arc<dyn Transport> = Arc::new(transport.clone());
+        let toml = node_toml(&tenants_text, i, n, &mode);
+        nodes.push(Arc::new(
+            node_with_transport(&toml, &[&upstream], Some(shared)).await,
+        ));
+    }
+    // Formed: every node lists every member (60 s at most: 64 nodes on 2 cores).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for node in &nodes {
+        while members_seen(node).await != n {
+            assert!(
+                Instant::now() < deadline,
+                "{n} nodes did not form a cluster in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let formed_s = started.elapsed().as_secs_f64();
+    // Let the joins' statements and first rounds pass before measuring at rest.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_formed = rss();
+
+    let s0 = sample(&nodes, &transport).await;
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let s1 = sample(&nodes, &transport).await;
+    let failed = if active > 0 {
+        drive(&nodes, active, rate, secs).await
+    } else {
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        0
+    };
+    let s2 = sample(&nodes, &transport).await;
+    let rss_active = rss();
+
+    let row = json!({
+        "mode": mode,
+        "nodes": n,
+        "tenants": tenants,
+        "active": active,
+        "rate": rate,
+        "formed_s": round2(formed_s),
+        "rss_before_mb": round2(rss_before as f64 / 1e6),
+        "rss_formed_mb": round2(rss_formed as f64 / 1e6),
+        "rss_active_mb": round2(rss_active as f64 / 1e6),
+        "idle": phase(&s0, &s1, n),
+        "active_phase": phase(&s1, &s2, n),
+        "failed_requests": failed,
+    });
+    for node in nodes {
+        if let Ok(node) = Arc::try_unwrap(node) {
+            node.crash().await;
+        }
+    }
+    row
+}
