@@ -36,8 +36,8 @@ python3 - "$out" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 base = {(r["mode"], r["nodes"]): r for r in rows if r["tenants"] == 1}
-print("| mode | nodes | tenants (active) | formed (s) | round mean idle / active (ms) | CPU idle / active (cores) | published B/s per node idle / active | wire B/s per node idle / active | memory per configured tenant per node | max lag active (ms) | degraded nodes |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| mode | nodes | tenants (active) | formed (s) | round mean idle / active (ms) | CPU idle / active (cores) | published B/s per node idle / active | wire B/s per node idle / active | memory per configured tenant per node | max lag active (ms) | request p50 / p99 active (ms) | degraded nodes |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     i, a = r["idle"], r["active_phase"]
     b = base.get((r["mode"], r["nodes"]))
@@ -47,6 +47,6 @@ for r in rows:
           f'{i["round_ms_mean"]} / {a["round_ms_mean"]} | {i["cpu_cores"]} / {a["cpu_cores"]} | '
           f'{i["published_bytes_per_s_per_node"]:.0f} / {a["published_bytes_per_s_per_node"]:.0f} | '
           f'{i["wire_bytes_per_s_per_node"]:.0f} / {a["wire_bytes_per_s_per_node"]:.0f} | {per} | '
-          f'{a["max_lag_ms"]} | {max(i["degraded_nodes"], a["degraded_nodes"])} |')
+          f'{a["max_lag_ms"]} | {r["latency_ms"]["p50"]} / {r["latency_ms"]["p99"]} | {max(i["degraded_nodes"], a["degraded_nodes"])} |')
 print(f"\n{len(rows)} cells; active phase: {rows[0]['rate']} req/s over the cluster" if rows else "no cells ran")
 PY

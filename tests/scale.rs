@@ -154,8 +154,14 @@ fn round2(x: f64) -> f64 {
 
 /// Each of the first `active` tenants sends to every node, together `rate`
 /// requests per second over all (tenant, node) pairs, for `secs`; returns the
-/// responses that were not 200 (there should be none: nothing is limited).
-async fn drive(nodes: &[Arc<Node>], active: u64, rate: u64, secs: f64) -> u64 {
+/// responses that were not 200 (there should be none: nothing is limited) and
+/// the latency of every request in microseconds.
+async fn drive(
+    nodes: &[Arc<Node>],
+    active: u64,
+    rate: u64,
+    secs: f64,
+) -> (u64, hdrhistogram::Histogram<u64>) {
     let pairs = active as f64 * nodes.len() as f64;
     let gap = Duration::from_secs_f64(pairs / rate as f64);
     let client = reqwest::Client::new();
@@ -169,7 +175,9 @@ async fn drive(nodes: &[Arc<Node>], active: u64, rate: u64, secs: f64) -> u64 {
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep(offset).await;
                 let mut failed = 0;
+                let mut took = Vec::new();
                 while Instant::now() < end {
+                    let sent = Instant::now();
                     let response = client
                         .post(format!("{url}/chat/completions"))
                         .bearer_auth(format!("sk-{k}"))
@@ -177,17 +185,23 @@ async fn drive(nodes: &[Arc<Node>], active: u64, rate: u64, secs: f64) -> u64 {
                         .send()
                         .await;
                     failed += u64::from(response.map_or(true, |r| r.status() != 200));
+                    took.push(sent.elapsed().as_micros() as u64);
                     tokio::time::sleep(gap).await;
                 }
-                failed
+                (failed, took)
             }));
         }
     }
     let mut failed = 0;
+    let mut latency = hdrhistogram::Histogram::<u64>::new(3).unwrap();
     for t in tasks {
-        failed += t.await.unwrap();
+        let (f, took) = t.await.unwrap();
+        failed += f;
+        for us in took {
+            latency.record(us).unwrap();
+        }
     }
-    failed
+    (failed, latency)
 }
 
 /// One cell of the grid.
@@ -294,12 +308,13 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     let s0 = sample(&nodes, &transport).await;
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     let s1 = sample(&nodes, &transport).await;
-    let failed = if active > 0 {
+    let (failed, latency) = if active > 0 {
         drive(&nodes, active, rate, secs).await
     } else {
         tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-        0
+        (0, hdrhistogram::Histogram::new(3).unwrap())
     };
+    let ms = |q: f64| round2(latency.value_at_quantile(q) as f64 / 1000.0);
     let s2 = sample(&nodes, &transport).await;
     let rss_active = rss();
 
@@ -316,6 +331,7 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
         "idle": phase(&s0, &s1, n),
         "active_phase": phase(&s1, &s2, n),
         "failed_requests": failed,
+        "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "max": ms(1.0)},
     });
     for node in nodes {
         if let Ok(node) = Arc::try_unwrap(node) {

@@ -128,6 +128,18 @@ pub struct Engine {
     status: Arc<Mutex<ClusterStatus>>,
 }
 
+/// Runs `f` on this thread after handing the worker's other tasks to a new
+/// worker (`block_in_place`), so a long synchronous step does not stall the
+/// requests queued behind it; runs it in place on a current-thread runtime (tests),
+/// where there is no other worker to hand them to.
+fn off_request_workers<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 fn key_of(scope: &ScopeId, dimension: Dimension) -> String {
     format!("{scope}:{}", dimension.as_str())
 }
@@ -298,7 +310,10 @@ impl Engine {
         self.lag_ms = lag_ms;
         let members = self.membership.live_members().await;
         let settled = self.settle(&dead, members.len(), now_ms);
-        self.recompute(&own, &members, now_ms, settled);
+        // The round's O(configured keys) part is plain CPU (113 ms at 10,000
+        // tenants, docs/BENCHMARKS.md "Scale"): run it where it holds no request
+        // worker, so requests keep both workers while the OS shares the cores.
+        off_request_workers(|| self.recompute(&own, &members, now_ms, settled));
         let metrics = &self.state.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
         metrics.sync_received(received, lag_ms as i64);
@@ -562,7 +577,7 @@ impl Engine {
                 None => demands.push((self.self_id.clone(), lagged)),
             }
             self.record_vector(&binding.key, &demands, now_ms);
-            let seen = self.last_demands.entry(binding.key.clone()).or_default();
+            let seen = slot(&mut self.last_demands, &binding.key);
             seen.extend(demands.iter().cloned());
             // Forget members that are neither live nor awaiting GC (bounded memory,
             // and frozen shares are over the members that can still spend).
@@ -726,13 +741,10 @@ impl Engine {
     /// Records this node's demand for `key` and returns it as it was `demand_lag_ms`
     /// ago (the oldest record if there is none that old yet; bounded history).
     fn lagged_demand(&mut self, key: &str, demand: u64, horizon_ms: u64, now_ms: u64) -> u64 {
-        let history = self.own_history.entry(key.to_owned()).or_default();
-        history.push_back((now_ms, demand));
+        let history = slot(&mut self.own_history, key);
         // Kept long enough to look back past a failure detection (the freeze).
         let keep = now_ms.saturating_sub(self.demand_lag_ms.saturating_mul(3));
-        while history.len() > 1 && history.get(1).is_some_and(|(t, _)| *t <= keep) {
-            history.pop_front();
-        }
+        record_demand(history, now_ms, demand, keep);
         demand_at(history, horizon_ms, demand)
     }
 
@@ -783,7 +795,7 @@ impl Engine {
     /// Records `key`'s demand vector (this node's own figure lagged) when it
     /// changed; bounded per key.
     fn record_vector(&mut self, key: &str, demands: &[(String, u64)], now_ms: u64) {
-        let history = self.vector_history.entry(key.to_owned()).or_default();
+        let history = slot(&mut self.vector_history, key);
         if history.back().is_some_and(|(_, v)| v.as_slice() == demands) {
             return;
         }
@@ -803,6 +815,25 @@ type VectorHistory = std::collections::VecDeque<(u64, Vec<(String, u64)>)>;
 /// Most demand vectors kept per key (a few detection times of changes).
 const MAX_VECTORS: usize = 64;
 
+/// Records `demand` at `now_ms` if it changed, and forgets records older than
+/// `keep_ms` except the one still in effect then. Changes only: the figure at a
+/// time is the newest change at or before it, the same as with a record every
+/// round (property-tested), and an idle key keeps one record instead of one per
+/// round of the look-back.
+fn record_demand(
+    history: &mut std::collections::VecDeque<(u64, u64)>,
+    now_ms: u64,
+    demand: u64,
+    keep_ms: u64,
+) {
+    if history.back().is_none_or(|(_, d)| *d != demand) {
+        history.push_back((now_ms, demand));
+    }
+    while history.len() > 1 && history.get(1).is_some_and(|(t, _)| *t <= keep_ms) {
+        history.pop_front();
+    }
+}
+
 /// The newest recorded demand at or before `at_ms` (the oldest one if none is that
 /// old: a key younger than the look-back), or `fallback` with no record.
 fn demand_at(history: &std::collections::VecDeque<(u64, u64)>, at_ms: u64, fallback: u64) -> u64 {
@@ -815,6 +846,16 @@ fn demand_at(history: &std::collections::VecDeque<(u64, u64)>, at_ms: u64, fallb
         }
     }
     value
+}
+
+/// `map[key]`, inserted empty if missing, without allocating the key when it is
+/// there (`entry` takes an owned key: one allocation per binding per round).
+#[allow(clippy::map_entry)] // `entry` is what this avoids
+fn slot<'m, V: Default>(map: &'m mut HashMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above when missing")
 }
 
 fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
@@ -916,4 +957,39 @@ fn dead_charge(
             share.max(published)
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    proptest! {
+        /// Recording a key's demand only when it changes answers every look-back
+        /// the way a record every round did, with no more records.
+        #[test]
+        fn change_only_demand_records_answer_as_a_record_every_round_did(
+            demands in proptest::collection::vec(0u64..4, 1..300),
+            detection_rounds in 1u64..20,
+            look_back_ms in 0u64..30_000,
+        ) {
+            let (mut every_round, mut changes) = (VecDeque::new(), VecDeque::new());
+            for (round, demand) in demands.iter().enumerate() {
+                let now = 10_000 + round as u64 * 200;
+                let keep = now.saturating_sub(3 * detection_rounds * 200);
+                every_round.push_back((now, *demand));
+                while every_round.len() > 1 && every_round.get(1).is_some_and(|(t, _)| *t <= keep) {
+                    every_round.pop_front();
+                }
+                record_demand(&mut changes, now, *demand, keep);
+                let at = now.saturating_sub(look_back_ms);
+                prop_assert_eq!(
+                    demand_at(&changes, at, *demand),
+                    demand_at(&every_round, at, *demand)
+                );
+                prop_assert!(changes.len() <= every_round.len());
+            }
+        }
+    }
 }
