@@ -54,6 +54,12 @@ impl Batches {
         let Some(waiting) = map.get_mut(scope) else {
             return Vec::new();
         };
+        // A waiter whose caller is gone (client disconnected): reserving for it
+        // would charge what nobody settles. Dropped before choosing the batch, so
+        // that a batch is empty only when nobody live waits, and the scope is then
+        // idle again: left in the map, it would queue every later reservation
+        // behind a call that never comes.
+        waiting.retain(|w| !w.reply.is_closed());
         if waiting.is_empty() {
             map.remove(scope);
             return Vec::new();
@@ -63,11 +69,6 @@ impl Batches {
         let mut batch = Vec::new();
         let mut rest = Vec::new();
         for w in waiting.drain(..) {
-            // Its caller is gone (client disconnected): reserving for it would
-            // charge what nobody settles.
-            if w.reply.is_closed() {
-                continue;
-            }
             let r = &w.reservation;
             let same = r.requests == requests && r.tokens == tokens && r.concurrency == concurrency;
             if same && batch.len() < MAX_BATCH {
@@ -177,5 +178,63 @@ fn copy_error(e: &StoreError, detail: &str) -> StoreError {
             script: "reserve_many",
             detail: detail.to_owned(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::store::DimSpec;
+
+    fn reservation(capacity: u64) -> Reservation {
+        let dim = DimSpec {
+            algorithm: Algorithm::Window { bucket_ms: 1_000 },
+            capacity,
+            window_ms: 60_000,
+        };
+        Reservation {
+            requests: dim,
+            tokens: dim,
+            token_cost: 1,
+            concurrency: 0,
+            permit_id: String::new(),
+            slot_ttl_ms: 0,
+        }
+    }
+
+    /// A waiter and the receiving end of its answer (dropped: its caller left).
+    fn waiter(capacity: u64) -> (Waiter, oneshot::Receiver<Answer>) {
+        let (reply, answer) = oneshot::channel();
+        let reservation = reservation(capacity);
+        (Waiter { reservation, reply }, answer)
+    }
+
+    #[test]
+    fn a_scope_whose_waiters_all_left_is_idle_again() {
+        let batches = Batches::default();
+        let (w, answer) = waiter(10);
+        drop(answer);
+        batches.lock().insert("s".to_owned(), vec![w]);
+        assert!(batches.next("s").is_empty());
+        assert!(
+            !batches.lock().contains_key("s"),
+            "a scope left in the map queues every later reservation forever"
+        );
+    }
+
+    #[test]
+    fn a_first_waiter_that_left_does_not_hide_the_live_ones_behind_it() {
+        let batches = Batches::default();
+        let (gone, answer) = waiter(10);
+        drop(answer);
+        // Different limits from the first: before, the batch was chosen by the
+        // first waiter's limits, came back empty, and nothing sent the live one.
+        let (live, _answer) = waiter(20);
+        batches.lock().insert("s".to_owned(), vec![gone, live]);
+        let batch = batches.next("s");
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].reservation.requests.capacity, 20);
+        assert!(batches.next("s").is_empty());
+        assert!(!batches.lock().contains_key("s"));
     }
 }
