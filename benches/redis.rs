@@ -134,10 +134,8 @@ async fn main() {
     let url = format!("redis://127.0.0.1:{port}/");
     let metrics = Arc::new(tollgate::ops::metrics::Metrics::new(false));
     let calls = |script: &str| -> u64 {
-        let needle = format!("tollgate_redis_script_seconds_count{{script=\"{script}\"}} ");
-        (metrics.render().lines())
-            .find_map(|l| l.strip_prefix(needle.as_str()))
-            .map_or(0, |v| v.trim().parse().unwrap_or(0))
+        let series = format!("tollgate_redis_script_seconds_count{{script=\"{script}\"}}");
+        tollgate::ops::metrics::sample(&metrics.render(), &series).map_or(0, |v| v as u64)
     };
     let store = loop {
         let s = RedisStore::single(&url, Duration::from_secs(1), Some(metrics.clone())).unwrap();

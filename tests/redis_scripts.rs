@@ -407,10 +407,8 @@ async fn concurrent_reservations_of_one_scope_are_batched_and_never_exceed_the_c
     assert_eq!(admitted, 200, "exactly the capacity, from 300 callers");
     // Fewer calls than decisions: the ones that queued went out together.
     let calls = |script: &str| -> u64 {
-        let needle = format!("tollgate_redis_script_seconds_count{{script=\"{script}\"}} ");
-        (metrics.render().lines())
-            .find_map(|l| l.strip_prefix(needle.as_str()))
-            .map_or(0, |v| v.trim().parse().unwrap())
+        let series = format!("tollgate_redis_script_seconds_count{{script=\"{script}\"}}");
+        tollgate::ops::metrics::sample(&metrics.render(), &series).map_or(0, |v| v as u64)
     };
     let (single, batched) = (calls("reserve"), calls("reserve_many"));
     assert!(batched > 0, "no batch formed: {single} single calls");

@@ -105,9 +105,7 @@ struct Sample {
 }
 
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
+    tollgate::ops::metrics::sample(text, name).unwrap_or(0.0)
 }
 
 async fn sample(nodes: &[Arc<Node>], transport: &ChannelTransport) -> Sample {

@@ -137,6 +137,20 @@ impl ScopeMetrics {
     }
 }
 
+/// The value of one series in rendered exposition `text`: `series` is the name
+/// with its labels as rendered, e.g.
+/// `tollgate_redis_script_seconds_count{script="reserve"}` (benches, tests and
+/// tools reading a node's `/metrics`).
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    (text.lines()).find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 impl Metrics {
     /// Handles for one actor of `kind`.
     pub fn scope(&self, kind: ScopeKind) -> ScopeMetrics {

@@ -231,9 +231,7 @@ impl Engine {
     /// running (`drained` false), or spending on a cut-off share while its lease
     /// owner or Redis was unreachable, which only the floor peers charge covers.
     pub async fn leave(&mut self, drained: bool) {
-        let cut_off = (self.lease.as_ref()).is_some_and(|feed| {
-            !(feed.cut_off.read().unwrap_or_else(|p| p.into_inner())).is_empty()
-        });
+        let cut_off = !self.unreachable_owners().is_empty();
         if !drained || cut_off || self.redis_lost_here() {
             tracing::info!(
                 drained,
@@ -320,14 +318,7 @@ impl Engine {
         metrics.sync_round_took(started.elapsed());
         metrics.degraded("members_unreachable", !self.dead.is_empty());
         metrics.degraded("publish_failed", publish_error.is_some());
-        let cut_off = (self.lease.as_ref())
-            .map(|feed| {
-                feed.cut_off
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone()
-            })
-            .unwrap_or_default();
+        let cut_off = self.unreachable_owners();
         let redis_lost = self.redis_lost_here();
         metrics.degraded("owner_unreachable", !cut_off.is_empty() && !redis_lost);
         metrics.degraded("redis_unreachable", redis_lost);
@@ -729,11 +720,15 @@ impl Engine {
         if let Some(gate) = &self.redis_gate {
             return gate.is_lost();
         }
-        (self.lease.as_ref()).is_some_and(|feed| {
-            (feed.cut_off.read().unwrap_or_else(|p| p.into_inner()))
-                .iter()
-                .any(|o| o == super::lease::holder::REDIS_OWNER)
-        })
+        (self.unreachable_owners().iter()).any(|o| o == super::lease::holder::REDIS_OWNER)
+    }
+
+    /// The lease owners this node's holder cannot reach now (none outside the
+    /// leased modes).
+    fn unreachable_owners(&self) -> Vec<String> {
+        (self.lease.as_ref())
+            .map(|feed| (feed.cut_off.read().unwrap_or_else(|p| p.into_inner())).clone())
+            .unwrap_or_default()
     }
 }
 
