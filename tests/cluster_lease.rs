@@ -83,9 +83,20 @@ async fn owner_death_moves_ownership_without_exceeding_l() {
     });
     let after = load(urls(&survivors), &[40, 40], 3.0).await;
     let cut_off = seen_cut_off.await.unwrap();
+    // The status is transient (until detection) and polled, so a starved machine
+    // can miss it; the counter of statements that found the owner gone cannot.
+    let mut unreachable = 0.0;
+    for n in &survivors {
+        let text = metrics(n).await;
+        unreachable += tollgate::ops::metrics::sample(
+            &text,
+            r#"tollgate_lease_statements_total{side="holder",outcome="unreachable"}"#,
+        )
+        .unwrap_or(0.0);
+    }
     assert!(
-        cut_off.is_some(),
-        "the unreachable owner was never reported"
+        cut_off.is_some() || unreachable > 0.0,
+        "the unreachable owner was never reported (status or counter)"
     );
     let truth = upstream.stats().admitted;
     let new_owner = owner_of(&survivors[0], KEY_REQUESTS).await;
@@ -231,9 +242,14 @@ async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
     crashed.crash().await;
     drop(held);
     // The second node's stream waits for the crashed node's slot.
-    let second = tokio::time::timeout(Duration::from_secs(8), stream(&nodes[1]))
-        .await
-        .expect("the crashed node's slot never came back");
+    let Ok(second) = tokio::time::timeout(Duration::from_secs(8), stream(&nodes[1])).await else {
+        let mut seen = Vec::new();
+        for n in &nodes {
+            seen.push(admin(n, "/admin/cluster?keys=true").await);
+            seen.push(n.key("tenant:t").await);
+        }
+        panic!("the crashed node's slot never came back; survivors saw {seen:#?}");
+    };
     let back = crashed_at.elapsed();
     println!("a killed node's concurrency slot came back after {back:?} (lease ttl 1 s)");
     // Whichever frees it first: the slot's ttl at a surviving owner (1 s after the

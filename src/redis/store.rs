@@ -423,6 +423,9 @@ impl RedisStore {
                                 credit: c as u64,
                                 granted: g as u64,
                                 ttl_ms: t as u64,
+                                // Cut off from Redis, a holder spends its
+                                // reservation (`reserved`), not a told share.
+                                cut_off_share: 0,
                             },
                             reserved: r as u64,
                         }))

@@ -556,8 +556,8 @@ impl Engine {
                 demand: self.demand.current(&binding.key),
             });
             // This node's demand as it stood one failure-detection time ago: what
-            // every peer has surely received. The figures frozen at a cut and the
-            // share a cut-off node spends use it: with the fresh own figure (which
+            // every peer has surely received. The figures frozen at a cut use it:
+            // with the fresh own figure (which
             // keeps growing with refused demand during a cut) this side would grant
             // itself more than the other side charges it; the jepsen harness
             // measured that as a 2.5% overshoot of lease mode under partition.
@@ -638,19 +638,14 @@ impl Engine {
                 let cut = Cut {
                     dead: &self.dead,
                     frozen,
-                    self_id: &self.self_id,
                 };
                 let borrow = if self.lag_ms <= feed.fresh_within_ms {
                     feed.max_borrow
                 } else {
                     0.0
                 };
-                let (terms, cut_off_share) =
-                    lease_terms(&usage, &cut, &demands, binding, borrow, now_ms);
+                let terms = lease_terms(&usage, &cut, &demands, binding, borrow, now_ms);
                 lease_view.terms.insert(binding.key.clone(), terms);
-                lease_view
-                    .cut_off_share
-                    .insert(binding.key.clone(), cut_off_share);
                 lease_view.demand.insert(binding.key.clone(), mine.demand);
                 continue;
             }
@@ -863,10 +858,9 @@ fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
 struct Cut<'a> {
     dead: &'a [String],
     frozen: Option<&'a Vec<(String, u64)>>,
-    self_id: &'a str,
 }
 
-/// A key's lease terms and this node's cut-off share.
+/// A key's lease terms.
 ///
 /// Healthy: every member's share of L by gossiped demand; borrowing allowed.
 /// While members are unreachable (windowed keys): each is charged a floor, its
@@ -874,8 +868,9 @@ struct Cut<'a> {
 /// figures, so they agree without talking) or its last published usage if more;
 /// the live members share what is left by their *current* demand (a member that
 /// was idle at the cut can still get a share, and this side's total stays within
-/// its frozen shares); the cut-off share is the frozen one, the figure the other
-/// side charges this node. Concurrency has no floors: an unreachable member's
+/// its frozen shares). A holder's cut-off share is not decided here but told by
+/// its owner with each reply (`SyncReply::cut_off_share`), from these shares.
+/// Concurrency has no floors: an unreachable member's
 /// slots come back with its credit's ttl (a crashed node's streams died with it).
 fn lease_terms(
     usage: &ClusterUsage,
@@ -884,12 +879,8 @@ fn lease_terms(
     binding: &Binding,
     max_borrow: f64,
     now_ms: u64,
-) -> (Terms<String>, u64) {
-    let Cut {
-        dead,
-        frozen,
-        self_id,
-    } = *cut;
+) -> Terms<String> {
+    let Cut { dead, frozen } = *cut;
     use tollgate_cluster::share::shares;
     let current: BTreeMap<String, u64> = shares(binding.capacity, demands).into_iter().collect();
     let windowed = binding.dimension != Dimension::Concurrency;
@@ -899,15 +890,11 @@ fn lease_terms(
         } else {
             0
         };
-        // The cut-off share: what peers will charge this node if a cut starts now
-        // (`demands` carries this node's own figure as peers have it).
-        let own = current.get(self_id).copied().unwrap_or(0);
-        let terms = Terms {
+        return Terms {
             shares: current,
             borrow,
             floors: BTreeMap::new(),
         };
-        return (terms, own);
     }
     let basis = frozen.map_or(demands, Vec::as_slice);
     let at_cut: BTreeMap<String, u64> = shares(binding.capacity, basis).into_iter().collect();
@@ -921,13 +908,11 @@ fn lease_terms(
     }
     let charged: u64 = floors.values().sum();
     let live = shares(binding.capacity.saturating_sub(charged), demands);
-    let own = at_cut.get(self_id).copied().unwrap_or(0);
-    let terms = Terms {
+    Terms {
         shares: live.into_iter().collect(),
         borrow: 0,
         floors,
-    };
-    (terms, own)
+    }
 }
 /// What unreachable members are charged for `binding`: each its share of the
 /// capacity frozen at the demands last seen, or its last published usage if more.

@@ -19,8 +19,10 @@ use crate::lease::line::{Kind, SyncReply, SyncRequest};
 /// section 6, "Shares, borrowing and partitions").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CutOffPolicy {
-    /// Default: at most its own share `s_j` per window (slots: at once), the share
-    /// frozen at the cut. Every side charges unreachable members that share, so the
+    /// Default: at most its own share per window (slots: at once), in all, credit
+    /// included. With peer owners, the share its owner told it with the last reply
+    /// ([`SyncReply::cut_off_share`]), which that owner charges it until it states
+    /// again; in `redis-lease`, the reservation Redis keeps for it. Either way the
     /// cluster stays within L (plus borrowing outstanding at the cut).
     #[default]
     Share,
@@ -46,6 +48,8 @@ pub struct Snapshot {
     pub request: SyncRequest,
     /// When it was taken (the send time: the new credit's start).
     pub at_ms: u64,
+    /// [`Budget`]'s running total spent beyond the credit, when it was taken.
+    pub cut_off_spent: u64,
 }
 
 /// One key's budget on a holder.
@@ -58,6 +62,11 @@ pub struct Budget {
     in_use: u64,
     /// `Some(share)` while the owner cannot be reached (set by the engine).
     cut_off: Option<u64>,
+    /// The cut-off share the current owner told with its last reply (0: none yet).
+    told_share: u64,
+    /// Running total spent beyond the credit (windowed): what a reply to an earlier
+    /// statement does not know of.
+    cut_off_spent: u64,
     policy: CutOffPolicy,
     last_seq: u64,
     /// The statement whose reply was adopted last (the credit's origin).
@@ -74,6 +83,8 @@ impl Budget {
             usage: BTreeMap::new(),
             in_use: 0,
             cut_off: None,
+            told_share: 0,
+            cut_off_spent: 0,
             policy,
             last_seq: 0,
             adopted_seq: 0,
@@ -126,6 +137,8 @@ impl Budget {
             Kind::Windowed(w) => {
                 if from_credit {
                     self.credit -= cost;
+                } else {
+                    self.cut_off_spent = self.cut_off_spent.saturating_add(cost);
                 }
                 let bucket = w.bucket_index(now_ms);
                 *self.usage.entry(bucket).or_insert(0) += cost;
@@ -221,24 +234,46 @@ impl Budget {
                 want,
             },
             at_ms: now_ms,
+            cut_off_spent: self.cut_off_spent,
         }
     }
 
     /// Adopts the owner's reply to `snapshot`: the credit it states, minus what was
     /// spent since the snapshot (plus what was refunded), until the snapshot's time
     /// + ttl. Called at `now_ms`, when the reply arrived.
+    ///
+    /// Spending beyond the credit since the snapshot (cut off meanwhile) counts too:
+    /// the owner granted against the usage stated, so a reply that ignored it would
+    /// let the holder spend it twice (the property test found exactly that).
     pub fn apply(&mut self, snapshot: &Snapshot, reply: &SyncReply, now_ms: u64) {
         match self.kind {
             Kind::Windowed(_) => {
                 let now = self.credit(now_ms);
                 let stated = snapshot.request.remaining;
+                let beyond = self.cut_off_spent.saturating_sub(snapshot.cut_off_spent);
                 // now - stated = refunds - spends since the snapshot (may be < 0).
-                self.credit = (reply.credit.saturating_add(now)).saturating_sub(stated);
+                self.credit = (reply.credit.saturating_add(now))
+                    .saturating_sub(stated)
+                    .saturating_sub(beyond);
             }
             Kind::Slots => self.credit = reply.credit,
         }
         self.until_ms = snapshot.at_ms.saturating_add(reply.ttl_ms);
         self.adopted_seq = snapshot.request.seq;
+        self.told_share = reply.cut_off_share;
+    }
+
+    /// The cut-off share the current owner told (see [`SyncReply::cut_off_share`]).
+    pub fn told_share(&self) -> u64 {
+        self.told_share
+    }
+
+    /// The key's owner changed: the new one has told nothing yet and keeps nothing
+    /// for this holder, so nothing beyond the credit may be spent until it answers
+    /// (the old owner's reserve went with it).
+    pub fn owner_changed(&mut self) {
+        self.told_share = 0;
+        self.cut_off = None;
     }
 
     /// The statement whose owner reply was adopted last (0: none yet).
@@ -318,6 +353,7 @@ mod tests {
             credit,
             granted: credit,
             ttl_ms: 500,
+            cut_off_share: 0,
         };
         b.apply(&snap, &reply, now);
     }
@@ -368,6 +404,7 @@ mod tests {
             credit: 15,
             granted: 5,
             ttl_ms: 500,
+            cut_off_share: 0,
         };
         b.apply(&snap, &reply, 120);
         assert_eq!(b.credit(120), 11);
@@ -403,6 +440,27 @@ mod tests {
         // Buckets are 100 ms: the credit's bucket 1 leaves at 1,200, bucket 6 at 1,700.
         assert!(b.try_spend(2, 1_200).is_some() && b.try_spend(1, 1_200).is_none());
         assert!(b.try_spend(3, 1_700).is_some(), "the share is per window");
+    }
+
+    #[test]
+    fn the_told_share_is_the_cut_off_share_until_the_owner_changes() {
+        let mut b = windowed(CutOffPolicy::Share);
+        let snap = b.snapshot(2, 0);
+        let reply = SyncReply {
+            credit: 2,
+            granted: 2,
+            ttl_ms: 500,
+            cut_off_share: 5,
+        };
+        b.apply(&snap, &reply, 0);
+        assert_eq!(b.told_share(), 5);
+        b.set_cut_off(Some(b.told_share()));
+        assert_eq!((0..10).filter(|_| b.try_spend(1, 600).is_some()).count(), 5);
+        // A new owner keeps nothing for this holder: nothing beyond the credit.
+        b.owner_changed();
+        assert_eq!((b.told_share(), b.is_cut_off()), (0, false));
+        b.set_cut_off(Some(b.told_share()));
+        assert!(b.try_spend(1, 1_700).is_none());
     }
 
     #[test]

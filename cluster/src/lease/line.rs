@@ -13,7 +13,8 @@
 //!
 //! ```text
 //! committed(now) = sum over holders h of charge_h(now) + hidden(now) + floors <= L
-//! charge_h(now)  = usage_h in window + expired_h in window + credit_h (unexpired)
+//! charge_h(now)  = max(usage_h in window + expired_h in window + credit_h (unexpired),
+//!                      cut_off_share_h)
 //! ```
 //!
 //! - `usage_h`: the holder's last statement, buckets clamped to the owner's current
@@ -26,6 +27,11 @@
 //! - `hidden`: after a failover [`Line::rebuild`], all of L while any live holder
 //!   has not stated yet, for at most one ttl; then `max_credit` per holder still
 //!   silent becomes consumption (docs/design/lease.md, "Failover").
+//! - `cut_off_share_h`: what the holder may have used in the window if it loses
+//!   this owner while both stay live in gossip (an asymmetric fault: packet loss or
+//!   a slow link on the RPC path only). Told with every reply (what it holds then,
+//!   at most its share), charged until its next statement, so the holder's spending
+//!   beyond its credit and the owner's reserve are the same figure by construction.
 //! - floors: members that are unreachable are charged at least their share of `L`
 //!   per window (design.md, "Shares, borrowing and partitions"), [`Terms::floors`].
 //!
@@ -162,6 +168,12 @@ pub struct SyncReply {
     pub granted: u64,
     /// How long it is valid from the holder's send time.
     pub ttl_ms: u64,
+    /// What the holder may have used in the window in all (slots: hold) while it
+    /// cannot reach this owner (policy `share`): what it holds at this reply (usage
+    /// in the window and credit), at most its share, charged to it here until its
+    /// next statement whatever else happens, so a holder cut off from a live owner
+    /// spends only what the owner keeps for it. 0 when it gave everything back.
+    pub cut_off_share: u64,
 }
 
 /// What the engine tells the owner each round about the members: shares of `L`
@@ -195,6 +207,8 @@ struct Account {
     until_ms: u64,
     expired: BTreeMap<u64, u64>,
     seq: u64,
+    /// The cut-off share told with the last reply ([`SyncReply::cut_off_share`]).
+    cut_off_share: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,10 +291,17 @@ impl<H: Ord + Clone> Line<H> {
     /// Replaces the members' shares and floors (the engine, every round). A member
     /// that became unreachable is no longer waited for: its floor (its share at the
     /// cut, at least what the old owner let it commit with borrowing off) charges it.
+    /// A member gone from both (collected after its death, or left after giving
+    /// everything back) can no longer spend a cut-off share: its reserve ends.
     pub fn set_terms(&mut self, terms: Terms<H>) {
         if let (Some(r), Kind::Windowed(_)) = (&mut self.recovery, self.config.kind) {
             for member in terms.floors.keys() {
                 r.unknown.remove(member);
+            }
+        }
+        for (member, account) in &mut self.accounts {
+            if !terms.shares.contains_key(member) && !terms.floors.contains_key(member) {
+                account.cut_off_share = 0;
             }
         }
         self.terms = terms;
@@ -378,6 +399,7 @@ impl<H: Ord + Clone> Line<H> {
             until_ms: 0,
             expired: BTreeMap::new(),
             seq: 0,
+            cut_off_share: 0,
         });
         account.seq = request.seq;
         let (own, accepted) = match self.config.kind {
@@ -430,6 +452,19 @@ impl<H: Ord + Clone> Line<H> {
         let granted = room.into_iter().min().unwrap_or(0);
         account.credit = accepted.saturating_add(granted);
         account.until_ms = now_ms.saturating_add(self.config.ttl_ms);
+        // What it may use per window if it loses this owner: what it holds now
+        // (its usage in the window and its credit: already charged, so keeping it
+        // reserves nothing new) within its share, nothing once it gave everything
+        // back (an idle holder needs no reserve). Cut off, it goes on at about the
+        // rate it had, as its old buckets leave the window.
+        let returning = request.want == 0 && request.remaining == 0;
+        let own_share = self.terms.shares.get(holder).copied().unwrap_or(0);
+        account.cut_off_share = if returning {
+            0
+        } else {
+            own_share.min(mine.saturating_add(granted))
+        };
+        let cut_off_share = account.cut_off_share;
         self.accounts.insert(holder.clone(), account);
         debug_assert!(
             granted == 0 || self.committed(now_ms) <= cap,
@@ -439,6 +474,7 @@ impl<H: Ord + Clone> Line<H> {
             credit: accepted.saturating_add(granted),
             granted,
             ttl_ms: self.config.ttl_ms,
+            cut_off_share,
         })
     }
 
@@ -465,7 +501,11 @@ impl<H: Ord + Clone> Line<H> {
         // An account with nothing left is forgotten; its next statement is a first
         // one, which counts its claimed credit in full (safe), so nothing is lost.
         self.accounts.retain(|_, a| {
-            a.credit > 0 || !a.usage.is_empty() || !a.expired.is_empty() || a.until_ms > now_ms
+            a.credit > 0
+                || !a.usage.is_empty()
+                || !a.expired.is_empty()
+                || a.until_ms > now_ms
+                || a.cut_off_share > 0
         });
         if let Kind::Windowed(w) = kind {
             for part in self.rebuilt.values_mut() {
@@ -517,7 +557,7 @@ impl<H: Ord + Clone> Line<H> {
 
     fn account_charge(&self, a: &Account, now_ms: u64) -> u64 {
         let credit = if a.until_ms > now_ms { a.credit } else { 0 };
-        match self.config.kind {
+        let stated = match self.config.kind {
             Kind::Windowed(w) => {
                 let expired_now =
                     if a.until_ms <= now_ms && w.counts(w.bucket_index(a.until_ms), now_ms) {
@@ -531,7 +571,9 @@ impl<H: Ord + Clone> Line<H> {
                     .saturating_add(credit)
             }
             Kind::Slots => credit,
-        }
+        };
+        // What it may have spent cut off from this owner since its last statement.
+        stated.max(a.cut_off_share)
     }
 
     fn usage_in_window(&self, usage: &BTreeMap<u64, u64>, now_ms: u64) -> u64 {
@@ -698,6 +740,71 @@ mod tests {
         assert_eq!(r.credit, 70, "share 50 + borrow 20");
         let r = l.sync(&"b", &statement(1, &[], 0, 100), 0).expect("ok");
         assert_eq!(r.credit, 30, "what is left of L");
+    }
+
+    #[test]
+    fn a_holder_is_charged_its_told_cut_off_share_until_it_states_again() {
+        let mut l = line(100, 100);
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 60), ("b", 40)]),
+            borrow: 0,
+            floors: BTreeMap::new(),
+        });
+        let r = l
+            .sync(&"a", &statement(1, &[(0, 10)], 0, 40), 0)
+            .expect("ok");
+        assert_eq!((r.credit, r.cut_off_share), (40, 50), "what it holds");
+        // a goes silent (its statements stop arriving; gossip still lists it): long
+        // after its usage and credit left the window it may still be spending 50
+        // per window, cut off.
+        assert_eq!(l.settle(2_000), 1);
+        assert_eq!(l.charge_of(&"a", 2_000), 50);
+        let r = l
+            .sync(&"b", &statement(2_000, &[], 0, 100), 2_000)
+            .expect("ok");
+        assert_eq!((r.credit, r.cut_off_share), (40, 40), "its share");
+        // a reaches its owner again: it spent 45 cut off and gives the rest back.
+        let r = l
+            .sync(&"a", &statement(2_050, &[(20, 45)], 0, 0), 2_050)
+            .expect("ok");
+        assert_eq!(
+            r.cut_off_share, 0,
+            "nothing kept for a holder that gave back"
+        );
+        assert_eq!(l.charge_of(&"a", 2_050), 45);
+        // b leaves the cluster (no share, no floor): its reserve ends with it; its
+        // credit (until 2,500) counts as spent until bucket 25 leaves, at 3,600.
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 100)]),
+            borrow: 0,
+            floors: BTreeMap::new(),
+        });
+        assert_eq!(l.charge_of(&"b", 3_599), 40);
+        l.settle(3_600);
+        assert_eq!(l.charge_of(&"b", 3_600), 0);
+    }
+
+    #[test]
+    fn a_dead_holders_told_slots_come_back_when_it_leaves_the_terms() {
+        let config = LineConfig::try_new(2, Kind::Slots, 2, 8, 1_000).expect("config");
+        let mut l: Line<&str> = Line::new(config);
+        let shares = |s: &[(&'static str, u64)]| Terms {
+            shares: s.iter().copied().collect(),
+            ..Terms::default()
+        };
+        l.set_terms(shares(&[("a", 1), ("b", 1)]));
+        let r = l.sync(&"a", &statement(1, &[], 1, 1), 0).expect("ok");
+        assert_eq!((r.credit, r.cut_off_share), (1, 1));
+        // Silent past its ttl while still live: it may hold its slot, cut off.
+        l.settle(1_500);
+        assert_eq!(l.charge_of(&"a", 1_500), 1);
+        // Declared dead (slots have no floors): its streams died with it.
+        l.set_terms(shares(&[("b", 2)]));
+        assert_eq!(l.charge_of(&"a", 1_500), 0);
+        let r = l
+            .sync(&"b", &statement(1_500, &[], 0, 2), 1_500)
+            .expect("ok");
+        assert_eq!(r.credit, 2);
     }
 
     #[test]

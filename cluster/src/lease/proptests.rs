@@ -1,7 +1,8 @@
 //! The lease promise, proved against ground truth: holders (real [`Budget`]s) spend,
 //! refund and state in random interleavings with delayed and lost messages, time
-//! passing and owner failovers; at every step, what they really spent in the window
-//! plus everything they can still spend never exceeds L.
+//! passing, owner failovers and holders cut off from a live owner (spending their
+//! told cut-off share, policy `share`); at every step, what they really spent in the
+//! window plus everything they can still spend never exceeds L.
 
 use proptest::prelude::*;
 
@@ -16,13 +17,40 @@ const TTL: u64 = 500;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Spend { h: usize, cost: u64 },
-    Settle { h: usize, actual_pct: u64 },
-    Send { h: usize, want: u64 },
-    Deliver { h: usize },
-    Reply { h: usize },
-    Lose { h: usize },
-    Advance { ms: u64 },
+    Spend {
+        h: usize,
+        cost: u64,
+    },
+    Settle {
+        h: usize,
+        actual_pct: u64,
+    },
+    Send {
+        h: usize,
+        want: u64,
+    },
+    Deliver {
+        h: usize,
+    },
+    Reply {
+        h: usize,
+    },
+    Lose {
+        h: usize,
+    },
+    /// The holder's statements stop reaching the owner, which it still believes
+    /// live (an asymmetric fault): it spends beyond its credit up to its told share.
+    CutOff {
+        h: usize,
+    },
+    /// Demand moved: holder `h` now has half of L, the others a sixth each (when
+    /// the terms have shares). What the owner told before stays told.
+    Reshare {
+        h: usize,
+    },
+    Advance {
+        ms: u64,
+    },
     Failover,
 }
 
@@ -36,7 +64,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (h.clone(), 0u64..40).prop_map(|(h, want)| Op::Send { h, want }),
         3 => h.clone().prop_map(|h| Op::Deliver { h }),
         3 => h.clone().prop_map(|h| Op::Reply { h }),
-        1 => h.prop_map(|h| Op::Lose { h }),
+        1 => h.clone().prop_map(|h| Op::Lose { h }),
+        1 => h.clone().prop_map(|h| Op::CutOff { h }),
+        1 => h.prop_map(|h| Op::Reshare { h }),
         4 => (1u64..250).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Failover),
     ]
@@ -61,14 +91,14 @@ struct World {
 }
 
 impl World {
-    fn new(shares: bool) -> Self {
+    fn new(terms: &Terms<usize>) -> Self {
         let window = Window::try_new(1_000, 10).expect("window");
         let config = LineConfig::try_new(L, Kind::Windowed(window), L / 4, 8, TTL).expect("config");
         let mut owner = Line::new(config);
-        owner.set_terms(terms(shares));
+        owner.set_terms(terms.clone());
         let holders = (0..HOLDERS)
             .map(|_| Holder {
-                budget: Budget::new(Kind::Windowed(window), CutOffPolicy::FailClosed),
+                budget: Budget::new(Kind::Windowed(window), CutOffPolicy::Share),
                 open: Vec::new(),
                 truth: BTreeMap::new(),
                 sent: None,
@@ -84,7 +114,7 @@ impl World {
         }
     }
 
-    fn apply(&mut self, op: &Op, shares: bool) {
+    fn apply(&mut self, op: &Op, terms: &Terms<usize>) {
         let now = self.now;
         match *op {
             Op::Spend { h, cost } => {
@@ -126,11 +156,26 @@ impl World {
                 let x = &mut self.holders[h];
                 if let Some((snap, reply)) = x.reply.take() {
                     x.budget.apply(&snap, &reply, now);
+                    x.budget.set_cut_off(None);
                 }
             }
             Op::Lose { h } => {
                 self.holders[h].sent = None;
                 self.holders[h].reply = None;
+            }
+            Op::CutOff { h } => {
+                let b = &mut self.holders[h].budget;
+                let share = b.told_share();
+                b.set_cut_off(Some(share));
+            }
+            Op::Reshare { h } => {
+                if !terms.shares.is_empty() {
+                    let mut moved = terms.clone();
+                    for (holder, share) in moved.shares.iter_mut() {
+                        *share = if *holder == h { L / 2 } else { L / 6 };
+                    }
+                    self.owner.set_terms(moved);
+                }
             }
             Op::Advance { ms } => {
                 self.now += ms;
@@ -145,17 +190,20 @@ impl World {
                     .collect();
                 let live: Vec<usize> = (0..HOLDERS).collect();
                 self.owner = Line::rebuild(self.config, &counters, &live, now);
-                self.owner.set_terms(terms(shares));
+                self.owner.set_terms(terms.clone());
                 for x in &mut self.holders {
                     x.sent = None;
                     x.reply = None;
+                    // The holder sees its key's owner change (`Holder::round`).
+                    x.budget.owner_changed();
                 }
             }
         }
     }
 
     /// Real spending in the window plus all the holders can still spend (including
-    /// credit in replies not applied yet).
+    /// credit in replies not applied yet, and what each could spend if it were cut
+    /// off now: its credit, then up to its told share in the window in all).
     fn exposure(&self) -> u64 {
         let now = self.now;
         let mut total = 0;
@@ -164,39 +212,54 @@ impl World {
                 .filter(|(b, _)| self.window.counts(**b, now))
                 .map(|(_, c)| *c)
                 .sum::<u64>();
-            let mut future = x.budget.clone();
-            let mut spendable = future.credit(now);
+            let spendable = |b: &Budget| {
+                let mut cut = b.clone();
+                let share = cut.told_share();
+                cut.set_cut_off(Some(share));
+                let mut spent = 0;
+                while cut.try_spend(1, now).is_some() {
+                    spent += 1;
+                }
+                spent
+            };
+            let mut most = spendable(&x.budget);
             if let Some((snap, reply)) = &x.reply {
+                let mut future = x.budget.clone();
                 future.apply(snap, reply, now);
-                spendable = spendable.max(future.credit(now));
+                future.set_cut_off(None);
+                most = most.max(spendable(&future));
             }
-            total += spendable;
+            total += most;
         }
         total
     }
 }
 
-fn terms(shares: bool) -> Terms<usize> {
+/// Equal shares, borrowing, or both.
+fn terms(shares: bool, borrow: bool) -> Terms<usize> {
     let mut t = Terms::default();
     if shares {
         t.shares = (0..HOLDERS).map(|h| (h, L / HOLDERS as u64)).collect();
-    } else {
-        t.borrow = L;
+    }
+    if borrow || !shares {
+        t.borrow = if shares { L / 4 } else { L };
     }
     t
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(1_000))]
 
     #[test]
     fn holders_never_spend_more_than_capacity(
         ops in prop::collection::vec(op(), 1..600),
         shares in any::<bool>(),
+        borrow in any::<bool>(),
     ) {
-        let mut world = World::new(shares);
+        let terms = terms(shares, borrow);
+        let mut world = World::new(&terms);
         for (i, op) in ops.iter().enumerate() {
-            world.apply(op, shares);
+            world.apply(op, &terms);
             let exposure = world.exposure();
             prop_assert!(
                 exposure <= L,
@@ -210,9 +273,11 @@ proptest! {
     fn shares_cap_each_holder(
         ops in prop::collection::vec(op(), 1..200),
     ) {
-        let mut world = World::new(true);
-        for op in &ops {
-            world.apply(op, true);
+        let terms = terms(true, false);
+        let mut world = World::new(&terms);
+        // Fixed equal shares here.
+        for op in ops.iter().filter(|op| !matches!(op, Op::Reshare { .. })) {
+            world.apply(op, &terms);
             for x in &world.holders {
                 let used: u64 = (x.truth.iter())
                     .filter(|(b, _)| world.window.counts(**b, world.now))

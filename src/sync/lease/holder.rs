@@ -12,6 +12,7 @@ use super::rpc::{self, CallError};
 use super::wire::{Batch, Entry};
 use super::{MemberAddr, View};
 use crate::actor::Dimension;
+use crate::actor::credit::Credit;
 use crate::proxy::AppState;
 use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -222,6 +223,10 @@ impl Holder {
             };
             let (wanted, wanted_cost) = credit.take_wanted();
             let moved = self.last_owner.get(&binding.key) != Some(&owner.id);
+            if moved && matches!(self.owners, Owners::Peers(_)) {
+                // What the previous owner kept for this node went with it.
+                credit.with(|b| b.owner_changed());
+            }
             let (idle, held, used) =
                 credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms), b.used(now_ms)));
             let last = self.last_stated_ms.get(&binding.key).copied().unwrap_or(0);
@@ -298,7 +303,7 @@ impl Holder {
         });
         let results = futures_util::future::join_all(sends).await;
         for (owner, items, answered) in results {
-            self.adopt(&view, &owner, items, answered);
+            self.adopt(&owner, items, answered);
         }
         let mut cut: Vec<String> = self.unreachable.iter().cloned().collect();
         cut.sort();
@@ -451,30 +456,32 @@ impl Holder {
         }
     }
 
-    /// The share this node spends per window on `key` once cut off from its
-    /// owner: in `redis-lease`, the reservation Redis still keeps for it (none once
-    /// it has lapsed); with peer owners, the frozen share every side charges it.
-    fn cut_off_share(&self, view: &View, key: &str) -> u64 {
+    /// What this node may use per window on `key`, credit included, once cut off
+    /// from its owner (policy `share`): in `redis-lease`, the reservation Redis
+    /// still keeps for it (none once it has lapsed); with peer owners, the share the
+    /// owner told it with its last reply, which that owner keeps charging it until
+    /// it states again (so the two agree whatever their views of demand).
+    fn cut_off_share(&self, credit: &Credit, key: &str) -> u64 {
         match &self.owners {
-            Owners::Peers(_) => view.own_share(key),
+            Owners::Peers(_) => credit.with(|b| b.told_share()),
             Owners::Redis { .. } => self.reservation(key),
         }
     }
 
-    fn adopt(&mut self, view: &View, owner: &MemberAddr, items: Items, answered: Answered) {
+    fn adopt(&mut self, owner: &MemberAddr, items: Items, answered: Answered) {
         let now_ms = self.now_ms();
         let metrics = &self.state.metrics;
         let answers = match answered {
             Ok(answers) => answers,
             Err(e) => {
-                // Policy `share`: the frozen share per window once the credit ends.
+                // Policy `share`: the told share per window once the credit ends.
                 if self.unreachable.insert(owner.id.clone()) {
                     tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
                 }
                 for (i, _) in &items {
                     let binding = &self.state.bindings[*i];
-                    let share = self.cut_off_share(view, &binding.key);
                     if let Some(credit) = &binding.credit {
+                        let share = self.cut_off_share(credit, &binding.key);
                         credit.with(|b| b.set_cut_off(Some(share)));
                     }
                     self.state.registry.wake(&binding.scope);

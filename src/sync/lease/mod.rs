@@ -43,9 +43,6 @@ pub struct View {
     pub terms: HashMap<String, Terms<String>>,
     /// This node's demand per key (cost per window), to size what it asks.
     pub demand: HashMap<String, u64>,
-    /// This node's share per key as the rest of the cluster charges it when it is
-    /// unreachable: what it may spend per window when cut off (policy `share`).
-    pub cut_off_share: HashMap<String, u64>,
     /// Whether this node's view of the members has settled since it joined: it
     /// owns (grants for) no key before (the engine's `settle`).
     pub settled: bool,
@@ -66,10 +63,5 @@ impl View {
     /// Whether this node owns `key`.
     pub fn owns(&self, key: &str) -> bool {
         self.owner(key).is_some_and(|m| m.id == self.self_id)
-    }
-
-    /// This node's cut-off allowance for `key` under policy `share`.
-    pub fn own_share(&self, key: &str) -> u64 {
-        self.cut_off_share.get(key).copied().unwrap_or(0)
     }
 }

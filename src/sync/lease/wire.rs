@@ -88,6 +88,11 @@ pub enum Answer {
         granted: u64,
         /// Valid this long from the holder's send time.
         ttl_ms: u64,
+        /// What the holder may use in the window, credit included, while it cannot
+        /// reach this owner; charged to it until its next statement. Absent (an
+        /// older owner): 0, nothing beyond the credit.
+        #[serde(default)]
+        cut_off_share: u64,
     },
     /// Refused; nothing changed.
     Refused {
@@ -106,6 +111,7 @@ impl Answer {
                 credit: r.credit,
                 granted: r.granted,
                 ttl_ms: r.ttl_ms,
+                cut_off_share: r.cut_off_share,
             },
             Err(e) => Answer::Refused {
                 code: refusal_code(e).to_owned(),
@@ -121,10 +127,12 @@ impl Answer {
                 credit,
                 granted,
                 ttl_ms,
+                cut_off_share,
             } => Ok(SyncReply {
                 credit,
                 granted,
                 ttl_ms,
+                cut_off_share,
             }),
             Answer::Refused { code, .. } => Err(code),
         }
@@ -172,6 +180,7 @@ mod tests {
             credit: 5,
             granted: 2,
             ttl_ms: 3000,
+            cut_off_share: 7,
         }));
         let json = serde_json::to_string(&ok).expect("serializes");
         let back: Answer = serde_json::from_str(&json).expect("parses");
