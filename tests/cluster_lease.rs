@@ -252,10 +252,12 @@ async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
     };
     let back = crashed_at.elapsed();
     println!("a killed node's concurrency slot came back after {back:?} (lease ttl 1 s)");
-    // Whichever frees it first: the slot's ttl at a surviving owner (1 s after the
-    // crashed node's last heartbeat), a new owner's rebuild after detection (< 1 s
-    // at 50 ms gossip) when the crashed node owned the key, or, before detection,
-    // the survivor's cut-off share (policy `share`) when its owner died.
+    // Whichever frees it first: a surviving owner once the crashed node is
+    // declared dead and its credit's ttl (1 s after its last heartbeat) ended
+    // (its told cut-off share ends with the death, its credit with the ttl), or
+    // a new owner's rebuild after detection (< 1 s at 50 ms gossip) when the
+    // crashed node owned the key. (The waiting node held nothing before, so it
+    // has no told share to spend while its owner is unreachable.)
     assert!(back < Duration::from_millis(2_000), "{back:?}");
     drop((first, second));
     for n in nodes {

@@ -581,6 +581,7 @@ fn statement(
         usage: usage.to_vec(),
         remaining,
         want,
+        adopted: 0,
     }
 }
 

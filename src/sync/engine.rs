@@ -4,6 +4,7 @@
 
 use super::allowance::{KeyFigures, SyncPolicy, policy};
 use super::demand::Demand;
+use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
 use super::status::{ClusterStatus, MemberStatus};
@@ -90,20 +91,13 @@ pub struct Engine {
     /// What a node that lost its owner or Redis may spend (`share` by default).
     cut_off: CutOff,
     demand: Demand,
-    /// Each key's demand per every member, frozen when a member becomes unreachable:
-    /// while anyone is unreachable, the unreachable are charged their share of these
-    /// frozen demands. Both sides of a cut freeze (nearly) the same figures, so their
-    /// shares sum to L without talking (design.md, "Shares, borrowing and partitions").
-    frozen: HashMap<String, Vec<(String, u64)>>,
-    /// Each key's demand per node as last seen live: shares of members that became
-    /// unreachable are frozen at these values (both sides of a cut agree on them).
-    last_demands: HashMap<String, HashMap<String, u64>>,
+    /// Each key's demand records and, while anyone is unreachable, the vectors
+    /// frozen at the cut (`super::history`).
+    history: DemandHistory,
     /// Members declared dead and not yet garbage-collected, as counter node ids.
     dead: Vec<String>,
     /// How old the stalest live member's last round is here (ms).
     lag_ms: u64,
-    /// Own demand per key over the last few detection times (see `lagged_demand`).
-    own_history: HashMap<String, std::collections::VecDeque<(u64, u64)>>,
     /// Failure-detection time plus two gossip intervals (the look-back bound).
     demand_lag_ms: u64,
     /// How old an own figure must be for every peer to have it: two gossip
@@ -111,8 +105,6 @@ pub struct Engine {
     cutoff_lag_ms: u64,
     /// Two gossip intervals: how long a value takes to reach a peer.
     propagation_ms: u64,
-    /// Each key's demand vectors over the last few detection times (when changed).
-    vector_history: HashMap<String, VectorHistory>,
     /// Each member's last `sync:at` value, and when (here) it last changed.
     round_seen: HashMap<String, u64>,
     last_fresh: HashMap<String, u64>,
@@ -157,6 +149,11 @@ impl Engine {
     ) -> Engine {
         let window = *lock(&usage).window();
         let self_id = membership.self_id().to_string();
+        let demand_lag_ms = (config
+            .gossip_interval
+            .mul_f64(2.0 * config.phi_threshold + 2.0)
+            + config.gossip_interval * 2)
+            .as_millis() as u64;
         Engine {
             state,
             membership,
@@ -169,21 +166,14 @@ impl Engine {
             redis_gate,
             cut_off: config.lease.cut_off,
             demand: Demand::new(window.window_ms()),
-            last_demands: HashMap::new(),
-            frozen: HashMap::new(),
+            history: DemandHistory::new(demand_lag_ms),
             dead: Vec::new(),
             lag_ms: 0,
-            own_history: HashMap::new(),
             cutoff_lag_ms: (config.gossip_interval * 2 + config.sync_interval).as_millis() as u64,
             propagation_ms: (config.gossip_interval * 2).as_millis() as u64,
-            vector_history: HashMap::new(),
             round_seen: HashMap::new(),
             last_fresh: HashMap::new(),
-            demand_lag_ms: (config
-                .gossip_interval
-                .mul_f64(2.0 * config.phi_threshold + 2.0)
-                + config.gossip_interval * 2)
-                .as_millis() as u64,
+            demand_lag_ms,
             redis_lost: Vec::new(),
             left: BTreeSet::new(),
             joined_ms: None,
@@ -298,11 +288,11 @@ impl Engine {
             .collect();
         if !newly_dead.is_empty() {
             // Someone just became unreachable: freeze every member's demand as last
-            // seen (the newly dead are still in `last_demands` from their last round).
+            // seen (the newly dead are still in the history from their last round).
             self.freeze(&newly_dead, now_ms);
         }
         if dead_now.is_empty() {
-            self.frozen.clear();
+            self.history.thaw();
         }
         self.dead = dead_now;
         self.lag_ms = lag_ms;
@@ -550,31 +540,31 @@ impl Engine {
             },
             ..View::default()
         };
+        // Every key's demand vector lists the same members (each live one, 0 when
+        // it published nothing for the key).
+        let mut live_nodes = usage.live_nodes();
+        live_nodes.push(self.self_id.clone());
+        self.history.set_members(&live_nodes, &self.dead);
         for binding in &state.bindings {
             let mine = own.get(&binding.key).copied().unwrap_or(Own {
                 used: 0,
                 demand: self.demand.current(&binding.key),
             });
-            // This node's demand as it stood one failure-detection time ago: what
-            // every peer has surely received. The figures frozen at a cut use it:
-            // with the fresh own figure (which
+            // This node's own figure in `demands` becomes its demand as it stood
+            // one failure-detection time ago: what every peer has surely received.
+            // The figures frozen at a cut use it: with the fresh own figure (which
             // keeps growing with refused demand during a cut) this side would grant
             // itself more than the other side charges it; the jepsen harness
             // measured that as a 2.5% overshoot of lease mode under partition.
-            let lagged = self.lagged_demand(&binding.key, mine.demand, horizon_ms, now_ms);
             let mut demands = usage.demand_by_node(&binding.key);
-            match demands.iter_mut().find(|(node, _)| *node == self.self_id) {
-                Some(entry) => entry.1 = lagged,
-                None => demands.push((self.self_id.clone(), lagged)),
-            }
-            self.record_vector(&binding.key, &demands, now_ms);
-            let seen = slot(&mut self.last_demands, &binding.key);
-            seen.extend(demands.iter().cloned());
-            // Forget members that are neither live nor awaiting GC (bounded memory,
-            // and frozen shares are over the members that can still spend).
-            seen.retain(|node, _| {
-                demands.iter().any(|(n, _)| n == node) || self.dead.contains(node)
-            });
+            self.history.observe(
+                &binding.key,
+                mine.demand,
+                &mut demands,
+                &self.self_id,
+                &self.dead,
+                (horizon_ms, now_ms),
+            );
             // This node's view of the key's global usage (admin), one read for
             // every mode.
             let others_live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
@@ -634,7 +624,7 @@ impl Engine {
                 continue;
             }
             if let Some(feed) = &self.lease {
-                let frozen = self.frozen.get(&binding.key);
+                let frozen = self.history.frozen(&binding.key);
                 let cut = Cut {
                     dead: &self.dead,
                     frozen,
@@ -646,7 +636,10 @@ impl Engine {
                 };
                 let terms = lease_terms(&usage, &cut, &demands, binding, borrow, now_ms);
                 lease_view.terms.insert(binding.key.clone(), terms);
-                lease_view.demand.insert(binding.key.clone(), mine.demand);
+                if mine.demand > 0 {
+                    // Read as 0 when absent: an idle key costs no entry.
+                    lease_view.demand.insert(binding.key.clone(), mine.demand);
+                }
                 continue;
             }
             let (others_used, demands) = match (binding.dimension, self.mode) {
@@ -673,7 +666,7 @@ impl Engine {
                 // members (a restarted node's previous incarnation, before it is
                 // declared dead) what they last published.
                 _ => {
-                    let frozen = self.frozen.get(&binding.key).map_or(&[][..], Vec::as_slice);
+                    let frozen = self.history.frozen(&binding.key).unwrap_or(&[]);
                     let dead = dead_charge(&usage, &self.dead, frozen, binding, now_ms);
                     let departed = usage.departed_usage_except(&binding.key, &self.dead, now_ms);
                     let others = others_live.saturating_add(dead).saturating_add(departed);
@@ -728,16 +721,6 @@ impl Engine {
 }
 
 impl Engine {
-    /// Records this node's demand for `key` and returns it as it was `demand_lag_ms`
-    /// ago (the oldest record if there is none that old yet; bounded history).
-    fn lagged_demand(&mut self, key: &str, demand: u64, horizon_ms: u64, now_ms: u64) -> u64 {
-        let history = slot(&mut self.own_history, key);
-        // Kept long enough to look back past a failure detection (the freeze).
-        let keep = now_ms.saturating_sub(self.demand_lag_ms.saturating_mul(3));
-        record_demand(history, now_ms, demand, keep);
-        demand_at(history, horizon_ms, demand)
-    }
-
     /// The time this node's own demand figure is read at: what every peer has
     /// surely received. Healthy: a sync interval and two gossip intervals ago. When
     /// a peer goes silent (a cut, before it is declared dead), its last round stops
@@ -760,92 +743,9 @@ impl Engine {
             .filter_map(|d| self.last_fresh.get(d).copied())
             .min()
             .unwrap_or(now_ms.saturating_sub(self.demand_lag_ms));
-        let before_cut = cut_ms.saturating_sub(self.propagation_ms);
-        // Every member's figure as of the cut, not only this node's: the others'
-        // demands keep moving too between the cut and its detection, and the far
-        // side holds them as they were at the cut.
-        self.frozen = (self.last_demands.iter())
-            .map(|(key, seen)| {
-                let at_cut = (self.vector_history.get(key))
-                    .and_then(|h| h.iter().rev().find(|(t, _)| *t <= before_cut))
-                    .map(|(_, v)| v.clone());
-                let vector = (seen.iter())
-                    .map(|(n, d)| {
-                        let then = (at_cut.as_ref())
-                            .and_then(|v| v.iter().find(|(m, _)| m == n))
-                            .map_or(*d, |(_, d)| *d);
-                        (n.clone(), then)
-                    })
-                    .collect();
-                (key.clone(), vector)
-            })
-            .collect();
+        self.history
+            .freeze(cut_ms.saturating_sub(self.propagation_ms));
     }
-
-    /// Records `key`'s demand vector (this node's own figure lagged) when it
-    /// changed; bounded per key.
-    fn record_vector(&mut self, key: &str, demands: &[(String, u64)], now_ms: u64) {
-        let history = slot(&mut self.vector_history, key);
-        if history.back().is_some_and(|(_, v)| v.as_slice() == demands) {
-            return;
-        }
-        history.push_back((now_ms, demands.to_vec()));
-        let keep = now_ms.saturating_sub(self.demand_lag_ms.saturating_mul(3));
-        while history.len() > MAX_VECTORS
-            || (history.len() > 1 && history.get(1).is_some_and(|(t, _)| *t <= keep))
-        {
-            history.pop_front();
-        }
-    }
-}
-
-/// One key's demand vectors by time (ms), oldest first.
-type VectorHistory = std::collections::VecDeque<(u64, Vec<(String, u64)>)>;
-
-/// Most demand vectors kept per key (a few detection times of changes).
-const MAX_VECTORS: usize = 64;
-
-/// Records `demand` at `now_ms` if it changed, and forgets records older than
-/// `keep_ms` except the one still in effect then. Changes only: the figure at a
-/// time is the newest change at or before it, the same as with a record every
-/// round (property-tested), and an idle key keeps one record instead of one per
-/// round of the look-back.
-fn record_demand(
-    history: &mut std::collections::VecDeque<(u64, u64)>,
-    now_ms: u64,
-    demand: u64,
-    keep_ms: u64,
-) {
-    if history.back().is_none_or(|(_, d)| *d != demand) {
-        history.push_back((now_ms, demand));
-    }
-    while history.len() > 1 && history.get(1).is_some_and(|(t, _)| *t <= keep_ms) {
-        history.pop_front();
-    }
-}
-
-/// The newest recorded demand at or before `at_ms` (the oldest one if none is that
-/// old: a key younger than the look-back), or `fallback` with no record.
-fn demand_at(history: &std::collections::VecDeque<(u64, u64)>, at_ms: u64, fallback: u64) -> u64 {
-    let mut value = history.front().map_or(fallback, |(_, d)| *d);
-    for (t, d) in history {
-        if *t <= at_ms {
-            value = *d;
-        } else {
-            break;
-        }
-    }
-    value
-}
-
-/// `map[key]`, inserted empty if missing, without allocating the key when it is
-/// there (`entry` takes an owned key: one allocation per binding per round).
-#[allow(clippy::map_entry)] // `entry` is what this avoids
-fn slot<'m, V: Default>(map: &'m mut HashMap<String, V>, key: &str) -> &'m mut V {
-    if !map.contains_key(key) {
-        map.insert(key.to_owned(), V::default());
-    }
-    map.get_mut(key).expect("inserted above when missing")
 }
 
 fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
@@ -857,7 +757,7 @@ fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
 #[derive(Clone, Copy)]
 struct Cut<'a> {
     dead: &'a [String],
-    frozen: Option<&'a Vec<(String, u64)>>,
+    frozen: Option<&'a [(String, u64)]>,
 }
 
 /// A key's lease terms.
@@ -896,7 +796,7 @@ fn lease_terms(
             floors: BTreeMap::new(),
         };
     }
-    let basis = frozen.map_or(demands, Vec::as_slice);
+    let basis = frozen.unwrap_or(demands);
     let at_cut: BTreeMap<String, u64> = shares(binding.capacity, basis).into_iter().collect();
     let mut floors = BTreeMap::new();
     for node in dead {
@@ -937,39 +837,4 @@ fn dead_charge(
             share.max(published)
         })
         .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-    use std::collections::VecDeque;
-
-    proptest! {
-        /// Recording a key's demand only when it changes answers every look-back
-        /// the way a record every round did, with no more records.
-        #[test]
-        fn change_only_demand_records_answer_as_a_record_every_round_did(
-            demands in proptest::collection::vec(0u64..4, 1..300),
-            detection_rounds in 1u64..20,
-            look_back_ms in 0u64..30_000,
-        ) {
-            let (mut every_round, mut changes) = (VecDeque::new(), VecDeque::new());
-            for (round, demand) in demands.iter().enumerate() {
-                let now = 10_000 + round as u64 * 200;
-                let keep = now.saturating_sub(3 * detection_rounds * 200);
-                every_round.push_back((now, *demand));
-                while every_round.len() > 1 && every_round.get(1).is_some_and(|(t, _)| *t <= keep) {
-                    every_round.pop_front();
-                }
-                record_demand(&mut changes, now, *demand, keep);
-                let at = now.saturating_sub(look_back_ms);
-                prop_assert_eq!(
-                    demand_at(&changes, at, *demand),
-                    demand_at(&every_round, at, *demand)
-                );
-                prop_assert!(changes.len() <= every_round.len());
-            }
-        }
-    }
 }

@@ -15,6 +15,7 @@
 pub mod allowance;
 pub mod demand;
 pub mod engine;
+pub mod history;
 pub mod lease;
 pub mod status;
 

@@ -62,6 +62,8 @@ pub struct Budget {
     in_use: u64,
     /// `Some(share)` while the owner cannot be reached (set by the engine).
     cut_off: Option<u64>,
+    /// Whether `cut_off` is the owner's told share (else Redis's reservation).
+    cut_off_told: bool,
     /// The cut-off share the current owner told with its last reply (0: none yet).
     told_share: u64,
     /// Running total spent beyond the credit (windowed): what a reply to an earlier
@@ -83,6 +85,7 @@ impl Budget {
             usage: BTreeMap::new(),
             in_use: 0,
             cut_off: None,
+            cut_off_told: false,
             told_share: 0,
             cut_off_spent: 0,
             policy,
@@ -218,6 +221,25 @@ impl Budget {
     /// The statement for the owner at `now_ms`, asking `want` more. `seq` only grows.
     pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
         self.last_seq = now_ms.max(self.last_seq + 1);
+        let mut want = want;
+        let cut_off_by_owner = self.cut_off_told && self.cut_off.is_some();
+        if want == 0 && self.remaining_now(now_ms) == 0 && cut_off_by_owner {
+            // Cut off from its owner, it may be serving on its told figure (its
+            // clients backed off, so nothing looks used): giving everything back
+            // would have the owner drop that figure, so it asks one unit instead.
+            // The jepsen harness's `slow` nemesis found this: all three nodes
+            // served nothing for a window when returns zeroed their figures.
+            want = 1;
+        }
+        let returning = want == 0 && self.remaining_now(now_ms) == 0;
+        if returning {
+            // Giving everything back: the owner drops every figure it told as it
+            // reads this, so this holder stops holding one as it sends it.
+            self.told_share = 0;
+            if self.cut_off_told {
+                self.cut_off = self.cut_off.map(|_| 0);
+            }
+        }
         let (usage, remaining) = match self.kind {
             Kind::Windowed(w) => {
                 self.prune(w, now_ms);
@@ -232,6 +254,7 @@ impl Budget {
                 usage,
                 remaining,
                 want,
+                adopted: self.adopted_seq,
             },
             at_ms: now_ms,
             cut_off_spent: self.cut_off_spent,
@@ -268,12 +291,28 @@ impl Budget {
         self.told_share
     }
 
+    /// The owner (a peer) cannot be reached: beyond the credit, spend only the
+    /// share it told, which it charges this holder until a later statement says
+    /// a later reply was adopted.
+    pub fn cut_off_by_owner(&mut self) {
+        self.cut_off = Some(self.told_share);
+        self.cut_off_told = true;
+    }
+
     /// The key's owner changed: the new one has told nothing yet and keeps nothing
     /// for this holder, so nothing beyond the credit may be spent until it answers
-    /// (the old owner's reserve went with it).
+    /// (the old owner's reserve is not this owner's).
     pub fn owner_changed(&mut self) {
         self.told_share = 0;
         self.cut_off = None;
+    }
+
+    /// What a statement now would say is left: credit (windowed) or slots in use.
+    fn remaining_now(&self, now_ms: u64) -> u64 {
+        match self.kind {
+            Kind::Windowed(_) => self.credit(now_ms),
+            Kind::Slots => self.in_use,
+        }
     }
 
     /// The statement whose owner reply was adopted last (0: none yet).
@@ -299,6 +338,7 @@ impl Budget {
     pub fn set_cut_off(&mut self, share: Option<u64>) {
         if share.is_none() || self.cut_off.is_none() {
             self.cut_off = share;
+            self.cut_off_told = false;
         }
     }
 
@@ -454,13 +494,35 @@ mod tests {
         };
         b.apply(&snap, &reply, 0);
         assert_eq!(b.told_share(), 5);
-        b.set_cut_off(Some(b.told_share()));
-        assert_eq!((0..10).filter(|_| b.try_spend(1, 600).is_some()).count(), 5);
-        // A new owner keeps nothing for this holder: nothing beyond the credit.
+        b.cut_off_by_owner();
+        // The credit (2), then the told share: 5 in the window in all, and again
+        // once those left the window (it binds until the owner hears again).
+        assert_eq!((0..10).filter(|_| b.try_spend(1, 400).is_some()).count(), 5);
+        assert_eq!(
+            (0..10).filter(|_| b.try_spend(1, 1_500).is_some()).count(),
+            5
+        );
+        // The next statement says which reply it holds.
+        assert_eq!(b.snapshot(1, 1_600).request.adopted, snap.request.seq);
+        // The key moved: the new owner keeps nothing for this holder.
         b.owner_changed();
         assert_eq!((b.told_share(), b.is_cut_off()), (0, false));
-        b.set_cut_off(Some(b.told_share()));
-        assert!(b.try_spend(1, 1_700).is_none());
+        b.cut_off_by_owner();
+        assert!(b.try_spend(1, 2_700).is_none());
+        // Giving everything back drops the figure as the statement is taken, but
+        // not while cut off (it may be serving on it): it asks one unit instead.
+        let snap = b.snapshot(0, 2_800);
+        b.apply(&snap, &reply, 2_800);
+        b.return_credit(2_900);
+        b.cut_off_by_owner();
+        let kept = b.snapshot(0, 2_900);
+        assert_eq!((kept.request.want, b.told_share()), (1, 5));
+        b.set_cut_off(None);
+        let back = b.snapshot(0, 2_950);
+        assert_eq!((back.request.remaining, back.request.want), (0, 0));
+        assert_eq!(b.told_share(), 0);
+        b.cut_off_by_owner();
+        assert!(b.try_spend(1, 4_000).is_none(), "cut off, nothing beyond");
     }
 
     #[test]

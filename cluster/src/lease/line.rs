@@ -14,7 +14,7 @@
 //! ```text
 //! committed(now) = sum over holders h of charge_h(now) + hidden(now) + floors <= L
 //! charge_h(now)  = max(usage_h in window + expired_h in window + credit_h (unexpired),
-//!                      cut_off_share_h)
+//!                      every cut_off_share_h it may still hold)
 //! ```
 //!
 //! - `usage_h`: the holder's last statement, buckets clamped to the owner's current
@@ -27,11 +27,14 @@
 //! - `hidden`: after a failover [`Line::rebuild`], all of L while any live holder
 //!   has not stated yet, for at most one ttl; then `max_credit` per holder still
 //!   silent becomes consumption (docs/design/lease.md, "Failover").
-//! - `cut_off_share_h`: what the holder may have used in the window if it loses
+//! - `cut_off_shares_h`: what the holder may have used in the window if it loses
 //!   this owner while both stay live in gossip (an asymmetric fault: packet loss or
 //!   a slow link on the RPC path only). Told with every reply (what it holds then,
-//!   at most its share), charged until its next statement, so the holder's spending
-//!   beyond its credit and the owner's reserve are the same figure by construction.
+//!   at most its share); the holder uses the last one it adopted. Every figure it
+//!   may still hold counts: the one its statement says it adopted and any told
+//!   since (a reply may be lost, leaving it an earlier, larger one). None once it
+//!   gives everything back (it drops its figure when it sends that statement), or
+//!   once the member is gone from the terms (collected, or left).
 //! - floors: members that are unreachable are charged at least their share of `L`
 //!   per window (design.md, "Shares, borrowing and partitions"), [`Terms::floors`].
 //!
@@ -157,6 +160,9 @@ pub struct SyncRequest {
     pub remaining: u64,
     /// How much more it wants (0: return what is not in use).
     pub want: u64,
+    /// The statement whose reply it adopted last (0: none): cut-off shares told
+    /// with replies to older statements no longer bind it.
+    pub adopted: u64,
 }
 
 /// The owner's answer.
@@ -170,9 +176,10 @@ pub struct SyncReply {
     pub ttl_ms: u64,
     /// What the holder may have used in the window in all (slots: hold) while it
     /// cannot reach this owner (policy `share`): what it holds at this reply (usage
-    /// in the window and credit), at most its share, charged to it here until its
-    /// next statement whatever else happens, so a holder cut off from a live owner
-    /// spends only what the owner keeps for it. 0 when it gave everything back.
+    /// in the window and credit), at most its share, charged to it here until a
+    /// later statement says it adopted a later reply, so a holder cut off from a
+    /// live owner spends only what the owner keeps for it. 0 when it gave
+    /// everything back.
     pub cut_off_share: u64,
 }
 
@@ -207,8 +214,8 @@ struct Account {
     until_ms: u64,
     expired: BTreeMap<u64, u64>,
     seq: u64,
-    /// The cut-off share told with the last reply ([`SyncReply::cut_off_share`]).
-    cut_off_share: u64,
+    /// Cut-off shares it may still hold ([`SyncReply::cut_off_share`]).
+    reserves: Reserves,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -292,7 +299,8 @@ impl<H: Ord + Clone> Line<H> {
     /// that became unreachable is no longer waited for: its floor (its share at the
     /// cut, at least what the old owner let it commit with borrowing off) charges it.
     /// A member gone from both (collected after its death, or left after giving
-    /// everything back) can no longer spend a cut-off share: its reserve ends.
+    /// everything back) can no longer spend a cut-off share: its reserves end
+    /// (so a crashed holder's slots come back when it is declared dead).
     pub fn set_terms(&mut self, terms: Terms<H>) {
         if let (Some(r), Kind::Windowed(_)) = (&mut self.recovery, self.config.kind) {
             for member in terms.floors.keys() {
@@ -301,7 +309,7 @@ impl<H: Ord + Clone> Line<H> {
         }
         for (member, account) in &mut self.accounts {
             if !terms.shares.contains_key(member) && !terms.floors.contains_key(member) {
-                account.cut_off_share = 0;
+                account.reserves = Reserves::default();
             }
         }
         self.terms = terms;
@@ -399,7 +407,7 @@ impl<H: Ord + Clone> Line<H> {
             until_ms: 0,
             expired: BTreeMap::new(),
             seq: 0,
-            cut_off_share: 0,
+            reserves: Reserves::default(),
         });
         account.seq = request.seq;
         let (own, accepted) = match self.config.kind {
@@ -441,8 +449,20 @@ impl<H: Ord + Clone> Line<H> {
         let mine = own.saturating_add(accepted);
         let share =
             (self.terms.shares.get(holder).copied().unwrap_or(0)).saturating_add(self.terms.borrow);
+        // Figures told before still count (a reply may be lost), but not those its
+        // statement says it replaced, nor any once it gives everything back (it
+        // dropped its figure when it sent this). Beyond what L leaves, nothing can
+        // be granted whatever this statement says.
+        let returning = request.want == 0 && request.remaining == 0;
+        account.reserves.confirm(request.adopted, returning);
+        let left = cap.saturating_sub(others);
+        let told_before = account.reserves.max();
         let room = [
-            cap.saturating_sub(others.saturating_add(mine)),
+            if told_before > left {
+                0
+            } else {
+                left.saturating_sub(mine)
+            },
             share.saturating_sub(mine),
             // A single request may cost more than max_credit (a big prompt under
             // a small TPM): the cap stretches to what was asked, never beyond L.
@@ -457,14 +477,13 @@ impl<H: Ord + Clone> Line<H> {
         // reserves nothing new) within its share, nothing once it gave everything
         // back (an idle holder needs no reserve). Cut off, it goes on at about the
         // rate it had, as its old buckets leave the window.
-        let returning = request.want == 0 && request.remaining == 0;
         let own_share = self.terms.shares.get(holder).copied().unwrap_or(0);
-        account.cut_off_share = if returning {
+        let cut_off_share = if returning {
             0
         } else {
             own_share.min(mine.saturating_add(granted))
         };
-        let cut_off_share = account.cut_off_share;
+        account.reserves.tell(cut_off_share, request.seq);
         self.accounts.insert(holder.clone(), account);
         debug_assert!(
             granted == 0 || self.committed(now_ms) <= cap,
@@ -505,7 +524,7 @@ impl<H: Ord + Clone> Line<H> {
                 || !a.usage.is_empty()
                 || !a.expired.is_empty()
                 || a.until_ms > now_ms
-                || a.cut_off_share > 0
+                || !a.reserves.0.is_empty()
         });
         if let Kind::Windowed(w) = kind {
             for part in self.rebuilt.values_mut() {
@@ -572,8 +591,8 @@ impl<H: Ord + Clone> Line<H> {
             }
             Kind::Slots => credit,
         };
-        // What it may have spent cut off from this owner since its last statement.
-        stated.max(a.cut_off_share)
+        // What it may spend cut off from this owner, on any figure it may hold.
+        stated.max(a.reserves.max())
     }
 
     fn usage_in_window(&self, usage: &BTreeMap<u64, u64>, now_ms: u64) -> u64 {
@@ -607,6 +626,46 @@ impl<H: Ord + Clone> Line<H> {
         } else {
             self.config.capacity
         }
+    }
+}
+
+/// The cut-off shares told to one holder that it may still hold: `(share, seq)`,
+/// `seq` the statement whose reply told it. The holder holds the figure of the
+/// reply it adopted last, or of one told since whose reply it got later; a reply
+/// may be lost, so each counts until a statement says a later one was adopted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Reserves(Vec<(u64, u64)>);
+
+/// Most figures kept per holder (a run of lost replies); beyond, the two oldest
+/// merge into the larger share until the later of the two is replaced.
+const MAX_RESERVES: usize = 8;
+
+impl Reserves {
+    /// A statement says the holder adopted the reply to `adopted`: figures told
+    /// before it are replaced. `returning`: it gave everything back and dropped
+    /// its figure when it sent the statement: none binds it.
+    fn confirm(&mut self, adopted: u64, returning: bool) {
+        if returning {
+            self.0.clear();
+        } else {
+            self.0.retain(|&(_, seq)| seq >= adopted);
+        }
+    }
+
+    /// Records `share` told in reply to statement `seq`.
+    fn tell(&mut self, share: u64, seq: u64) {
+        if share > 0 {
+            self.0.push((share, seq));
+        }
+        if self.0.len() > MAX_RESERVES {
+            let (s, _) = self.0.remove(0);
+            self.0[0].0 = self.0[0].0.max(s);
+        }
+    }
+
+    /// The largest figure the holder may hold.
+    fn max(&self) -> u64 {
+        self.0.iter().map(|(s, _)| *s).max().unwrap_or(0)
     }
 }
 
@@ -654,6 +713,7 @@ mod tests {
             usage: usage.to_vec(),
             remaining,
             want,
+            adopted: 0,
         }
     }
 
@@ -743,7 +803,7 @@ mod tests {
     }
 
     #[test]
-    fn a_holder_is_charged_its_told_cut_off_share_until_it_states_again() {
+    fn a_told_cut_off_share_binds_until_a_later_reply_is_adopted() {
         let mut l = line(100, 100);
         l.set_terms(Terms {
             shares: BTreeMap::from([("a", 60), ("b", 40)]),
@@ -763,25 +823,33 @@ mod tests {
             .sync(&"b", &statement(2_000, &[], 0, 100), 2_000)
             .expect("ok");
         assert_eq!((r.credit, r.cut_off_share), (40, 40), "its share");
-        // a reaches its owner again: it spent 45 cut off and gives the rest back.
+        // a states again holding 10 and asking 1: told 11, but that reply is
+        // lost, so a still holds 50; its next statement says so (it adopted
+        // statement 1's reply).
+        let mut again = statement(2_100, &[(20, 10)], 0, 1);
+        again.adopted = 1;
+        let r = l.sync(&"a", &again, 2_100).expect("ok");
+        assert_eq!(r.cut_off_share, 11);
+        assert_eq!(l.charge_of(&"a", 2_100), 50, "the figure it may still hold");
+        let mut third = statement(2_200, &[(20, 10)], 0, 1);
+        third.adopted = 1;
+        l.sync(&"a", &third, 2_200).expect("ok");
+        assert_eq!(l.charge_of(&"a", 2_200), 50);
+        // It adopted the reply to 2,200: the older figures are replaced.
+        let mut fourth = statement(2_300, &[(20, 10)], 0, 1);
+        fourth.adopted = 2_200;
+        l.sync(&"a", &fourth, 2_300).expect("ok");
+        assert_eq!(l.charge_of(&"a", 2_300), 11);
+        // It gives everything back (dropping its figure as it sends): none binds
+        // (its last credit, ended at 2,800, left the window at 3,900).
         let r = l
-            .sync(&"a", &statement(2_050, &[(20, 45)], 0, 0), 2_050)
+            .sync(&"a", &statement(4_000, &[], 0, 0), 4_000)
             .expect("ok");
         assert_eq!(
             r.cut_off_share, 0,
             "nothing kept for a holder that gave back"
         );
-        assert_eq!(l.charge_of(&"a", 2_050), 45);
-        // b leaves the cluster (no share, no floor): its reserve ends with it; its
-        // credit (until 2,500) counts as spent until bucket 25 leaves, at 3,600.
-        l.set_terms(Terms {
-            shares: BTreeMap::from([("a", 100)]),
-            borrow: 0,
-            floors: BTreeMap::new(),
-        });
-        assert_eq!(l.charge_of(&"b", 3_599), 40);
-        l.settle(3_600);
-        assert_eq!(l.charge_of(&"b", 3_600), 0);
+        assert_eq!(l.charge_of(&"a", 4_000), 0);
     }
 
     #[test]

@@ -163,11 +163,7 @@ impl World {
                 self.holders[h].sent = None;
                 self.holders[h].reply = None;
             }
-            Op::CutOff { h } => {
-                let b = &mut self.holders[h].budget;
-                let share = b.told_share();
-                b.set_cut_off(Some(share));
-            }
+            Op::CutOff { h } => self.holders[h].budget.cut_off_by_owner(),
             Op::Reshare { h } => {
                 if !terms.shares.is_empty() {
                     let mut moved = terms.clone();
@@ -214,8 +210,7 @@ impl World {
                 .sum::<u64>();
             let spendable = |b: &Budget| {
                 let mut cut = b.clone();
-                let share = cut.told_share();
-                cut.set_cut_off(Some(share));
+                cut.cut_off_by_owner();
                 let mut spent = 0;
                 while cut.try_spend(1, now).is_some() {
                     spent += 1;

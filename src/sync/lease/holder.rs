@@ -456,15 +456,18 @@ impl Holder {
         }
     }
 
-    /// What this node may use per window on `key`, credit included, once cut off
-    /// from its owner (policy `share`): in `redis-lease`, the reservation Redis
-    /// still keeps for it (none once it has lapsed); with peer owners, the share the
-    /// owner told it with its last reply, which that owner keeps charging it until
-    /// it states again (so the two agree whatever their views of demand).
-    fn cut_off_share(&self, credit: &Credit, key: &str) -> u64 {
+    /// Marks `key` cut off from its owner. What it may then use per window, credit
+    /// included (policy `share`): with peer owners, the share the owner told it
+    /// with its last reply, until that figure's ttl ends (the owner charges it
+    /// that long, whatever either side's view of demand); in `redis-lease`, the
+    /// reservation Redis still keeps for it (none once it has lapsed).
+    fn cut_off(&self, credit: &Credit, key: &str) {
         match &self.owners {
-            Owners::Peers(_) => credit.with(|b| b.told_share()),
-            Owners::Redis { .. } => self.reservation(key),
+            Owners::Peers(_) => credit.with(|b| b.cut_off_by_owner()),
+            Owners::Redis { .. } => {
+                let share = self.reservation(key);
+                credit.with(|b| b.set_cut_off(Some(share)));
+            }
         }
     }
 
@@ -481,8 +484,7 @@ impl Holder {
                 for (i, _) in &items {
                     let binding = &self.state.bindings[*i];
                     if let Some(credit) = &binding.credit {
-                        let share = self.cut_off_share(credit, &binding.key);
-                        credit.with(|b| b.set_cut_off(Some(share)));
+                        self.cut_off(credit, &binding.key);
                     }
                     self.state.registry.wake(&binding.scope);
                     metrics.lease_statement("holder", "unreachable");
@@ -524,6 +526,10 @@ impl Holder {
                     // Stated again next round (views of the membership may differ
                     // for a moment).
                     self.last_owner.remove(&binding.key);
+                    if code == "not_owner" && matches!(self.owners, Owners::Peers(_)) {
+                        // It no longer keeps anything for this node.
+                        credit.with(|b| b.owner_changed());
+                    }
                 }
             }
         }

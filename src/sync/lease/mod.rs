@@ -41,7 +41,8 @@ pub struct View {
     pub members: Vec<MemberAddr>,
     /// Each key's terms (shares, borrowing, floors).
     pub terms: HashMap<String, Terms<String>>,
-    /// This node's demand per key (cost per window), to size what it asks.
+    /// This node's demand per key (cost per window), to size what it asks; absent
+    /// when 0.
     pub demand: HashMap<String, u64>,
     /// Whether this node's view of the members has settled since it joined: it
     /// owns (grants for) no key before (the engine's `settle`).

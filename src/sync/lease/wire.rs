@@ -43,6 +43,10 @@ pub struct Entry {
     pub remaining: u64,
     /// How much more is wanted.
     pub want: u64,
+    /// The statement whose reply the holder adopted last (0: none). Absent (an
+    /// older holder): 0, every figure told it keeps binding until it gives back.
+    #[serde(default)]
+    pub adopted: u64,
 }
 
 impl Entry {
@@ -54,6 +58,7 @@ impl Entry {
             usage: request.usage.clone(),
             remaining: request.remaining,
             want: request.want,
+            adopted: request.adopted,
         }
     }
 
@@ -64,6 +69,7 @@ impl Entry {
             usage: self.usage.clone(),
             remaining: self.remaining,
             want: self.want,
+            adopted: self.adopted,
         }
     }
 }
