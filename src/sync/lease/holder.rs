@@ -238,7 +238,12 @@ impl Holder {
             // A key still cut off is stated every round: when its owner answers
             // again it must leave the cut-off (and report its spending) at once.
             let cut_off = credit.with(|b| b.is_cut_off());
-            if !(moved || wanted || returning || cut_off || (!idle && heartbeat)) {
+            // A key gone idle still holding a told cut-off share states once more,
+            // giving it back: the owner charges that figure until it hears so (a
+            // review found idle holders leaving it charged for good).
+            let holds_figure = credit.with(|b| b.told_share() > 0);
+            if !(moved || wanted || returning || cut_off || ((!idle || holds_figure) && heartbeat))
+            {
                 continue;
             }
             // Nothing spent since the last statement: give unused credit back, so
