@@ -105,6 +105,33 @@ fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<ScopeId, ActorHandle>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The answer channel of an acquire whose caller may go away. The actor's `send`
+/// of a grant can succeed just as the caller's future is dropped; the grant is then
+/// dropped in the channel, nobody turns it into a [`super::Permit`], and the actor
+/// keeps its charge (a slot, a reservation) for good. The jepsen harness found one
+/// such admission never settled (`gossip`, `pause`, a client gone mid-pause). On
+/// drop this closes the channel (a later send fails, and the actor undoes the
+/// charge itself) and cancels a grant that arrived before.
+struct Unclaimed {
+    rx: Option<oneshot::Receiver<Result<Grant, Refusal>>>,
+    releases: mpsc::UnboundedSender<Release>,
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if let Ok(Ok(grant)) = rx.try_recv() {
+                let _ = self.releases.send(Release {
+                    permit_id: grant.permit_id,
+                    how: Some(super::SettleWith::Cancel),
+                    answered_at: None,
+                });
+            }
+        }
+    }
+}
+
 impl Registry {
     /// A registry for the configured scopes; validates every limit spec.
     pub fn new(
@@ -248,7 +275,14 @@ impl Registry {
                 self.forget(scope, &handle);
                 continue;
             }
-            match rx.await {
+            let mut waiting = Unclaimed {
+                rx: Some(rx),
+                releases: handle.releases(),
+            };
+            let answer = waiting.rx.as_mut().expect("set just above").await;
+            // Answered (or dropped by a retiring actor): nothing left to cancel.
+            waiting.rx = None;
+            match answer {
                 Ok(answer) => return Ok((answer, handle)),
                 // Dropped unanswered by a retiring actor: nothing was charged.
                 Err(_) => self.forget(scope, &handle),
@@ -378,6 +412,43 @@ mod tests {
             .await
             .unwrap();
         answer.map(|grant| Permit::new(&handle, &grant))
+    }
+
+    #[tokio::test]
+    async fn a_grant_whose_caller_went_away_before_taking_it_is_cancelled() {
+        let (registry, scope) = registry(20);
+        let (answer, handle) = registry
+            .acquire(&scope, |reply| AcquireRequest {
+                lane: Lane::Interactive,
+                prompt_tokens: 10,
+                max_completion_tokens: 10,
+                model: "m".into(),
+                adaptive: false,
+                max_wait_ns: 0,
+                busy_above: None,
+                reply,
+            })
+            .await
+            .unwrap();
+        let grant = answer.unwrap();
+        assert_eq!(registry.status(&scope).await.unwrap().in_flight, 1);
+        // The race: the actor's send succeeded, then the caller's future is
+        // dropped with the grant still in the channel.
+        let (tx, rx) = oneshot::channel();
+        tx.send(Ok(grant)).unwrap();
+        drop(Unclaimed {
+            rx: Some(rx),
+            releases: handle.releases(),
+        });
+        let mut in_flight = 1;
+        for _ in 0..200 {
+            in_flight = registry.status(&scope).await.unwrap().in_flight;
+            if in_flight == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(in_flight, 0, "the charge was undone");
     }
 
     #[tokio::test(start_paused = true)]
