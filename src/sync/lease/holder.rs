@@ -463,9 +463,9 @@ impl Holder {
 
     /// Marks `key` cut off from its owner. What it may then use per window, credit
     /// included (policy `share`): with peer owners, the share the owner told it
-    /// with its last reply, until that figure's ttl ends (the owner charges it
-    /// that long, whatever either side's view of demand); in `redis-lease`, the
-    /// reservation Redis still keeps for it (none once it has lapsed).
+    /// with the last reply it adopted (the owner charges it until a statement says
+    /// a later reply was adopted, whatever either side's view of demand); in
+    /// `redis-lease`, the reservation Redis still keeps for it (none once lapsed).
     fn cut_off(&self, credit: &Credit, key: &str) {
         match &self.owners {
             Owners::Peers(_) => credit.with(|b| b.cut_off_by_owner()),
