@@ -222,8 +222,9 @@ impl Budget {
     pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
         self.last_seq = now_ms.max(self.last_seq + 1);
         let mut want = want;
+        let nothing_left = self.remaining_now(now_ms) == 0;
         let cut_off_by_owner = self.cut_off_told && self.cut_off.is_some();
-        if want == 0 && self.remaining_now(now_ms) == 0 && cut_off_by_owner {
+        if want == 0 && nothing_left && cut_off_by_owner {
             // Cut off from its owner, it may be serving on its told figure (its
             // clients backed off, so nothing looks used): giving everything back
             // would have the owner drop that figure, so it asks one unit instead.
@@ -231,14 +232,11 @@ impl Budget {
             // served nothing for a window when returns zeroed their figures.
             want = 1;
         }
-        let returning = want == 0 && self.remaining_now(now_ms) == 0;
-        if returning {
-            // Giving everything back: the owner drops every figure it told as it
-            // reads this, so this holder stops holding one as it sends it.
+        if want == 0 && nothing_left {
+            // Giving everything back (never while cut off by its owner, above):
+            // the owner drops every figure it told as it reads this, so this
+            // holder stops holding one as it sends it.
             self.told_share = 0;
-            if self.cut_off_told {
-                self.cut_off = self.cut_off.map(|_| 0);
-            }
         }
         let (usage, remaining) = match self.kind {
             Kind::Windowed(w) => {
