@@ -14,6 +14,9 @@ pub struct KeyFigures<'a> {
     pub self_id: &'a str,
     /// This node's own usage now (its local window, or its requests in flight).
     pub own_used: u64,
+    /// `own_used` as every peer has surely seen it: less what this node added
+    /// within one propagation bound (`super::echo`). What the peers charge it.
+    pub own_seen: u64,
     /// What the other members are charged: live members' published usage, plus
     /// unreachable members' frozen shares.
     pub others_used: u64,
@@ -66,11 +69,17 @@ impl SyncPolicy for GossipPolicy {
         "gossip: cluster total <= L x (1 + e), e from gossip lag, measured"
     }
 
+    /// Counts this node as its peers see it, so that it computes the allowance
+    /// they compute for it: its share of the headroom is what its unpublished
+    /// spending comes out of, not a fresh share on top of it (which each peer,
+    /// blind to that spending, would also hand itself; `super::echo`). It may be
+    /// below `own_used` then: nothing more until the others catch up.
     fn allowance(&self, f: &KeyFigures<'_>) -> Option<u64> {
-        let global = f.own_used.saturating_add(f.others_used);
+        let own = f.own_seen.min(f.own_used);
+        let global = own.saturating_add(f.others_used);
         let headroom = f.capacity.saturating_sub(global);
         let mine = share_of(f.self_id, &shares(headroom, f.demands)).unwrap_or(0);
-        Some(f.own_used.saturating_add(mine))
+        Some(own.saturating_add(mine))
     }
 }
 
@@ -105,6 +114,7 @@ mod tests {
             capacity: 100,
             self_id,
             own_used: own,
+            own_seen: own,
             others_used: others,
             demands,
         }
@@ -147,6 +157,7 @@ mod tests {
                 capacity,
                 self_id: id,
                 own_used: used[i],
+                own_seen: used[i],
                 others_used: global - used[i],
                 demands: &demands,
             };
@@ -183,6 +194,38 @@ mod tests {
                 conforms(&LocalPolicy { share }, capacity, &used, &demand)?;
             }
             conforms(&GossipPolicy, capacity, &used, &demand)?;
+        }
+
+        /// Each member sees every other as that member's seen figure (its usage less
+        /// what it added within the propagation bound). The allowances then sum to
+        /// at most L (or to what is already seen, if more): nobody's unpublished
+        /// spending is handed out a second time. Counting its fresh usage instead,
+        /// each member re-carved the headroom its peers were spending.
+        #[test]
+        fn gossip_hands_out_no_headroom_twice_under_lagged_views(
+            capacity in 1u64..10_000,
+            nodes in prop::collection::vec((0u64..3_000, 0u64..500, 0u64..1_000), 1..8),
+        ) {
+            let ids: Vec<String> = (0..nodes.len()).map(|i| format!("n{i}")).collect();
+            let demands: Vec<(String, u64)> =
+                ids.iter().cloned().zip(nodes.iter().map(|n| n.2)).collect();
+            let seen_total: u64 = nodes.iter().map(|n| n.0).sum();
+            let mut total = 0u64;
+            for (i, (seen, unseen, _)) in nodes.iter().enumerate() {
+                let f = KeyFigures {
+                    capacity,
+                    self_id: &ids[i],
+                    own_used: seen + unseen,
+                    own_seen: *seen,
+                    others_used: seen_total - seen,
+                    demands: &demands,
+                };
+                total += GossipPolicy.allowance(&f).unwrap_or(0);
+            }
+            prop_assert!(
+                total <= capacity.max(seen_total),
+                "allowances sum to {total} > max(L {capacity}, seen {seen_total})"
+            );
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::allowance::{KeyFigures, SyncPolicy, policy};
 use super::demand::Demand;
+use super::echo::OwnEcho;
 use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
@@ -73,6 +74,9 @@ pub struct Binding {
 #[derive(Debug, Default, Clone, Copy)]
 struct Own {
     used: u64,
+    /// `used` as every peer has surely seen it ([`OwnEcho`]); `used` for
+    /// concurrency, which is not re-carved (a slot is taken or not).
+    seen: u64,
     demand: u64,
 }
 
@@ -94,6 +98,8 @@ pub struct Engine {
     /// Each key's demand records and, while anyone is unreachable, the vectors
     /// frozen at the cut (`super::history`).
     history: DemandHistory,
+    /// What this node added to each key that its peers may not have seen yet.
+    echo: OwnEcho,
     /// Members declared dead and not yet garbage-collected, as counter node ids.
     dead: Vec<String>,
     /// How old the stalest live member's last round is here (ms).
@@ -149,6 +155,7 @@ impl Engine {
     ) -> Engine {
         let window = *lock(&usage).window();
         let self_id = membership.self_id().to_string();
+        let cutoff_lag_ms = (config.gossip_interval * 2 + config.sync_interval).as_millis() as u64;
         let demand_lag_ms = (config
             .gossip_interval
             .mul_f64(2.0 * config.phi_threshold + 2.0)
@@ -167,9 +174,10 @@ impl Engine {
             cut_off: config.lease.cut_off,
             demand: Demand::new(window.window_ms()),
             history: DemandHistory::new(demand_lag_ms),
+            echo: OwnEcho::new(cutoff_lag_ms),
             dead: Vec::new(),
             lag_ms: 0,
-            cutoff_lag_ms: (config.gossip_interval * 2 + config.sync_interval).as_millis() as u64,
+            cutoff_lag_ms,
             propagation_ms: (config.gossip_interval * 2).as_millis() as u64,
             round_seen: HashMap::new(),
             last_fresh: HashMap::new(),
@@ -366,19 +374,25 @@ impl Engine {
             ] {
                 let Some((_, buckets)) = window else { continue };
                 let key = key_of(scope, dimension);
+                let mut added = 0u64;
                 for (bucket, cost) in buckets {
+                    let before = self.counters.bucket_count(&key, *bucket);
                     // Bucket indices line up: both clocks count Unix time in buckets of
                     // the same width (validate() pins one window for every limit).
-                    if let Err(e) = self.counters.set_bucket(&key, *bucket, *cost, now_ms) {
-                        tracing::warn!(%key, error = %e, "usage not published");
+                    match self.counters.set_bucket(&key, *bucket, *cost, now_ms) {
+                        Ok(_) => added = added.saturating_add(cost.saturating_sub(before)),
+                        Err(e) => tracing::warn!(%key, error = %e, "usage not published"),
                     }
                 }
+                self.echo.added(&key, added, now_ms);
                 let demand = self.demand.observe(&key, requested, now_ms);
                 let _ = self.counters.set_demand(&key, demand);
+                let used = buckets.iter().map(|(_, c)| c).sum();
                 own.insert(
-                    key,
+                    key.clone(),
                     Own {
-                        used: buckets.iter().map(|(_, c)| c).sum(),
+                        used,
+                        seen: self.echo.seen(&key, used, now_ms),
                         demand,
                     },
                 );
@@ -397,10 +411,12 @@ impl Engine {
                 key,
                 Own {
                     used: export.in_flight,
+                    seen: export.in_flight,
                     demand,
                 },
             );
         }
+        self.echo.forget_seen(now_ms);
         own
     }
 
@@ -548,6 +564,7 @@ impl Engine {
         for binding in &state.bindings {
             let mine = own.get(&binding.key).copied().unwrap_or(Own {
                 used: 0,
+                seen: 0,
                 demand: self.demand.current(&binding.key),
             });
             // This node's own figure in `demands` becomes its demand as it stood
@@ -594,6 +611,7 @@ impl Engine {
                             capacity: binding.capacity,
                             self_id: &self.self_id,
                             own_used: mine.used,
+                            own_seen: mine.seen,
                             others_used: others_live,
                             demands: &demands,
                         };
@@ -677,6 +695,7 @@ impl Engine {
                 capacity: binding.capacity,
                 self_id: &self.self_id,
                 own_used: mine.used,
+                own_seen: mine.seen,
                 others_used,
                 demands: &demands,
             };

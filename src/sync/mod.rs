@@ -8,12 +8,14 @@
 //!
 //! - [`allowance`]: per-mode arithmetic (pure).
 //! - [`demand`]: demand over the last window from the actors' cumulative counters.
+//! - [`echo`]: this node's usage as its peers have surely seen it (`gossip`).
 //! - [`engine`]: one round: export, publish, read, recompute.
 //! - [`lease`]: `lease` mode: the owner book, the internal RPC, the holder loop.
 //! - [`status`]: what `/admin/cluster` shows.
 
 pub mod allowance;
 pub mod demand;
+pub mod echo;
 pub mod engine;
 pub mod history;
 pub mod lease;

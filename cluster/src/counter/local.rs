@@ -192,16 +192,19 @@ impl LocalCounters {
         count: u64,
         now_ms: u64,
     ) -> Result<Recorded, RecordError> {
-        let slot = self.window.slot(bucket_index);
-        let current = self
-            .keys
-            .get(limit_key)
-            .and_then(|key| key.slots.get(&slot))
-            .filter(|entry| entry.bucket == bucket_index)
-            .map_or(0, |entry| entry.count);
+        let current = self.bucket_count(limit_key, bucket_index);
         let delta = i128::from(count.min(MAX_COUNT)) - i128::from(current);
         // Both sides are within 0..=MAX_COUNT (2^50), so the difference fits an i64.
         self.record(limit_key, bucket_index, delta as i64, now_ms)
+    }
+
+    /// This node's count for `bucket_index` of `limit_key` (0 if none is held).
+    pub fn bucket_count(&self, limit_key: &str, bucket_index: u64) -> u64 {
+        let slot = self.window.slot(bucket_index);
+        (self.keys.get(limit_key))
+            .and_then(|key| key.slots.get(&slot))
+            .filter(|entry| entry.bucket == bucket_index)
+            .map_or(0, |entry| entry.count)
     }
 
     /// Sets this node's demand for `limit_key`: cost units asked for in the last

@@ -1,0 +1,156 @@
+//! What every peer has surely seen of this node's own usage (`gossip` mode).
+//!
+//! A node knows its own usage fresh but sees its peers' a propagation time late.
+//! Computing its allowance from its fresh usage and its peers' stale usage, it
+//! hands itself a share of headroom that its own unpublished spending has already
+//! taken, while every peer, not yet seeing that spending, hands itself a share of
+//! the same headroom: round after round each node re-carves the headroom the
+//! others are spending. That was gossip mode's whole overshoot in the benchmark
+//! (+0.8% to +2.0% of L at 3-5 nodes, docs/BENCHMARKS.md). A node that counts
+//! itself as its peers see it, its usage less what it added within one
+//! propagation bound, computes the allowance they compute for it: while every
+//! member computes from the views the others hold of it, the allowances sum to L
+//! (docs/design/cluster.md, "Why `gossip` is <= L x (1 + e)").
+//!
+//! Only what was *added* counts as unseen: a refund peers have not seen yet makes
+//! them charge this node more than it uses, which is on the safe side, and a
+//! bucket leaving the window leaves it for every reader at the same time (buckets
+//! are dated, docs/design/counters.md). Keys that added nothing within the bound
+//! keep no entry.
+
+use std::collections::{HashMap, VecDeque};
+
+/// At most this many additions are kept per key; older ones merge into the next
+/// (dated later, so counted unseen longer: the safe side). Rounds come every
+/// `sync_interval` and the bound is a few of them, so this is only reached when
+/// rounds run far faster than the bound.
+const MAX_ENTRIES_PER_KEY: usize = 16;
+
+/// Each key's own additions within the propagation bound.
+#[derive(Debug)]
+pub struct OwnEcho {
+    /// How old an own addition must be for every peer to have it (ms).
+    bound_ms: u64,
+    /// Per key: `(round ms, units added that round)`, oldest first, each > 0.
+    added: HashMap<String, VecDeque<(u64, u64)>>,
+}
+
+impl OwnEcho {
+    /// Additions older than `bound_ms` count as seen by every peer.
+    pub fn new(bound_ms: u64) -> OwnEcho {
+        OwnEcho {
+            bound_ms,
+            added: HashMap::new(),
+        }
+    }
+
+    /// Notes that this node added `units` to `key` in the round at `now_ms`
+    /// (published this round, so unseen by peers until the bound has passed).
+    pub fn added(&mut self, key: &str, units: u64, now_ms: u64) {
+        if units == 0 {
+            return;
+        }
+        let entries = match self.added.get_mut(key) {
+            Some(entries) => entries,
+            None => self.added.entry(key.to_owned()).or_default(),
+        };
+        match entries.back_mut() {
+            Some((at, sum)) if *at == now_ms => *sum = sum.saturating_add(units),
+            _ => entries.push_back((now_ms, units)),
+        }
+        if entries.len() > MAX_ENTRIES_PER_KEY
+            && let Some((_, oldest)) = entries.pop_front()
+            && let Some((_, next)) = entries.front_mut()
+        {
+            *next = next.saturating_add(oldest);
+        }
+    }
+
+    /// What this node added to `key` that some peer may not have seen at `now_ms`.
+    pub fn unseen(&self, key: &str, now_ms: u64) -> u64 {
+        let seen_before = now_ms.saturating_sub(self.bound_ms);
+        self.added.get(key).map_or(0, |entries| {
+            (entries.iter())
+                .filter(|(at, _)| *at > seen_before)
+                .fold(0u64, |sum, (_, units)| sum.saturating_add(*units))
+        })
+    }
+
+    /// `used` as every peer has surely seen it at `now_ms`.
+    pub fn seen(&self, key: &str, used: u64, now_ms: u64) -> u64 {
+        used.saturating_sub(self.unseen(key, now_ms))
+    }
+
+    /// Forgets additions every peer has by now, and keys left with none.
+    pub fn forget_seen(&mut self, now_ms: u64) {
+        let seen_before = now_ms.saturating_sub(self.bound_ms);
+        self.added.retain(|_, entries| {
+            while entries.front().is_some_and(|(at, _)| *at <= seen_before) {
+                entries.pop_front();
+            }
+            !entries.is_empty()
+        });
+    }
+
+    /// How many keys hold additions (bounded by the keys active within the bound).
+    pub fn len(&self) -> usize {
+        self.added.len()
+    }
+
+    /// Whether no key holds an addition.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_was_added_within_the_bound_is_unseen_and_older_additions_are_seen() {
+        let mut echo = OwnEcho::new(400);
+        echo.added("k", 5, 1_000);
+        echo.added("k", 3, 1_200);
+        assert_eq!(echo.unseen("k", 1_200), 8);
+        assert_eq!(echo.seen("k", 20, 1_200), 12);
+        // At 1,400 the first addition is 400 ms old: every peer has it.
+        assert_eq!(echo.unseen("k", 1_400), 3);
+        assert_eq!(echo.unseen("k", 1_600), 0);
+        assert_eq!(echo.unseen("other", 1_200), 0);
+        // Refunds since can leave less used than was added: never below 0.
+        assert_eq!(echo.seen("k", 2, 1_200), 0);
+    }
+
+    #[test]
+    fn keys_with_nothing_unseen_keep_no_entry() {
+        let mut echo = OwnEcho::new(400);
+        echo.added("k", 0, 1_000);
+        assert!(echo.is_empty());
+        echo.added("k", 1, 1_000);
+        echo.added("j", 1, 1_300);
+        echo.forget_seen(1_399);
+        assert_eq!(echo.len(), 2);
+        echo.forget_seen(1_400);
+        assert_eq!(echo.len(), 1);
+        assert_eq!(echo.unseen("j", 1_400), 1);
+        echo.forget_seen(1_700);
+        assert!(echo.is_empty());
+    }
+
+    #[test]
+    fn a_full_key_merges_its_oldest_addition_forward_never_losing_units() {
+        let mut echo = OwnEcho::new(1_000_000);
+        for round in 0..100u64 {
+            echo.added("k", 1, round);
+        }
+        assert_eq!(echo.added["k"].len(), MAX_ENTRIES_PER_KEY);
+        assert_eq!(echo.unseen("k", 100), 100);
+        // Merged forward: an old unit now counts unseen as long as a newer one.
+        let bounded = OwnEcho {
+            bound_ms: 50,
+            added: echo.added.clone(),
+        };
+        assert!(bounded.unseen("k", 100) >= 50);
+    }
+}
