@@ -98,18 +98,15 @@ async fn a_crashed_nodes_concurrency_slots_come_back_at_detection_and_its_usage_
     upstream.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing() {
+/// A bare membership (no gateway) as `node-1` on `ports[1]`, seeded by the node on
+/// `ports[0]`, with valid metadata: a member the node trusts and reads.
+async fn plain_member(ports: &[u16], version: &str) -> tollgate_cluster::membership::Membership {
     use tollgate_cluster::chitchat::transport::UdpTransport;
     use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
-    let upstream = mock(|_| {}).await;
-    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
-    let node = node(&cluster_toml(0, &ports, "gossip", "full"), &[&upstream]).await;
-    // A member with valid metadata that publishes garbage counter values.
     let metadata = NodeMetadata {
         proxy_addr: "127.0.0.1:1".into(),
         rpc_addr: "127.0.0.1:1".into(),
-        version: "evil".into(),
+        version: version.into(),
         sync_mode: "gossip".into(),
     };
     let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
@@ -117,7 +114,16 @@ async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing
         MembershipConfig::new(format!("test-{}", ports[0]), "node-1", 1, gossip, metadata);
     config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
     config.gossip_interval = Duration::from_millis(50);
-    let evil = Membership::start(config, &UdpTransport).await.unwrap();
+    Membership::start(config, &UdpTransport).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing() {
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
+    let node = node(&cluster_toml(0, &ports, "gossip", "full"), &[&upstream]).await;
+    // A member with valid metadata that publishes garbage counter values.
+    let evil = plain_member(&ports, "evil").await;
     evil.set_many(vec![
         ("c:tenant:t:requests:0".into(), "not:a-number!".into()),
         ("d:tenant:t:requests".into(), "-5".into()),
@@ -150,6 +156,84 @@ async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing
         "{metrics}"
     );
     evil.shutdown().await.unwrap();
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// A tenant used once and then quiet for a window has its counter ring deleted
+/// from the cluster state (not only zeroed): the node's published state shrinks
+/// back, a peer stops holding the ring, and using the tenant again publishes it
+/// again. Without it every tenant ever used kept ~3 KB per windowed limit in every
+/// member until the node restarted, and ~2,000 of them filled the state cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_gone_quiet_has_its_ring_deleted_and_comes_back_when_used() {
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
+    // A 2 s window, so that a quiet tenant's buckets and demand clear quickly.
+    let toml =
+        cluster_toml(0, &ports, "gossip", "full") + "\n[limits]\nwindow = \"2s\"\nbuckets = 4\n";
+    let node = node(&toml, &[&upstream]).await;
+    // A plain member that only watches what the node publishes.
+    let observer = plain_member(&ports, "observer").await;
+    let ring_at_observer = || async {
+        (observer.live_values("").await.into_iter())
+            .filter(|(id, _)| id.node_id == "node-0")
+            .flat_map(|(_, kvs)| kvs)
+            .filter(|(k, _)| k.starts_with("c:") || k.starts_with("d:") || k.starts_with("f:"))
+            .count()
+    };
+    let state = |body: &serde_json::Value, field: &str| body["cluster"][field].as_u64().unwrap();
+    let use_tenant = || async {
+        let r = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    };
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ring_at_observer().await == 0 {
+        use_tenant().await;
+        assert!(Instant::now() < deadline, "the ring never reached the peer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let busy = admin(&node, "/admin/cluster").await;
+    assert!(
+        state(&busy, "state_keys") >= 2,
+        "a slot and the demand: {busy}"
+    );
+    // Quiet: a window for the usage to leave, a window more, a few rounds, and
+    // the ring is gone, here and there.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let quiet = loop {
+        let body = admin(&node, "/admin/cluster").await;
+        if ring_at_observer().await == 0 && state(&body, "state_keys") == 1 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the quiet ring stayed: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The request key (and the in-flight key too, if a round caught a request
+    // in flight).
+    assert!(state(&quiet, "keys_retired_total") >= 1, "{quiet}");
+    assert_eq!(
+        state(&quiet, "state_keys"),
+        1,
+        "only the round stamp: {quiet}"
+    );
+    assert!(state(&quiet, "state_bytes") < state(&busy, "state_bytes"));
+    let metrics = metrics(&node).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_sync_state_bytes ")),
+        "{metrics}"
+    );
+    // Used again: published again, and the peer sees it.
+    use_tenant().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ring_at_observer().await == 0 {
+        assert!(Instant::now() < deadline, "the ring did not come back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    observer.shutdown().await.unwrap();
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }

@@ -12,6 +12,14 @@
 //!
 //! `scripts/scale-sim.sh` runs the grid and prints the table for BENCHMARKS.md.
 //! Each cell prints one `SCALE_ROW {json}` line.
+//!
+//! Memory is read two ways: the process's resident set (what the OS lends, the
+//! allocator's slack included) and the live heap (bytes allocated and not freed,
+//! counted by this binary's global allocator: what the data structures hold).
+//! `SCALE_QUIET=1` adds a fourth phase, "used once, now idle": after the active
+//! phase every tenant rests for a window plus the actor idle timeout (set short
+//! with `SCALE_WINDOW_SECS` and `SCALE_IDLE_SECS`) and the cell reports what is
+//! left.
 #![allow(clippy::unwrap_used)] // a measurement: a failed unwrap is a failed cell
 
 mod common;
@@ -23,6 +31,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tollgate_cluster::chitchat::transport::{ChannelTransport, Transport};
+
+/// The system allocator, counting the bytes live in the heap (the `cap` crate:
+/// the workspace forbids unsafe code, and a global allocator is unsafe to write).
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+
+/// Bytes allocated and not yet freed by this process.
+fn live_heap() -> u64 {
+    ALLOCATOR.allocated() as u64
+}
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -76,8 +94,15 @@ fn node_toml(tenants: &str, i: usize, n: usize, mode: &str) -> String {
         .filter(|j| *j != i)
         .map(|j| format!("\"127.0.0.1:{}\"", gossip_port(j)))
         .collect();
+    // The window and the actors' idle timeout: the defaults (60 s, 120 s) unless
+    // a "used once, now idle" cell shortens them.
+    let limits = format!(
+        "[limits]\nwindow = \"{}s\"\nidle_timeout = \"{}s\"\n",
+        env("SCALE_WINDOW_SECS", 60),
+        env("SCALE_IDLE_SECS", 120)
+    );
     format!(
-        "{tenants}\n[cluster]\ncluster_id = \"scale\"\nnode_id = \"node-{i}\"\n\
+        "{tenants}\n{limits}\n[cluster]\ncluster_id = \"scale\"\nnode_id = \"node-{i}\"\n\
          gossip_listen = \"127.0.0.1:{}\"\nrpc_listen = \"127.0.0.1:{}\"\n\
          secret = \"{SECRET}\"\nseeds = [{}]\nmode = \"{mode}\"\n",
         gossip_port(i),
@@ -283,6 +308,7 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
 
     let upstream = mock(|_| {}).await;
     let rss_before = rss();
+    let heap_before = live_heap();
     let transport = ChannelTransport::with_mtu(65_507);
     let tenants_text = tenants_toml(tenants);
     let started = Instant::now();
@@ -309,6 +335,7 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     // Let the joins' statements and first rounds pass before measuring at rest.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_formed = rss();
+    let heap_formed = live_heap();
 
     let s0 = sample(&nodes, &transport).await;
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
@@ -322,6 +349,24 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     let ms = |q: f64| round2(latency.value_at_quantile(q) as f64 / 1000.0);
     let s2 = sample(&nodes, &transport).await;
     let rss_active = rss();
+    let heap_active = live_heap();
+    // "Used once, now idle": a window for the usage to leave, the idle timeout for
+    // the actors to stop, and a few rounds for what follows from both.
+    let quiet = if std::env::var("SCALE_QUIET").is_ok_and(|v| v == "1") {
+        let rest = env("SCALE_WINDOW_SECS", 60) + env("SCALE_IDLE_SECS", 120) + 3;
+        tokio::time::sleep(Duration::from_secs(rest)).await;
+        let s3 = sample(&nodes, &transport).await;
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        let s4 = sample(&nodes, &transport).await;
+        json!({
+            "rested_s": rest,
+            "rss_mb": round2(rss() as f64 / 1e6),
+            "heap_mb": round2(live_heap() as f64 / 1e6),
+            "phase": phase(&s3, &s4, n),
+        })
+    } else {
+        serde_json::Value::Null
+    };
 
     let row = json!({
         "mode": mode,
@@ -333,6 +378,10 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
         "rss_before_mb": round2(rss_before as f64 / 1e6),
         "rss_formed_mb": round2(rss_formed as f64 / 1e6),
         "rss_active_mb": round2(rss_active as f64 / 1e6),
+        "heap_before_mb": round2(heap_before as f64 / 1e6),
+        "heap_formed_mb": round2(heap_formed as f64 / 1e6),
+        "heap_active_mb": round2(heap_active as f64 / 1e6),
+        "quiet": quiet,
         "published_bytes_per_node_by_end_of_rest": s1.published_bytes / n as u64,
         "idle": phase(&s0, &s1, n),
         "active_phase": phase(&s1, &s2, n),

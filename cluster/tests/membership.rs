@@ -603,6 +603,66 @@ async fn oversize_or_reserved_set_many_is_refused_and_changes_nothing() {
     );
 }
 
+#[tokio::test]
+async fn deleted_keys_free_the_cap_and_vanish_at_peers() {
+    const CL: &str = "deleted_keys_free_the_cap_and_vanish_at_peers";
+    let transport = ChannelTransport::default();
+    let seeds = vec![mem_addr(1).to_string()];
+    let mut capped = config(CL, "node-1", 1, mem_addr(1), &[]);
+    capped.limits = StateLimits {
+        max_keys: 3,
+        max_bytes: 1_024,
+    };
+    let a = start(capped, &transport).await;
+    let b = start(config(CL, "node-2", 1, mem_addr(2), &seeds), &transport).await;
+    let kv = |k: &str, v: &str| (k.to_string(), v.to_string());
+    let size = (a.publish(
+        &[],
+        vec![kv("c:old:0", "1"), kv("c:old:1", "2"), kv("c:x", "3")],
+    ))
+    .await
+    .expect("fits");
+    assert_eq!(size.keys, 3);
+    let a_id = a.self_id().clone();
+    let held_at_b = || async {
+        (b.live_values("c:").await.into_iter())
+            .find(|(id, _)| *id == a_id)
+            .map(|(_, kvs)| kvs)
+            .unwrap_or_default()
+    };
+    wait_for("b to hold a's keys", Duration::from_secs(10), || async {
+        held_at_b().await.len() == 3
+    })
+    .await;
+    // Full: a new key is refused, unless the same write deletes old ones (a key it
+    // never held among them: nothing happens to it).
+    assert!(a.set_many(vec![kv("c:new", "4")]).await.is_err());
+    let deletes = ["c:old:0", "c:old:1", "c:never"].map(String::from);
+    let size = (a.publish(&deletes, vec![kv("c:new", "4")]))
+        .await
+        .expect("the deletions make room");
+    assert_eq!(size.keys, 2);
+    let own = (a.live_values("c:").await.into_iter()).find(|(id, _)| *id == a_id);
+    assert_eq!(
+        own,
+        Some((a_id.clone(), vec![kv("c:new", "4"), kv("c:x", "3")]))
+    );
+    wait_for(
+        "b to drop a's deleted keys",
+        Duration::from_secs(10),
+        || async { held_at_b().await == vec![kv("c:new", "4"), kv("c:x", "3")] },
+    )
+    .await;
+    // A deleted key written again is back, at its new value.
+    (a.publish(&[], vec![kv("c:old:0", "9")]))
+        .await
+        .expect("fits");
+    wait_for("b to see it again", Duration::from_secs(10), || async {
+        held_at_b().await.contains(&kv("c:old:0", "9"))
+    })
+    .await;
+}
+
 /// A raw chitchat node in our cluster, publishing `kvs` and no validated metadata.
 async fn raw_node(
     cluster_id: &str,

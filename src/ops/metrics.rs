@@ -59,6 +59,7 @@ pub struct Metrics {
     degraded: Family<Static<2>, Gauge>,
     sync_received: Counter,
     convergence_lag_ms: Gauge,
+    state_bytes: Gauge,
     lease_statements: Family<Static<2>, Counter>,
     lease_granted: Counter,
     lease_expired: Counter,
@@ -210,6 +211,7 @@ impl Metrics {
             degraded: Family::default(),
             sync_received: Counter::default(),
             convergence_lag_ms: Gauge::default(),
+            state_bytes: Gauge::default(),
             lease_statements: Family::default(),
             lease_granted: Counter::default(),
             lease_expired: Counter::default(),
@@ -313,6 +315,11 @@ impl Metrics {
             m.degraded.clone(),
         );
         r.register(
+            "sync_state_bytes",
+            "Weight of this node's published cluster state against its cap (8 MiB, or the key cap); at the cap publishes are refused",
+            m.state_bytes.clone(),
+        );
+        r.register(
             "sync_received_bytes",
             "Usage bytes this node read from live members' gossiped state",
             m.sync_received.clone(),
@@ -408,6 +415,11 @@ impl Metrics {
     /// How long one sync round took.
     pub fn sync_round_took(&self, took: std::time::Duration) {
         self.sync_round.observe(took.as_secs_f64());
+    }
+
+    /// The weight of this node's published state after a round's write.
+    pub fn sync_state(&self, bytes: usize) {
+        self.state_bytes.set(bytes as i64);
     }
 
     /// Bytes read from peers' gossiped state in one round, and the convergence lag.

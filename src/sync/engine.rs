@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
 use tollgate_cluster::lease::line::Terms;
-use tollgate_cluster::membership::{Member, MemberId, Membership};
+use tollgate_cluster::membership::{Member, MemberId, Membership, StateSize};
 
 /// The key every node publishes its sync round's time under (unix ms, decimal), so
 /// readers can tell how stale their view of each member is (convergence lag).
@@ -124,7 +124,20 @@ pub struct Engine {
     joined_ms: Option<u64>,
     settled: bool,
     status: Arc<Mutex<ClusterStatus>>,
+    /// This node's published state after the last successful write.
+    state_size: StateSize,
+    /// Limit keys whose rings this node deleted since start.
+    keys_retired_total: u64,
+    /// When the replica's zero registers are next collected (ms).
+    next_gc_ms: u64,
 }
+
+/// How often the replica's zero registers are collected (ms).
+const GC_EVERY_MS: u64 = 10_000;
+
+/// Most limit keys whose rings one round deletes (63 chitchat keys each at the
+/// default window); more wait for the next rounds.
+const MAX_RETIRED_PER_ROUND: usize = 256;
 
 /// Runs `f` on this thread after handing the worker's other tasks to a new
 /// worker (`block_in_place`), so a long synchronous step does not stall the
@@ -187,6 +200,9 @@ impl Engine {
             joined_ms: None,
             settled: false,
             status,
+            state_size: StateSize::default(),
+            keys_retired_total: 0,
+            next_gc_ms: 0,
         }
     }
 
@@ -267,18 +283,42 @@ impl Engine {
         let exports = self.state.registry.export_live().await;
         let own = self.record_own(&exports, now_ms);
         let mut published = self.counters.publish(now_ms);
+        // Keys quiet for a window: delete their rings (every reader reads them 0).
+        let window = *self.counters.window();
+        let quiet_since = now_ms.saturating_sub(window.window_ms());
+        let retired = self
+            .counters
+            .take_retired(quiet_since, MAX_RETIRED_PER_ROUND);
+        let deletes: Vec<String> = (retired.iter())
+            .flat_map(|key| tollgate_cluster::counter::codec::all_keys(key, &window))
+            .collect();
         published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
         if self.mode.uses_redis() {
             let lost = self.redis_lost_here();
             published.push((REDIS_LOST_KEY.to_owned(), u8::from(lost).to_string()));
         }
         let bytes: usize = published.iter().map(|(k, v)| k.len() + v.len()).sum();
-        let publish_error = match self.membership.set_many(published).await {
-            Ok(()) => None,
+        let publish_error = match self.membership.publish(&deletes, published).await {
+            Ok(size) => {
+                self.state.metrics.sync_state(size.bytes);
+                self.state_size = size;
+                self.keys_retired_total += retired.len() as u64;
+                None
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot publish usage: peers see stale figures from this node");
                 // Nothing was written: every counting value goes out next round.
+                // The deletions alone only shrink the state, so they go now: at
+                // the cap, they are what makes room again.
                 self.counters.unpublish();
+                match self.membership.publish(&deletes, Vec::new()).await {
+                    Ok(size) => {
+                        self.state.metrics.sync_state(size.bytes);
+                        self.state_size = size;
+                        self.keys_retired_total += retired.len() as u64;
+                    }
+                    Err(_) => self.counters.retire_again(retired),
+                }
                 Some(e.to_string())
             }
         };
@@ -345,6 +385,9 @@ impl Engine {
         status.decode_errors_total += decode_errors;
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
         status.bytes_received_total += received;
+        status.state_keys = self.state_size.keys;
+        status.state_bytes = self.state_size.bytes;
+        status.keys_retired_total = self.keys_retired_total;
         status.unreachable_owners = cut_off;
         status.convergence_lag_ms = lag_ms;
         if status.degraded.is_none() != degraded.is_none() {
@@ -504,6 +547,13 @@ impl Engine {
             known.insert(node);
         }
         usage.retain_nodes(&live);
+        // Registers that read 0 carry nothing (a ring its owner deleted keeps its
+        // last, zero, values here until collected); one still published comes
+        // back with the next read, so collect seldom.
+        if now_ms >= self.next_gc_ms {
+            usage.gc(now_ms);
+            self.next_gc_ms = now_ms + GC_EVERY_MS;
+        }
         // Members chitchat collected (after the dead-node grace) are forgotten here
         // too once nothing of theirs counts any more: bounded memory however many
         // restarts, and never before their usage has left the window (the grace

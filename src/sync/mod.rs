@@ -124,9 +124,10 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
         phi_threshold: config.phi_threshold,
         dead_node_grace: config.dead_node_grace,
         metadata,
-        // About 2,100 limit keys ever used in this process's life at the default
-        // 60 buckets (a used key's ring of 61 keys of ~50 bytes stays in chitchat
-        // until the node restarts); docs/design/scale.md.
+        // About 2,100 limit keys in use at once at the default 60 buckets (a ring
+        // of 61 keys of ~50 bytes per windowed key); a key gone quiet has its ring
+        // deleted (`LocalCounters::take_retired`), so the cap bounds the keys busy
+        // within one window, not those ever used; docs/design/scale.md.
         limits: StateLimits {
             max_keys: 131_072,
             max_bytes: tollgate_cluster::membership::MAX_STATE_BYTES_CEILING,

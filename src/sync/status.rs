@@ -60,6 +60,13 @@ pub struct ClusterStatus {
     pub bytes_received_total: u64,
     /// How old the stalest live peer's last sync round is in this node's view (ms).
     pub convergence_lag_ms: u64,
+    /// Keys this node publishes in the cluster state now (metadata excluded).
+    pub state_keys: usize,
+    /// Their weight against the 8 MiB cap (`MAX_STATE_BYTES_CEILING`): at the
+    /// cap, publishes are refused.
+    pub state_bytes: usize,
+    /// Limit keys gone quiet whose rings this node deleted since start.
+    pub keys_retired_total: u64,
     /// `lease` mode: key owners this node cannot reach.
     pub unreachable_owners: Vec<String>,
     /// Gossip values refused (did not decode) since start.
@@ -87,6 +94,9 @@ impl ClusterStatus {
             bytes_published_total: 0,
             bytes_received_total: 0,
             convergence_lag_ms: 0,
+            state_keys: 0,
+            state_bytes: 0,
+            keys_retired_total: 0,
             unreachable_owners: Vec::new(),
             decode_errors_total: 0,
             duplicate_ids_seen: 0,

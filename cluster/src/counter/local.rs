@@ -82,6 +82,9 @@ struct LocalKey {
     slots: BTreeMap<u32, LocalSlot>,
     demand: Scalar,
     in_flight: Scalar,
+    /// Whether any value of this key went out since it was (last) tracked: only
+    /// then does the cluster state hold a ring to delete once it is forgotten.
+    published_any: bool,
 }
 
 impl LocalKey {
@@ -101,6 +104,10 @@ pub struct LocalCounters {
     window: Window,
     max_keys: usize,
     keys: HashMap<String, LocalKey>,
+    /// Limit keys forgotten with a published ring, and when (ms): the ring can be
+    /// deleted from the cluster state once [`Self::take_retired`] finds it quiet
+    /// for long enough.
+    retired: BTreeMap<String, u64>,
 }
 
 impl LocalCounters {
@@ -115,6 +122,7 @@ impl LocalCounters {
             window,
             max_keys,
             keys: HashMap::new(),
+            retired: BTreeMap::new(),
         }
     }
 
@@ -214,6 +222,11 @@ impl LocalCounters {
         limit_key: &str,
         demand_per_window: u64,
     ) -> Result<(), RecordError> {
+        // A key not tracked reads as 0 everywhere already: a 0 would only track
+        // it again (and, forgotten next publish, retire it every round).
+        if demand_per_window == 0 && !self.keys.contains_key(limit_key) {
+            return validate_limit_key(limit_key).map_err(RecordError::from);
+        }
         self.key_mut(limit_key)?.demand.set(demand_per_window);
         Ok(())
     }
@@ -221,6 +234,10 @@ impl LocalCounters {
     /// Sets this node's in-flight count for `limit_key` (concurrency limits).
     /// Clamped to `MAX_COUNT`.
     pub fn set_in_flight(&mut self, limit_key: &str, in_flight: u64) -> Result<(), RecordError> {
+        // As in `set_demand`: a 0 for a key not tracked changes nothing anywhere.
+        if in_flight == 0 && !self.keys.contains_key(limit_key) {
+            return validate_limit_key(limit_key).map_err(RecordError::from);
+        }
         self.key_mut(limit_key)?.in_flight.set(in_flight);
         Ok(())
     }
@@ -241,6 +258,7 @@ impl LocalCounters {
     /// keys left idle. Every key is <= `MAX_KEY_BYTES`, every value <= `MAX_VALUE_BYTES`.
     pub fn publish(&mut self, now_ms: u64) -> Vec<(String, String)> {
         let window = self.window;
+        let retired = &mut self.retired;
         let mut out = Vec::new();
         self.keys.retain(|limit_key, key| {
             let before = out.len();
@@ -258,14 +276,61 @@ impl LocalCounters {
             if let Some(in_flight) = key.in_flight.take_changed() {
                 out.push((in_flight_key(limit_key), scalar_value(in_flight)));
             }
+            key.published_any |= out.len() > before;
             // An idle key is forgotten one publish after its last values went out,
             // so that `unpublish` can still resend them if that write failed (its
             // final 0s above all: readers would keep the old figures for good).
-            !key.is_idle() || out.len() > before
+            let keep = !key.is_idle() || out.len() > before;
+            if !keep && key.published_any {
+                retired.insert(limit_key.clone(), now_ms);
+            }
+            keep
         });
         out.sort_unstable();
         debug_assert!(self.keys.len() <= self.max_keys);
         out
+    }
+
+    /// The limit keys [`Self::publish`] forgot since the last call, sorted: each
+    /// one's ring ([`super::codec::all_keys`]) can be deleted from the cluster
+    /// state. Their last values went out with an earlier publish (a key whose
+    /// write failed is resent, not forgotten), and every reader evaluates them to
+    /// 0, so deleting them changes no figure; it only stops every member from
+    /// holding, gossiping and re-reading a dead ring, and frees this node's state
+    /// cap for keys in use (without it, about a thousand tenants ever used on one
+    /// node filled the cap and every later publish was refused).
+    /// Only keys forgotten at or before `quiet_since_ms` are taken: the caller
+    /// waits a window after forgetting, so that no reader, however far behind or
+    /// however its clock is set against this one, can still count a bucket of the
+    /// ring when it goes (a reader that joins later would never see it). At most
+    /// `max` at a time, oldest first (the rest wait for the next call), so that
+    /// one write stays small when many keys go quiet together.
+    pub fn take_retired(&mut self, quiet_since_ms: u64, max: usize) -> Vec<String> {
+        let mut due: Vec<(u64, String)> = (self.retired.iter())
+            .filter(|(_, at)| **at <= quiet_since_ms)
+            .map(|(key, at)| (*at, key.clone()))
+            .collect();
+        due.sort_unstable();
+        due.truncate(max);
+        for (_, key) in &due {
+            self.retired.remove(key);
+        }
+        due.into_iter().map(|(_, key)| key).collect()
+    }
+
+    /// The write carrying `retired`'s deletions failed: they are due again at
+    /// once, except keys recorded into since (their ring is live).
+    pub fn retire_again(&mut self, retired: Vec<String>) {
+        for key in retired {
+            if !self.keys.contains_key(&key) {
+                self.retired.entry(key).or_insert(0);
+            }
+        }
+    }
+
+    /// Limit keys waiting for their ring to be deleted.
+    pub fn retired_len(&self) -> usize {
+        self.retired.len()
     }
 
     /// The last [`Self::publish`] never reached the cluster (the write was refused):
@@ -291,6 +356,9 @@ impl LocalCounters {
             if self.keys.len() >= max_keys {
                 return Err(RecordError::Full { max_keys });
             }
+            // In use again before its ring was deleted: keep the ring (its stale
+            // slots read as 0 and are overwritten as they are reused).
+            self.retired.remove(limit_key);
             self.keys.insert(limit_key.to_owned(), LocalKey::default());
         }
         // Present: found or inserted just above (Full is unreachable here).
@@ -390,6 +458,80 @@ mod tests {
                 .contains(&("f:tenant:acme:tokens".to_owned(), "0".to_owned())),
             "the final 0 goes out again"
         );
+    }
+
+    #[test]
+    fn a_forgotten_key_is_retired_once_unless_it_is_used_again_first() {
+        let mut c = counters();
+        let w = *c.window();
+        let t = 1_000_000;
+        let all = u64::MAX;
+        c.record(K, w.bucket_index(t), 10, t).unwrap();
+        c.set_demand("tenant:other:requests", 3).unwrap();
+        c.publish(t);
+        assert!(
+            c.take_retired(all, usize::MAX).is_empty(),
+            "both keys count"
+        );
+        // K's bucket leaves the window: its forgetting retires it, once, and only
+        // a window after it was forgotten.
+        let later = t + w.window_ms() + w.bucket_ms();
+        assert!(c.publish(later).is_empty());
+        assert!(c.take_retired(later - 1, usize::MAX).is_empty());
+        assert_eq!(c.take_retired(later, usize::MAX), vec![K.to_owned()]);
+        assert!(c.take_retired(all, usize::MAX).is_empty());
+        // The write carrying the deletion failed: it is retried, unless the key
+        // was used again meanwhile (its ring is live then).
+        c.retire_again(vec![K.to_owned()]);
+        c.retire_again(vec![K.to_owned()]);
+        assert_eq!(c.take_retired(0, usize::MAX), vec![K.to_owned()]);
+        c.retire_again(vec![K.to_owned()]);
+        c.record(K, w.bucket_index(later), 1, later).unwrap();
+        assert!(c.take_retired(all, usize::MAX).is_empty(), "in use again");
+        c.retire_again(vec![K.to_owned()]);
+        assert!(
+            c.take_retired(all, usize::MAX).is_empty(),
+            "nor on a late retry"
+        );
+        // The other key's demand drops to 0: published, then retired.
+        c.set_demand("tenant:other:requests", 0).unwrap();
+        assert_eq!(c.publish(later).len(), 2);
+        assert!(
+            c.take_retired(all, usize::MAX).is_empty(),
+            "its final 0 just went out"
+        );
+        c.publish(later);
+        assert_eq!(
+            c.take_retired(all, usize::MAX),
+            vec!["tenant:other:requests".to_owned()]
+        );
+        // Many at once go out a few per call, oldest first.
+        c.retire_again(vec!["c".to_owned(), "a".to_owned(), "b".to_owned()]);
+        assert_eq!(c.take_retired(all, 2), vec!["a".to_owned(), "b".to_owned()]);
+        assert_eq!(c.take_retired(all, 2), vec!["c".to_owned()]);
+    }
+
+    #[test]
+    fn zeros_for_keys_not_tracked_track_nothing_and_retire_nothing() {
+        let mut c = counters();
+        // An idle actor's export every round: demand and in-flight 0.
+        for round in 0..3 {
+            c.set_demand(K, 0).unwrap();
+            c.set_in_flight(K, 0).unwrap();
+            assert!(c.publish(round).is_empty());
+        }
+        assert!(c.is_empty());
+        assert!(c.take_retired(u64::MAX, usize::MAX).is_empty());
+        assert!(c.set_in_flight("bad key", 0).is_err(), "still validated");
+        // A key tracked but never published (recorded and refunded before any
+        // publish) leaves no ring either.
+        let w = *c.window();
+        c.record(K, w.bucket_index(5), 4, 5).unwrap();
+        c.record(K, w.bucket_index(5), -4, 5).unwrap();
+        assert!(c.publish(5).is_empty());
+        assert!(c.publish(5 + w.window_ms() + w.bucket_ms()).is_empty());
+        assert!(c.is_empty());
+        assert_eq!(c.retired_len(), 0);
     }
 
     #[test]

@@ -112,12 +112,7 @@ impl KeyReplica {
         }
     }
 
-    /// Every register reads as zero at `now_ms`.
-    fn is_zero(&self, window: &Window, now_ms: u64) -> bool {
-        self.is_zero_shifted(window, 0, now_ms)
-    }
-
-    /// [`Self::is_zero`] with buckets dated `shift` later.
+    /// Every register reads as zero at `now_ms`, buckets dated `shift` later.
     fn is_zero_shifted(&self, window: &Window, shift: u64, now_ms: u64) -> bool {
         self.usage_shifted(window, shift, now_ms) == 0
             && self.demand.is_none_or(|d| d.value == 0)
@@ -336,15 +331,18 @@ impl ClusterUsage {
     }
 
     /// Drops every limit key whose registers all read 0 at `now_ms` (no bucket that
-    /// counts, demand and in-flight 0), returning how many. Safe with chitchat, which
-    /// hands over only the newest version of a key, so a dropped register cannot be
-    /// brought back by an older value; the property tests run without it.
+    /// counts, demand and in-flight 0), returning how many. Buckets are dated on this
+    /// reader's clock, as every charge is: a key of a member whose clock runs behind
+    /// is kept while its shifted buckets count. Safe with chitchat, which hands over
+    /// only the newest version of a key, so a dropped register cannot be brought back
+    /// by an older value; the property tests run without it.
     pub fn gc(&mut self, now_ms: u64) -> usize {
         let window = self.window;
         let mut dropped = 0;
         for replica in self.nodes.values_mut() {
+            let shift = window.buckets_behind(replica.clock.lag_ms(now_ms));
             let before = replica.keys.len();
-            replica.keys.retain(|_, key| !key.is_zero(&window, now_ms));
+            (replica.keys).retain(|_, key| !key.is_zero_shifted(&window, shift, now_ms));
             dropped += before - replica.keys.len();
         }
         dropped
@@ -545,9 +543,12 @@ mod tests {
             vec![("b".to_owned(), vec![(1_000, 9)])]
         );
         assert_eq!(u.departed_usage_except(K, &[], 1_061_000), 0, "then leaves");
-        // Not forgotten while its shifted buckets count.
+        // Not forgotten while its shifted buckets count, nor its key collected.
         assert!(!u.is_idle("b", at));
+        assert_eq!(u.gc(at), 0);
+        assert_eq!(u.usage_of("b", K, at), Some(9));
         assert!(u.is_idle("b", 1_061_000));
+        assert_eq!(u.gc(1_061_000), 1);
     }
 
     #[test]

@@ -46,16 +46,33 @@ pub(crate) fn entry_bytes(key: &str, value: &str) -> usize {
     key.len() + value.len() + ENTRY_OVERHEAD_BYTES
 }
 
-/// Checks that writing `batch` over `current` (this node's non-metadata entries) stays
-/// within `limits`. Later entries of `batch` overwrite earlier ones, as chitchat does.
+/// How much of its caps this node's published state takes (metadata excluded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateSize {
+    /// Keys published.
+    pub keys: usize,
+    /// Their weight against [`StateLimits::max_bytes`].
+    pub bytes: usize,
+}
+
+/// Checks that deleting `deletes`, then writing `batch`, over `current` (this node's
+/// non-metadata entries) stays within `limits`, and returns the size it leaves.
+/// Later entries of `batch` overwrite earlier ones, as chitchat does.
 pub(crate) fn check_batch<'a>(
     current: impl Iterator<Item = (&'a str, &'a str)>,
+    deletes: &[String],
     batch: &[(String, String)],
     limits: StateLimits,
-) -> Result<(), MembershipError> {
+) -> Result<StateSize, MembershipError> {
     let mut state: std::collections::HashMap<&str, &str> = current
         .filter(|(key, _)| !key.starts_with(RESERVED_PREFIX))
         .collect();
+    for key in deletes {
+        if key.starts_with(RESERVED_PREFIX) {
+            return Err(MembershipError::ReservedKey { key: key.clone() });
+        }
+        state.remove(key.as_str());
+    }
     for (key, value) in batch {
         if key.is_empty() {
             return Err(MembershipError::EmptyKey);
@@ -78,7 +95,10 @@ pub(crate) fn check_batch<'a>(
             max: limits.max_bytes,
         });
     }
-    Ok(())
+    Ok(StateSize {
+        keys: state.len(),
+        bytes,
+    })
 }
 
 #[cfg(test)]
@@ -98,14 +118,38 @@ mod tests {
     fn overwrites_do_not_count_twice() {
         let current = [("c:1", "a"), ("m:v", "1")];
         let batch = [kv("c:1", "b"), kv("c:2", "c"), kv("c:2", "d")];
-        assert_eq!(check_batch(current.into_iter(), &batch, LIMITS), Ok(()));
+        assert_eq!(
+            check_batch(current.into_iter(), &[], &batch, LIMITS).map(|_| ()),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn deletes_make_room_and_the_size_left_is_returned() {
+        let current = [("c:1", "a"), ("c:2", "b"), ("c:3", "c"), ("m:v", "1")];
+        let full = [kv("c:4", "d")];
+        assert!(check_batch(current.into_iter(), &[], &full, LIMITS).is_err());
+        let deletes = ["c:1".to_string(), "c:9".to_string()];
+        assert_eq!(
+            check_batch(current.into_iter(), &deletes, &full, LIMITS),
+            Ok(StateSize {
+                keys: 3,
+                bytes: 3 * (ENTRY_OVERHEAD_BYTES + 4)
+            })
+        );
+        assert_eq!(
+            check_batch(current.into_iter(), &["m:v".to_string()], &[], LIMITS),
+            Err(MembershipError::ReservedKey {
+                key: "m:v".to_string()
+            })
+        );
     }
 
     #[test]
     fn too_many_keys_is_refused() {
         let batch = [kv("a", ""), kv("b", ""), kv("c", ""), kv("d", "")];
         assert_eq!(
-            check_batch(std::iter::empty(), &batch, LIMITS),
+            check_batch(std::iter::empty(), &[], &batch, LIMITS),
             Err(MembershipError::TooManyKeys { keys: 4, max: 3 })
         );
     }
@@ -114,7 +158,7 @@ mod tests {
     fn too_many_bytes_is_refused() {
         let batch = [kv("k", "x".repeat(100).as_str())];
         assert!(matches!(
-            check_batch(std::iter::empty(), &batch, LIMITS),
+            check_batch(std::iter::empty(), &[], &batch, LIMITS),
             Err(MembershipError::TooManyBytes { .. })
         ));
     }
@@ -122,13 +166,13 @@ mod tests {
     #[test]
     fn reserved_and_empty_keys_are_refused() {
         assert_eq!(
-            check_batch(std::iter::empty(), &[kv("m:proxy_addr", "x")], LIMITS),
+            check_batch(std::iter::empty(), &[], &[kv("m:proxy_addr", "x")], LIMITS),
             Err(MembershipError::ReservedKey {
                 key: "m:proxy_addr".to_string()
             })
         );
         assert_eq!(
-            check_batch(std::iter::empty(), &[kv("", "x")], LIMITS),
+            check_batch(std::iter::empty(), &[], &[kv("", "x")], LIMITS),
             Err(MembershipError::EmptyKey)
         );
     }

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-pub use self::budget::{ENTRY_OVERHEAD_BYTES, MAX_STATE_BYTES_CEILING, StateLimits};
+pub use self::budget::{ENTRY_OVERHEAD_BYTES, MAX_STATE_BYTES_CEILING, StateLimits, StateSize};
 pub use self::config::{
     DEFAULT_DEAD_NODE_GRACE, DEFAULT_GOSSIP_INTERVAL, DEFAULT_PHI_THRESHOLD,
     MAX_INTERVAL_GOSSIP_ROUNDS, MembershipConfig,
@@ -136,15 +136,34 @@ impl Membership {
     /// keys under [`RESERVED_PREFIX`], empty keys, and batches that would take this
     /// node past its [`StateLimits`].
     pub async fn set_many(&self, kvs: Vec<(String, String)>) -> Result<(), MembershipError> {
+        self.publish(&[], kvs).await.map(|_| ())
+    }
+
+    /// Deletes `deletes` (those this node holds; readers stop seeing them at once,
+    /// chitchat keeps a tombstone for the dead-node grace), then sets `kvs`, all or
+    /// nothing, under the same checks as [`Self::set_many`]. Returns the size of
+    /// this node's published state after the write.
+    pub async fn publish(
+        &self,
+        deletes: &[String],
+        kvs: Vec<(String, String)>,
+    ) -> Result<StateSize, MembershipError> {
         let limits = self.limits;
         self.handle
             .with_chitchat(|chitchat| {
                 let state = chitchat.self_node_state();
-                budget::check_batch(state.key_values(), &kvs, limits)?;
+                let size = budget::check_batch(state.key_values(), deletes, &kvs, limits)?;
+                for key in deletes {
+                    // chitchat warns when deleting what it does not hold: most slots
+                    // of a ring were never written.
+                    if state.get(key).is_some() {
+                        state.delete(key);
+                    }
+                }
                 for (key, value) in &kvs {
                     state.set(key, value);
                 }
-                Ok(())
+                Ok(size)
             })
             .await
     }

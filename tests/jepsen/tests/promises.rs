@@ -28,8 +28,13 @@ async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     tollgate_jepsen::run::run(spec).await
 }
 
+/// A run's spec, in its own directory: named by the subnet too, since two tests
+/// may run one mode under one nemesis (`gossip_kill` and the slot test): with one
+/// directory, the next run wiped it before the first test read its report (CI
+/// failed `gossip_kill` so, with every check passed).
 fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("jepsen-{mode}-{nemeses}"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("jepsen-{mode}-{nemeses}-{subnet}"));
     RunSpec {
         mode: mode.into(),
         nemesis: nemeses.split(',').map(str::to_owned).collect(),
