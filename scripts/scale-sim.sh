@@ -7,8 +7,10 @@
 # Usage: scripts/scale-sim.sh [quick|once]
 #   quick: 3 and 5 nodes, T <= 1,000
 #   once:  "used once, now idle": 3 and 5 nodes, T = 1 and 1,000, every tenant
-#          used on every node, then at rest for a 5 s window plus a 5 s actor
-#          idle timeout; memory per tenant before use, while used, and after
+#          used on every node, then at rest for two 5 s windows, a 5 s actor
+#          idle timeout and 12 s; memory per tenant before use, while used, after
+#   crash: owner crash at 3, 5 and 16 nodes (100 tenants, 7 active): the last
+#          node killed under load; time to detection and to new owners
 # Environment: SCALE_SECS (seconds per phase, default 5), SCALE_RATE (requests/s
 # over the whole cluster while active, default 200), SCALE_ACTIVE (default 7).
 set -euo pipefail
@@ -20,7 +22,9 @@ cargo test --release --test scale --no-run >/dev/null 2>&1 || cargo test --relea
 
 cells=()
 for mode in gossip lease; do
-  if [[ ${1:-} == quick || ${1:-} == once ]]; then
+  if [[ ${1:-} == crash ]]; then
+    for n in 3 5 16; do cells+=("$mode $n 100"); done
+  elif [[ ${1:-} == quick || ${1:-} == once ]]; then
     for n in 3 5; do for t in 1 1000; do cells+=("$mode $n $t"); done; done
   else
     for n in 3 5 16 64; do for t in 1 1000; do cells+=("$mode $n $t"); done; done
@@ -32,6 +36,9 @@ if [[ ${1:-} == once ]]; then
   # Every tenant on every node at least once: 3,000-5,000 pairs at 1,000 req/s
   # send one request each within the 5 s active phase.
   export SCALE_QUIET=1 SCALE_WINDOW_SECS=5 SCALE_IDLE_SECS=5 SCALE_RATE=1000 SCALE_ACTIVE=1000000
+fi
+if [[ ${1:-} == crash ]]; then
+  export SCALE_CRASH=1
 fi
 for cell in "${cells[@]}"; do
   read -r mode n t <<<"$cell"
@@ -50,6 +57,15 @@ def per(r, field):
     if b is None or r["tenants"] == 1:
         return ""
     return f'{(r[field] - b[field]) * 1e3 / (r["tenants"] - 1) / r["nodes"]:.2f} KB'
+if sys.argv[2] == "crash":
+    print("| mode | nodes | tenants (active) | detected (s) | new owners, no survivor cut off (s) | requests failed | request p50 / p99 / max during (ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        c = r["crash"]
+        l = c["latency_ms"]
+        print(f'| {r["mode"]} | {r["nodes"]} | {r["tenants"]:,} ({r["active"]}) | {c["detected_s"]} | '
+              f'{c["handed_over_s"]} | {c["failed_requests"]} | {l["p50"]} / {l["p99"]} / {l["max"]} |')
+    sys.exit(0)
 if sys.argv[2] == "once":
     print("| mode | nodes | tenants | live heap per tenant per node: configured / used (active) / used once, now idle | resident per tenant per node: configured / now idle | published B/s per node: active / now idle | degraded nodes |")
     print("|---|---|---|---|---|---|---|")

@@ -112,6 +112,29 @@ async fn owner_death_moves_ownership_without_exceeding_l() {
         after.iter().sum::<u64>() > 0,
         "the survivors got credit from the new owner"
     );
+    // And once its keys have moved, no survivor is cut off from the dead owner any
+    // more: not listed, not degraded (it stayed listed for good before).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for n in &survivors {
+        loop {
+            let body = admin(n, "/admin/cluster").await;
+            let c = &body["cluster"];
+            if c["unreachable_owners"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+                && !c["degraded"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("owner_unreachable"))
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still cut off from the dead owner: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     stop_all(survivors).await;
     upstream.shutdown().await.unwrap();
 }

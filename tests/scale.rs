@@ -295,6 +295,59 @@ async fn configured_but_idle_tenants_publish_nothing() {
     );
 }
 
+/// Owner crash (`SCALE_CRASH=1`): the last node dies without a goodbye while the
+/// others keep serving the active tenants. Reports how long until every survivor
+/// lists one member fewer and has no owner it cannot reach (in `lease`, the dead
+/// node's keys have new owners), and what the requests saw meanwhile.
+async fn crash_last(
+    nodes: &mut Vec<Arc<Node>>,
+    active: u64,
+    rate: u64,
+    secs: f64,
+) -> serde_json::Value {
+    let n = nodes.len();
+    let victim = nodes.pop().unwrap();
+    let survivors = nodes.clone();
+    let load = tokio::spawn({
+        let survivors = survivors.clone();
+        async move { drive(&survivors, active.max(1), rate, secs + 5.0).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let crashed_at = Instant::now();
+    if let Ok(victim) = Arc::try_unwrap(victim) {
+        victim.crash().await;
+    }
+    let (mut detected_s, mut handed_over_s) = (None, None);
+    while crashed_at.elapsed() < Duration::from_secs(30) {
+        let (mut listed, mut cut_off) = (0, false);
+        for node in &survivors {
+            let body = admin(node, "/admin/cluster").await;
+            let c = &body["cluster"];
+            listed = listed.max(c["members"].as_array().map_or(n, Vec::len));
+            cut_off |= c["unreachable_owners"]
+                .as_array()
+                .is_some_and(|o| !o.is_empty());
+        }
+        let at = round2(crashed_at.elapsed().as_secs_f64());
+        if listed < n {
+            detected_s.get_or_insert(at);
+            if !cut_off {
+                handed_over_s = Some(at);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (failed, latency) = load.await.unwrap();
+    let ms = |q: f64| round2(latency.value_at_quantile(q) as f64 / 1000.0);
+    json!({
+        "detected_s": detected_s,
+        "handed_over_s": handed_over_s,
+        "failed_requests": failed,
+        "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "max": ms(1.0)},
+    })
+}
+
 async fn run_cell(cell: Cell) -> serde_json::Value {
     let Cell {
         n,
@@ -351,9 +404,10 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     let rss_active = rss();
     let heap_active = live_heap();
     // "Used once, now idle": a window for the usage to leave, the idle timeout for
-    // the actors to stop, and a few rounds for what follows from both.
+    // the actors to stop, a window more for the quiet rings to be deleted, and the
+    // replicas' 10 s collection with a margin.
     let quiet = if std::env::var("SCALE_QUIET").is_ok_and(|v| v == "1") {
-        let rest = env("SCALE_WINDOW_SECS", 60) + env("SCALE_IDLE_SECS", 120) + 3;
+        let rest = 2 * env("SCALE_WINDOW_SECS", 60) + env("SCALE_IDLE_SECS", 120) + 12;
         tokio::time::sleep(Duration::from_secs(rest)).await;
         let s3 = sample(&nodes, &transport).await;
         tokio::time::sleep(Duration::from_secs_f64(secs)).await;
@@ -368,7 +422,14 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
         serde_json::Value::Null
     };
 
+    let crash = if std::env::var("SCALE_CRASH").is_ok_and(|v| v == "1") && n > 1 {
+        crash_last(&mut nodes, active, rate, secs).await
+    } else {
+        serde_json::Value::Null
+    };
+
     let row = json!({
+        "crash": crash,
         "mode": mode,
         "nodes": n,
         "tenants": tenants,

@@ -54,6 +54,27 @@ impl Demand {
         track.total - oldest
     }
 
+    /// Forgets the keys last observed more than a window before `now_ms`: their
+    /// actor retired (the engine observes every live actor's keys each round) and
+    /// everything they recorded has left the window, so their demand reads 0
+    /// either way. A successor actor's counter starts from 0, which a fresh
+    /// tracker counts from 0 too. Without this every key ever used kept up to
+    /// W / S history entries (~5 KB at 60 s / 200 ms).
+    pub fn forget_retired(&mut self, now_ms: u64) {
+        let cutoff = now_ms.saturating_sub(self.window_ms);
+        (self.keys).retain(|_, t| t.history.back().is_some_and(|(at, _)| *at >= cutoff));
+    }
+
+    /// How many keys are tracked.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// The last window's demand for `key` without a new observation (0 if unseen).
     pub fn current(&self, key: &str) -> u64 {
         self.keys.get(key).map_or(0, |t| {
@@ -81,5 +102,26 @@ mod tests {
         assert_eq!(d.observe("k", 5, 1_300), 25);
         assert_eq!(d.current("k"), 25);
         assert_eq!(d.current("unseen"), 0);
+    }
+
+    #[test]
+    fn a_retired_actors_key_is_forgotten_once_its_window_holds_no_demand() {
+        let mut d = Demand::new(1_000);
+        assert_eq!(d.observe("live", 4, 0), 4);
+        assert_eq!(d.observe("gone", 7, 0), 7);
+        // Only "live" is exported from 500 on: "gone" still has demand in its
+        // window until its last observation leaves it.
+        d.observe("live", 4, 500);
+        d.forget_retired(1_000);
+        assert_eq!((d.len(), d.current("gone")), (2, 7));
+        // At 1,600 its demand has left the window: forgotten. "live" is observed
+        // (an idle live actor keeps its tracker: its counter does not restart).
+        d.observe("live", 4, 1_600);
+        d.forget_retired(1_600);
+        assert_eq!((d.len(), d.current("gone")), (1, 0));
+        // A successor actor for "gone" starts from 0 and counts from there.
+        assert_eq!(d.observe("gone", 2, 1_800), 2);
+        // The live one's idle figure is no new demand.
+        assert_eq!(d.observe("live", 4, 1_800), 0);
     }
 }

@@ -460,6 +460,7 @@ impl Engine {
             );
         }
         self.echo.forget_seen(now_ms);
+        self.demand.forget_retired(now_ms);
         own
     }
 

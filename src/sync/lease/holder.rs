@@ -205,6 +205,15 @@ impl Holder {
         if view.members.is_empty() {
             return;
         }
+        if matches!(self.owners, Owners::Peers(_)) {
+            // An owner gone from the members owns nothing any more (its keys moved,
+            // and `owner_changed` dropped what it told): no longer "cut off from
+            // it". Without this a crashed owner stayed listed, and the node
+            // degraded, for as long as the process ran (the scale simulation's
+            // owner crash at 3 and 5 nodes).
+            (self.unreachable).retain(|id| view.members.iter().any(|m| m.id == *id));
+        }
+        self.publish_cut_off();
         let now_ms = self.now_ms();
         let mut batches: BTreeMap<String, (MemberAddr, Items)> = BTreeMap::new();
         for (i, binding) in self.state.bindings.iter().enumerate() {
@@ -310,6 +319,11 @@ impl Holder {
         for (owner, items, answered) in results {
             self.adopt(&owner, items, answered);
         }
+        self.publish_cut_off();
+    }
+
+    /// Tells the engine (status, `degraded`) which owners this node cannot reach.
+    fn publish_cut_off(&self) {
         let mut cut: Vec<String> = self.unreachable.iter().cloned().collect();
         cut.sort();
         *self.cut_off.write().unwrap_or_else(|p| p.into_inner()) = cut;
