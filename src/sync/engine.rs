@@ -588,6 +588,7 @@ impl Engine {
         let usage_guard = Arc::clone(&self.usage);
         let usage = lock(&usage_guard);
         let mut redis_caps = HashMap::new();
+        let mut idle_terms: HashMap<(u64, bool), Arc<Terms<String>>> = HashMap::new();
         let mut redis_fallback = HashMap::new();
         let mut lease_view = View {
             self_id: self.self_id.clone(),
@@ -703,7 +704,20 @@ impl Engine {
                 } else {
                     0.0
                 };
-                let terms = lease_terms(&usage, &cut, &demands, binding, borrow, now_ms);
+                // Every idle key of one capacity has the same terms this round (no
+                // demand anywhere, nobody cut off, the same members): one copy.
+                let idle = self.dead.is_empty() && demands.iter().all(|(_, d)| *d == 0);
+                let terms = if idle {
+                    let shape = (
+                        binding.capacity,
+                        binding.dimension == Dimension::Concurrency,
+                    );
+                    let make =
+                        || Arc::new(lease_terms(&usage, &cut, &demands, binding, borrow, now_ms));
+                    Arc::clone(idle_terms.entry(shape).or_insert_with(make))
+                } else {
+                    Arc::new(lease_terms(&usage, &cut, &demands, binding, borrow, now_ms))
+                };
                 lease_view.terms.insert(binding.key.clone(), terms);
                 if mine.demand > 0 {
                     // Read as 0 when absent: an idle key costs no entry.

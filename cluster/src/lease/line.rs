@@ -47,6 +47,7 @@
 //! credit expires, then 0, so a crashed holder's slots return within one ttl.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::counter::Window;
 use crate::lease::{MAX_AMOUNT, MAX_HOLDERS, MAX_TTL_MS, Refusal, bounded};
@@ -237,7 +238,9 @@ pub struct Line<H> {
     /// credit from the old owner that the counters do not show yet.
     departed: BTreeSet<H>,
     recovery: Option<Recovery<H>>,
-    terms: Terms<H>,
+    /// Shared: every idle key of one capacity has the same terms in a round, and
+    /// a copy per line was most of an idle lease key's memory.
+    terms: Arc<Terms<H>>,
     last_now_ms: u64,
 }
 
@@ -250,7 +253,7 @@ impl<H: Ord + Clone> Line<H> {
             rebuilt: BTreeMap::new(),
             departed: BTreeSet::new(),
             recovery: None,
-            terms: Terms::default(),
+            terms: Arc::new(Terms::default()),
             last_now_ms: 0,
         }
     }
@@ -301,7 +304,8 @@ impl<H: Ord + Clone> Line<H> {
     /// A member gone from both (collected after its death, or left after giving
     /// everything back) can no longer spend a cut-off share: its reserves end
     /// (so a crashed holder's slots come back when it is declared dead).
-    pub fn set_terms(&mut self, terms: Terms<H>) {
+    pub fn set_terms(&mut self, terms: impl Into<Arc<Terms<H>>>) {
+        let terms = terms.into();
         if let (Some(r), Kind::Windowed(_)) = (&mut self.recovery, self.config.kind) {
             for member in terms.floors.keys() {
                 r.unknown.remove(member);

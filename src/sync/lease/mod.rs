@@ -20,6 +20,7 @@ pub mod rpc;
 pub mod wire;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use tollgate_cluster::lease::line::Terms;
 use tollgate_cluster::lease::rendezvous;
 
@@ -39,8 +40,9 @@ pub struct View {
     pub self_id: String,
     /// Live members, this node included.
     pub members: Vec<MemberAddr>,
-    /// Each key's terms (shares, borrowing, floors).
-    pub terms: HashMap<String, Terms<String>>,
+    /// Each key's terms (shares, borrowing, floors). Keys with the same terms
+    /// (every idle key of one capacity) share one.
+    pub terms: HashMap<String, Arc<Terms<String>>>,
     /// This node's demand per key (cost per window), to size what it asks; absent
     /// when 0.
     pub demand: HashMap<String, u64>,

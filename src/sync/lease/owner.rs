@@ -139,7 +139,7 @@ impl OwnerBook {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut line = Line::rebuild(config, &counters, &holders, now_ms);
         if let Some(terms) = view.terms.get(key) {
-            line.set_terms(terms.clone());
+            line.set_terms(Arc::clone(terms));
         }
         line
     }
@@ -171,7 +171,7 @@ impl OwnerBook {
         }
         for (key, line) in lines.iter_mut() {
             if let Some(terms) = view.terms.get(key) {
-                line.set_terms(terms.clone());
+                line.set_terms(Arc::clone(terms));
             }
             expired += line.settle(now_ms) as u64;
         }
