@@ -15,8 +15,11 @@
 //! Only what was *added* counts as unseen: a refund peers have not seen yet makes
 //! them charge this node more than it uses, which is on the safe side, and a
 //! bucket leaving the window leaves it for every reader at the same time (buckets
-//! are dated, docs/design/counters.md). Keys that added nothing within the bound
-//! keep no entry.
+//! are dated, docs/design/counters.md). Additions are dated when the write that
+//! carries them succeeds (until then they are unseen whatever their age: a
+//! refused publish delays them), and the bound follows the measured convergence
+//! lag where that is longer (large clusters take more gossip rounds). Keys that
+//! added nothing within the bound keep no entry.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -31,7 +34,9 @@ const MAX_ENTRIES_PER_KEY: usize = 16;
 pub struct OwnEcho {
     /// How old an own addition must be for every peer to have it (ms).
     bound_ms: u64,
-    /// Per key: `(round ms, units added that round)`, oldest first, each > 0.
+    /// Per key: units added since the last successful publish.
+    pending: HashMap<String, u64>,
+    /// Per key: `(publish ms, units it carried)`, oldest first, each > 0.
     added: HashMap<String, VecDeque<(u64, u64)>>,
 }
 
@@ -40,39 +45,54 @@ impl OwnEcho {
     pub fn new(bound_ms: u64) -> OwnEcho {
         OwnEcho {
             bound_ms,
+            pending: HashMap::new(),
             added: HashMap::new(),
         }
     }
 
-    /// Notes that this node added `units` to `key` in the round at `now_ms`
-    /// (published this round, so unseen by peers until the bound has passed).
-    pub fn added(&mut self, key: &str, units: u64, now_ms: u64) {
+    /// Sets the bound: additions older than `bound_ms` count as seen.
+    pub fn set_bound(&mut self, bound_ms: u64) {
+        self.bound_ms = bound_ms;
+    }
+
+    /// Notes that this node added `units` to `key` (unseen by every peer until
+    /// the write carrying it succeeded and the bound has passed since).
+    pub fn added(&mut self, key: &str, units: u64) {
         if units == 0 {
             return;
         }
-        let entries = match self.added.get_mut(key) {
-            Some(entries) => entries,
-            None => self.added.entry(key.to_owned()).or_default(),
+        let pending = match self.pending.get_mut(key) {
+            Some(pending) => pending,
+            None => self.pending.entry(key.to_owned()).or_default(),
         };
-        match entries.back_mut() {
-            Some((at, sum)) if *at == now_ms => *sum = sum.saturating_add(units),
-            _ => entries.push_back((now_ms, units)),
-        }
-        if entries.len() > MAX_ENTRIES_PER_KEY
-            && let Some((_, oldest)) = entries.pop_front()
-            && let Some((_, next)) = entries.front_mut()
-        {
-            *next = next.saturating_add(oldest);
+        *pending = pending.saturating_add(units);
+    }
+
+    /// The write carrying every pending addition succeeded at `now_ms`.
+    pub fn published(&mut self, now_ms: u64) {
+        for (key, units) in self.pending.drain() {
+            let entries = self.added.entry(key).or_default();
+            match entries.back_mut() {
+                Some((at, sum)) if *at == now_ms => *sum = sum.saturating_add(units),
+                _ => entries.push_back((now_ms, units)),
+            }
+            if entries.len() > MAX_ENTRIES_PER_KEY
+                && let Some((_, oldest)) = entries.pop_front()
+                && let Some((_, next)) = entries.front_mut()
+            {
+                *next = next.saturating_add(oldest);
+            }
         }
     }
 
     /// What this node added to `key` that some peer may not have seen at `now_ms`.
     pub fn unseen(&self, key: &str, now_ms: u64) -> u64 {
         let seen_before = now_ms.saturating_sub(self.bound_ms);
-        self.added.get(key).map_or(0, |entries| {
+        let pending = self.pending.get(key).copied().unwrap_or(0);
+        self.added.get(key).map_or(pending, |entries| {
             (entries.iter())
                 .filter(|(at, _)| *at > seen_before)
-                .fold(0u64, |sum, (_, units)| sum.saturating_add(*units))
+                .fold(pending, |sum, (_, units)| sum.saturating_add(*units))
         })
     }
 
@@ -94,12 +114,13 @@ impl OwnEcho {
 
     /// How many keys hold additions (bounded by the keys active within the bound).
     pub fn len(&self) -> usize {
-        self.added.len()
+        let pending_only = (self.pending.keys()).filter(|k| !self.added.contains_key(*k));
+        self.added.len() + pending_only.count()
     }
 
     /// Whether no key holds an addition.
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty()
+        self.added.is_empty() && self.pending.is_empty()
     }
 }
 
@@ -108,10 +129,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_addition_whose_write_failed_stays_unseen_until_one_succeeds() {
+        let mut echo = OwnEcho::new(400);
+        echo.added("k", 5);
+        // The round's write was refused: nothing is dated; still unseen long after.
+        assert_eq!(echo.unseen("k", 10_000), 5);
+        echo.forget_seen(10_000);
+        assert_eq!(echo.len(), 1);
+        echo.added("k", 2);
+        echo.published(10_200);
+        assert_eq!(echo.unseen("k", 10_599), 7);
+        assert_eq!(echo.unseen("k", 10_600), 0);
+        // A longer bound (a slow cluster) keeps additions unseen longer.
+        echo.set_bound(1_000);
+        assert_eq!(echo.unseen("k", 10_600), 7);
+    }
+
+    #[test]
     fn what_was_added_within_the_bound_is_unseen_and_older_additions_are_seen() {
         let mut echo = OwnEcho::new(400);
-        echo.added("k", 5, 1_000);
-        echo.added("k", 3, 1_200);
+        echo.added("k", 5);
+        echo.published(1_000);
+        echo.added("k", 3);
+        echo.published(1_200);
         assert_eq!(echo.unseen("k", 1_200), 8);
         assert_eq!(echo.seen("k", 20, 1_200), 12);
         // At 1,400 the first addition is 400 ms old: every peer has it.
@@ -125,10 +165,12 @@ mod tests {
     #[test]
     fn keys_with_nothing_unseen_keep_no_entry() {
         let mut echo = OwnEcho::new(400);
-        echo.added("k", 0, 1_000);
+        echo.added("k", 0);
         assert!(echo.is_empty());
-        echo.added("k", 1, 1_000);
-        echo.added("j", 1, 1_300);
+        echo.added("k", 1);
+        echo.published(1_000);
+        echo.added("j", 1);
+        echo.published(1_300);
         echo.forget_seen(1_399);
         assert_eq!(echo.len(), 2);
         echo.forget_seen(1_400);
@@ -142,13 +184,15 @@ mod tests {
     fn a_full_key_merges_its_oldest_addition_forward_never_losing_units() {
         let mut echo = OwnEcho::new(1_000_000);
         for round in 0..100u64 {
-            echo.added("k", 1, round);
+            echo.added("k", 1);
+            echo.published(round);
         }
         assert_eq!(echo.added["k"].len(), MAX_ENTRIES_PER_KEY);
         assert_eq!(echo.unseen("k", 100), 100);
         // Merged forward: an old unit now counts unseen as long as a newer one.
         let bounded = OwnEcho {
             bound_ms: 50,
+            pending: HashMap::new(),
             added: echo.added.clone(),
         };
         assert!(bounded.unseen("k", 100) >= 50);

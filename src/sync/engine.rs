@@ -280,6 +280,11 @@ impl Engine {
             // Back: the allowances go back to unbounded in this round's recompute.
         }
         let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
+        // What peers may not have seen yet: at least two gossip intervals and a
+        // round, longer when this node sees its peers' rounds later than that
+        // (the lag is symmetric enough: large clusters take more gossip rounds).
+        let sync_ms = self.cutoff_lag_ms.saturating_sub(self.propagation_ms);
+        (self.echo).set_bound(self.cutoff_lag_ms.max(self.lag_ms.saturating_add(sync_ms)));
         let exports = self.state.registry.export_live().await;
         let own = self.record_own(&exports, now_ms);
         let mut published = self.counters.publish(now_ms);
@@ -303,6 +308,9 @@ impl Engine {
                 self.state.metrics.sync_state(size.bytes);
                 self.state_size = size;
                 self.keys_retired_total += retired.len() as u64;
+                // Dated when written, not when exported: peers see it from now.
+                let written_ms = self.state.registry.clock().now_ns() / 1_000_000;
+                self.echo.published(written_ms);
                 None
             }
             Err(e) => {
@@ -427,7 +435,7 @@ impl Engine {
                         Err(e) => tracing::warn!(%key, error = %e, "usage not published"),
                     }
                 }
-                self.echo.added(&key, added, now_ms);
+                self.echo.added(&key, added);
                 let demand = self.demand.observe(&key, requested, now_ms);
                 let _ = self.counters.set_demand(&key, demand);
                 let used = buckets.iter().map(|(_, c)| c).sum();
