@@ -192,9 +192,14 @@ impl Actor {
         retire: RetireHook,
     ) {
         let clock = self.settings.clock;
+        let idle_timeout_ns = self.settings.idle_timeout_ns;
+        // One idle timer for the actor's life, re-armed only when it fires: a new
+        // one per message was registered in the runtime's timer wheel each time
+        // the actor parked and cancelled each time a message woke it.
+        let idle = sleep_until(clock.instant_at(self.last_active_ns + idle_timeout_ns));
+        tokio::pin!(idle);
         loop {
             let wake = self.next_wake_ns().map(|ns| clock.instant_at(ns));
-            let idle_at = clock.instant_at(self.last_active_ns + self.settings.idle_timeout_ns);
             tokio::select! {
                 biased;
                 Some(release) = releases.recv() => self.on_release(release),
@@ -202,12 +207,17 @@ impl Actor {
                     Some(command) => self.on_command(command),
                     None => return,
                 },
-                () = sleep_until(wake.unwrap_or(idle_at)), if wake.is_some() => {}
-                () = sleep_until(idle_at) => {
-                    if self.is_idle(clock.now_ns()) && retire(&commands, &releases) {
-                        return;
+                () = sleep_until(wake.unwrap_or_else(|| idle.deadline())), if wake.is_some() => {}
+                () = &mut idle => {
+                    let now = clock.now_ns();
+                    // Active since it was armed: not idle yet, wait out the rest.
+                    if now >= self.last_active_ns + idle_timeout_ns {
+                        if self.is_idle(now) && retire(&commands, &releases) {
+                            return;
+                        }
+                        self.last_active_ns = now;
                     }
-                    self.last_active_ns = clock.now_ns();
+                    idle.as_mut().reset(clock.instant_at(self.last_active_ns + idle_timeout_ns));
                 }
             }
             self.serve(clock.now_ns());
