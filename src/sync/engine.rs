@@ -305,9 +305,7 @@ impl Engine {
         let bytes: usize = published.iter().map(|(k, v)| k.len() + v.len()).sum();
         let publish_error = match self.membership.publish(&deletes, published).await {
             Ok(size) => {
-                self.state.metrics.sync_state(size.bytes);
-                self.state_size = size;
-                self.keys_retired_total += retired.len() as u64;
+                self.wrote(size, retired.len());
                 // Dated when written, not when exported: peers see it from now.
                 let written_ms = self.state.registry.clock().now_ns() / 1_000_000;
                 self.echo.published(written_ms);
@@ -320,11 +318,7 @@ impl Engine {
                 // the cap, they are what makes room again.
                 self.counters.unpublish();
                 match self.membership.publish(&deletes, Vec::new()).await {
-                    Ok(size) => {
-                        self.state.metrics.sync_state(size.bytes);
-                        self.state_size = size;
-                        self.keys_retired_total += retired.len() as u64;
-                    }
+                    Ok(size) => self.wrote(size, retired.len()),
                     Err(_) => self.counters.retire_again(retired),
                 }
                 Some(e.to_string())
@@ -405,6 +399,14 @@ impl Engine {
             }
         }
         status.degraded = degraded;
+    }
+
+    /// A write to the cluster state succeeded, leaving it at `size`, with the
+    /// rings of `retired` limit keys deleted.
+    fn wrote(&mut self, size: StateSize, retired: usize) {
+        self.state.metrics.sync_state(size.bytes);
+        self.state_size = size;
+        self.keys_retired_total += retired as u64;
     }
 
     /// Feeds this node's exports into the counters; returns its own figures per key.
@@ -596,7 +598,8 @@ impl Engine {
         let usage_guard = Arc::clone(&self.usage);
         let usage = lock(&usage_guard);
         let mut redis_caps = HashMap::new();
-        let mut idle_terms: HashMap<(u64, bool), Arc<Terms<String>>> = HashMap::new();
+        // Per capacity: the terms every idle key of that capacity shares this round.
+        let mut idle_terms: HashMap<u64, Arc<Terms<String>>> = HashMap::new();
         let mut redis_fallback = HashMap::new();
         let mut lease_view = View {
             self_id: self.self_id.clone(),
@@ -715,16 +718,12 @@ impl Engine {
                 // Every idle key of one capacity has the same terms this round (no
                 // demand anywhere, nobody cut off, the same members): one copy.
                 let idle = self.dead.is_empty() && demands.iter().all(|(_, d)| *d == 0);
+                let make =
+                    || Arc::new(lease_terms(&usage, &cut, &demands, binding, borrow, now_ms));
                 let terms = if idle {
-                    let shape = (
-                        binding.capacity,
-                        binding.dimension == Dimension::Concurrency,
-                    );
-                    let make =
-                        || Arc::new(lease_terms(&usage, &cut, &demands, binding, borrow, now_ms));
-                    Arc::clone(idle_terms.entry(shape).or_insert_with(make))
+                    Arc::clone(idle_terms.entry(binding.capacity).or_insert_with(&make))
                 } else {
-                    Arc::new(lease_terms(&usage, &cut, &demands, binding, borrow, now_ms))
+                    make()
                 };
                 lease_view.terms.insert(binding.key.clone(), terms);
                 if mine.demand > 0 {
