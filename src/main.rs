@@ -8,6 +8,13 @@ use std::path::PathBuf;
 use tollgate::config::{Config, LogFormat, hash_api_key};
 use tollgate::server::{self, Bound};
 
+/// mimalloc instead of glibc's malloc: the proxy path allocates per request (hyper's
+/// buffers, header maps, JSON), and under two busy workers glibc's arena locks
+/// and chunk consolidation were ~17% of a lease node's CPU (perf, 64
+/// connections); docs/design/architecture.md ("Allocator") has the measurement.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tollgate",

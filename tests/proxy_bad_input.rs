@@ -178,6 +178,9 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
     upstream.shutdown().await.unwrap();
 }
 
+/// Requests that reached the address a redirect pointed at.
+static REDIRECTS_FOLLOWED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// An upstream that misbehaves in the ways a real one can.
 async fn bad_upstream() -> std::net::SocketAddr {
     let app = Router::new()
@@ -219,6 +222,23 @@ async fn bad_upstream() -> std::net::SocketAddr {
             }),
         )
         .route(
+            "/redirect/chat/completions",
+            axum_post(|| async {
+                (
+                    axum::http::StatusCode::TEMPORARY_REDIRECT,
+                    [("location", "/landed/chat/completions")],
+                    "moved",
+                )
+            }),
+        )
+        .route(
+            "/landed/chat/completions",
+            axum_post(|| async {
+                REDIRECTS_FOLLOWED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                "followed"
+            }),
+        )
+        .route(
             "/error/chat/completions",
             axum_post(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "boom") }),
         );
@@ -252,6 +272,9 @@ upstreams = ["cut"]
 [[routes]]
 models = ["error"]
 upstreams = ["error"]
+[[routes]]
+models = ["redirect"]
+upstreams = ["redirect"]
 
 [[tenants]]
 id = "t"
@@ -260,7 +283,7 @@ rpm = 1000
 tpm = 1000000
 concurrency = 2
 "#,
-        ["hang", "garbage", "cut", "error"]
+        ["hang", "garbage", "cut", "error", "redirect"]
             .map(|name| format!(
                 "[[upstreams]]\nid = \"{name}\"\nkind = \"openai\"\nbase_url = \"http://{addr}/{name}\"\ntimeout = \"300ms\"\nstream_idle_timeout = \"300ms\"\n"
             ))
@@ -283,6 +306,24 @@ concurrency = 2
         502,
     )
     .await;
+    // A redirect is not followed (the key would go where the config never said).
+    let error = expect_error(
+        post(&node, "/chat/completions", call("redirect", false), &[]).await,
+        502,
+    )
+    .await;
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("redirect"),
+        "{error}"
+    );
+    assert_eq!(
+        REDIRECTS_FOLLOWED.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the gateway followed the upstream's redirect"
+    );
     // A stream cut mid-way: the client sees the bytes so far, then a broken body.
     let response = post(&node, "/chat/completions", call("cut", true), &[]).await;
     assert_eq!(response.status(), 200);

@@ -323,6 +323,15 @@ async fn attempt_once(
         let error = ApiError::bad_gateway(format!("upstream {} answered {status}", upstream.id));
         return retry(held, SettleWith::RefundTokens, error, true);
     }
+    if status.is_redirection() {
+        // Not followed (the client is built without redirects): the body and the key
+        // would go to an address the config never named. The provider did no work.
+        held.settle(SettleWith::RefundTokens);
+        return Attempt::Fatal(ApiError::bad_gateway(format!(
+            "upstream {} answered {status}, a redirect the gateway does not follow; set its base_url to the final address",
+            upstream.id
+        )));
+    }
     if req.parsed.stream && status.is_success() {
         // A stream settles at its end, maybe more than a window later: the
         // charges move now.

@@ -319,7 +319,15 @@ impl AppState {
         let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone()).map_err(
             |(scope, e)| ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}")),
         )?;
+        // No redirects (a provider's 3xx goes back to the client; following it would
+        // send the body and the key somewhere the config never named) and no hidden
+        // retries (the attempt loop in dispatch.rs is the only one, so every send is
+        // charged and bounded by `retry.max_attempts`). Both also take reqwest's
+        // per-request policy work off the proxy path.
         let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .retry(reqwest::retry::never())
+            .referer(false)
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
