@@ -219,6 +219,9 @@ fn bind_allowances(
             bindings.push(binding);
         }
     }
+    // Kept for the process's life: no doubling slack (up to half of a Vec that
+    // is ~80 B per limit key).
+    bindings.shrink_to_fit();
     bindings
 }
 
