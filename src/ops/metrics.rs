@@ -19,10 +19,10 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 type Static<const N: usize> = [(&'static str, &'static str); N];
-type ByUpstream = [(&'static str, Arc<String>); 1];
+type ByUpstream = [(&'static str, Arc<str>); 1];
 type ByUpstreamStatus = (ByUpstream, Static<1>);
 type ByApiStatus = (Static<1>, [(&'static str, u16); 1]);
-type ByTenant = ([(&'static str, Arc<String>); 1], [(&'static str, u16); 1]);
+type ByTenant = ([(&'static str, Arc<str>); 1], [(&'static str, u16); 1]);
 type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
 
 /// 1 ms .. ~33 s: queue waits and upstream latencies.
@@ -376,7 +376,7 @@ impl Metrics {
     }
 
     /// An upstream answered (or failed) after `seconds`.
-    pub fn upstream_response(&self, upstream: &Arc<String>, status: Option<u16>, seconds: f64) {
+    pub fn upstream_response(&self, upstream: &Arc<str>, status: Option<u16>, seconds: f64) {
         let class = match status {
             Some(429) => "429",
             Some(s) if s < 300 => "2xx",
@@ -392,7 +392,7 @@ impl Metrics {
     }
 
     /// A client request finished with `status`.
-    pub fn request_done(&self, api: &'static str, tenant: Option<&Arc<String>>, status: u16) {
+    pub fn request_done(&self, api: &'static str, tenant: Option<&Arc<str>>, status: u16) {
         self.requests
             .get_or_create(&([("api", api)], [("status", status)]))
             .inc();

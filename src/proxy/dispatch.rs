@@ -277,9 +277,7 @@ async fn attempt_once(
     let seconds = started.elapsed().as_secs_f64();
     let response = match sent {
         Err(_) => {
-            state
-                .metrics
-                .upstream_response(&upstream.metric_label, None, seconds);
+            state.metrics.upstream_response(&upstream.id, None, seconds);
             // The provider may have done the work: the upstream keeps its charge.
             let error = ApiError::gateway_timeout(format!(
                 "upstream {} did not answer in time",
@@ -288,9 +286,7 @@ async fn attempt_once(
             return retry(held, SettleWith::KeepReserved, error, true);
         }
         Ok(Err(e)) => {
-            state
-                .metrics
-                .upstream_response(&upstream.metric_label, None, seconds);
+            state.metrics.upstream_response(&upstream.id, None, seconds);
             let error = ApiError::bad_gateway(format!("upstream {} failed: {e}", upstream.id));
             return retry(held, SettleWith::RefundTokens, error, true);
         }
@@ -299,7 +295,7 @@ async fn attempt_once(
     let status = response.status();
     state
         .metrics
-        .upstream_response(&upstream.metric_label, Some(status.as_u16()), seconds);
+        .upstream_response(&upstream.id, Some(status.as_u16()), seconds);
     let request_tokens = req.demand.prompt_tokens + req.demand.completion_tokens;
     if let Some(wait) = provider_exhausted_for(response.headers(), request_tokens) {
         // The provider is the ground truth: when it says a window is used up, stop

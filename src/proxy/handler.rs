@@ -143,7 +143,7 @@ async fn serve(
     api: Api,
     headers: &HeaderMap,
     body: Body,
-    tenant_id: &mut Option<Arc<String>>,
+    tenant_id: &mut Option<Arc<str>>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let slot = state.in_flight.clone().try_acquire_owned().map_err(|_| {
@@ -158,7 +158,7 @@ async fn serve(
         _slot: slot,
     };
     let tenant = authenticate(state, headers)?;
-    *tenant_id = Some(tenant.metric_label.clone());
+    *tenant_id = Some(tenant.id.clone());
     let lane = lane(headers)?;
     let max_wait = max_wait(headers, tenant.max_wait)?;
     let bytes = read_body(state, headers, body).await?;

@@ -6,7 +6,7 @@ use super::request::Api;
 use crate::actor::clock::Clock;
 use crate::actor::estimate::AdaptivePolicy;
 use crate::actor::registry::ActorDefaults;
-use crate::actor::{Registry, ScopeId, ScopeSpec};
+use crate::actor::{Registry, ScopeId, ScopeKind, ScopeSpec};
 use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key_hash};
 use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::Metrics;
@@ -22,10 +22,8 @@ use tokio::sync::Semaphore;
 /// A tenant as the request path sees it.
 #[derive(Debug)]
 pub struct Tenant {
-    /// Configured id.
+    /// Configured id (also its metric label; one allocation shared with `scope`).
     pub id: Arc<str>,
-    /// The id as a metric label value.
-    pub metric_label: Arc<String>,
     /// Its actor's scope.
     pub scope: ScopeId,
     /// Queue wait cap (and default).
@@ -35,10 +33,9 @@ pub struct Tenant {
 /// An upstream as the request path sees it.
 #[derive(Debug)]
 pub struct Upstream {
-    /// Configured id.
+    /// Configured id (also its metric label: shared, so labelling allocates
+    /// nothing).
     pub id: Arc<str>,
-    /// The id as a metric label value (shared, so labelling allocates nothing).
-    pub metric_label: Arc<String>,
     /// API flavour.
     pub kind: UpstreamKind,
     /// Endpoint per API, parsed once (`base_url` + the API's path), indexed by
@@ -83,7 +80,8 @@ impl Route {
 
 /// Shared state of the proxy.
 pub struct AppState {
-    /// The validated config.
+    /// The validated config, without its tenants: `tenants` holds them (built
+    /// once; the parsed list was most of a configured tenant's memory).
     pub config: Config,
     /// Tenants by SHA-256 of their API keys (raw digest: no hex on the hot path).
     pub tenants: HashMap<[u8; 32], Arc<Tenant>>,
@@ -246,7 +244,7 @@ fn nanos(d: Duration) -> u64 {
 
 impl AppState {
     /// Builds the state from a validated config.
-    pub fn new(config: Config) -> Result<AppState, ApiError> {
+    pub fn new(mut config: Config) -> Result<AppState, ApiError> {
         let metrics = Arc::new(Metrics::new(config.server.metrics_tenant_labels));
         let adaptive = (config.estimation.completion == CompletionPolicy::Adaptive).then_some(
             AdaptivePolicy {
@@ -256,12 +254,19 @@ impl AppState {
         );
         let mut specs = HashMap::new();
         let mut tenants = HashMap::new();
-        for t in &config.tenants {
-            let scope = ScopeId::tenant(&t.id);
+        // Moved out of the config the state keeps: after this loop the tenant
+        // table is the only reader, and the parsed list (~280 B per tenant with its
+        // key hashes) would be kept for nothing (see `AppState::config`).
+        let tenant_configs = std::mem::take(&mut config.tenants);
+        for t in &tenant_configs {
+            let id: Arc<str> = t.id.as_str().into();
+            let scope = ScopeId {
+                kind: ScopeKind::Tenant,
+                id: id.clone(),
+            };
             specs.insert(scope.clone(), scope_spec(&t.quota, &config, adaptive));
             let tenant = Arc::new(Tenant {
-                id: t.id.as_str().into(),
-                metric_label: Arc::new(t.id.clone()),
+                id,
                 scope,
                 max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
             });
@@ -280,8 +285,7 @@ impl AppState {
             upstreams.insert(
                 u.id.clone(),
                 Arc::new(Upstream {
-                    id: u.id.as_str().into(),
-                    metric_label: Arc::new(u.id.clone()),
+                    id: scope.id.clone(),
                     kind: u.kind,
                     endpoints: endpoints(&u.base_url)?,
                     api_key: u.api_key.clone(),

@@ -76,7 +76,7 @@ pub struct ClusterStatus {
     /// Why this node is degraded, if it is.
     pub degraded: Option<String>,
     /// This node's view of each key's global usage (its own plus the live members'
-    /// published usage), for convergence checks.
+    /// published usage), for convergence checks; keys with none are absent (0).
     pub global_usage: std::collections::BTreeMap<String, u64>,
 }
 
