@@ -723,12 +723,11 @@ impl Engine {
                 let idle = self.dead.is_empty() && demands.iter().all(|(_, d)| *d == 0);
                 let make =
                     || Arc::new(lease_terms(&usage, &cut, &demands, binding, borrow, now_ms));
-                let terms = if idle {
-                    Arc::clone(idle_terms.entry(binding.capacity).or_insert_with(&make))
+                if idle {
+                    idle_terms.entry(binding.capacity).or_insert_with(&make);
                 } else {
-                    make()
-                };
-                lease_view.terms.insert(binding.key.clone(), terms);
+                    lease_view.terms.insert(binding.key.clone(), make());
+                }
                 if mine.demand > 0 {
                     // Read as 0 when absent: an idle key costs no entry.
                     lease_view.demand.insert(binding.key.clone(), mine.demand);
@@ -784,6 +783,7 @@ impl Engine {
             gate.set_fallback(redis_fallback);
         }
         if let Some(feed) = &self.lease {
+            lease_view.idle_terms = idle_terms;
             *feed.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(lease_view);
             if let Some(book) = &feed.book {
                 book.on_round();

@@ -396,7 +396,8 @@ impl Holder {
         let sent_ms = self.now_ms();
         let asks: Vec<RedisAsk> = (items.iter())
             .map(|(i, _)| {
-                let terms = view.terms.get(&self.state.bindings[*i].key);
+                let binding = &self.state.bindings[*i];
+                let terms = view.terms_for(&binding.key, binding.capacity);
                 let reserve = terms.map(|t| match round {
                     Round::ReturnAll => Reserve {
                         share: 0,

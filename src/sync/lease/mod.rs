@@ -40,9 +40,13 @@ pub struct View {
     pub self_id: String,
     /// Live members, this node included.
     pub members: Vec<MemberAddr>,
-    /// Each key's terms (shares, borrowing, floors). Keys with the same terms
-    /// (every idle key of one capacity) share one.
+    /// The terms (shares, borrowing, floors) of each key with demand somewhere or
+    /// a member cut off; read with [`View::terms_for`].
     pub terms: HashMap<String, Arc<Terms<String>>>,
+    /// Per capacity: the terms every idle key of that capacity shares this round.
+    /// Idle keys have no entry in `terms` (one per configured key each round was
+    /// ~100 B per idle lease key).
+    pub idle_terms: HashMap<u64, Arc<Terms<String>>>,
     /// This node's demand per key (cost per window), to size what it asks; absent
     /// when 0.
     pub demand: HashMap<String, u64>,
@@ -56,6 +60,12 @@ pub struct View {
 }
 
 impl View {
+    /// `key`'s terms this round; `capacity` (its L) finds an idle key's shared
+    /// terms. `None` before the engine's first round.
+    pub fn terms_for(&self, key: &str, capacity: u64) -> Option<&Arc<Terms<String>>> {
+        (self.terms.get(key)).or_else(|| self.idle_terms.get(&capacity))
+    }
+
     /// The owner of `key` among the live members.
     pub fn owner(&self, key: &str) -> Option<&MemberAddr> {
         let ids: Vec<&str> = self.members.iter().map(|m| m.id.as_str()).collect();

@@ -138,7 +138,7 @@ impl OwnerBook {
         self.rebuilt
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut line = Line::rebuild(config, &counters, &holders, now_ms);
-        if let Some(terms) = view.terms.get(key) {
+        if let Some(terms) = view.terms_for(key, config.capacity()) {
             line.set_terms(Arc::clone(terms));
         }
         line
@@ -170,7 +170,7 @@ impl OwnerBook {
             );
         }
         for (key, line) in lines.iter_mut() {
-            if let Some(terms) = view.terms.get(key) {
+            if let Some(terms) = view.terms_for(key, line.config().capacity()) {
                 line.set_terms(Arc::clone(terms));
             }
             expired += line.settle(now_ms) as u64;
