@@ -67,7 +67,7 @@ if sys.argv[2] == "crash":
               f'{c["handed_over_s"]} | {c["failed_requests"]} | {l["p50"]} / {l["p99"]} / {l["max"]} |')
     sys.exit(0)
 if sys.argv[2] == "once":
-    print("| mode | nodes | tenants | live heap per tenant per node: configured / used (active) / used once, now idle | resident per tenant per node: configured / now idle | published B/s per node: active / now idle | degraded nodes |")
+    print("| mode | nodes | tenants | live heap per tenant per node: configured (2 s after forming) / configured, at rest / used (active) / used once, now idle | resident per tenant per node: configured / now idle | published B/s per node: active / now idle | degraded nodes |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         q = r["quiet"]
@@ -78,7 +78,7 @@ if sys.argv[2] == "once":
         idle_heap = f'{(q["heap_mb"] - b["quiet"]["heap_mb"]) / d:.2f} KB'
         idle_rss = f'{(q["rss_mb"] - b["quiet"]["rss_mb"]) / d:.2f} KB'
         print(f'| {r["mode"]} | {r["nodes"]} | {r["tenants"]:,} | {per(r, "heap_formed_mb")} / '
-              f'{per(r, "heap_active_mb")} / {idle_heap} | {per(r, "rss_formed_mb")} / {idle_rss} | '
+              f'{per(r, "heap_rest_mb")} / {per(r, "heap_active_mb")} / {idle_heap} | {per(r, "rss_formed_mb")} / {idle_rss} | '
               f'{r["active_phase"]["published_bytes_per_s_per_node"]:.0f} / '
               f'{q["phase"]["published_bytes_per_s_per_node"]:.0f} | '
               f'{max(r["idle"]["degraded_nodes"], q["phase"]["degraded_nodes"])} |')

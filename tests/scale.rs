@@ -433,6 +433,9 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     let s0 = sample(&nodes, &transport).await;
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     let s1 = sample(&nodes, &transport).await;
+    // Configured and at rest: after the idle phase, past the first statements'
+    // lease ttl (what a node holds for a tenant nobody uses, for good).
+    let heap_rest = live_heap();
     let (failed, latency) = if active > 0 {
         drive(&nodes, active, rate, secs).await
     } else {
@@ -481,6 +484,7 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
         "rss_active_mb": round2(rss_active as f64 / 1e6),
         "heap_before_mb": round2(heap_before as f64 / 1e6),
         "heap_formed_mb": round2(heap_formed as f64 / 1e6),
+        "heap_rest_mb": round2(heap_rest as f64 / 1e6),
         "heap_active_mb": round2(heap_active as f64 / 1e6),
         "quiet": quiet,
         "published_bytes_per_node_by_end_of_rest": s1.published_bytes / n as u64,
