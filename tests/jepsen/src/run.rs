@@ -153,7 +153,12 @@ upstreams = ["mock"]
                 tollgate::config::hash_api_key(&workload::tenant_key(k)),
                 tenant_limit(spec),
                 // Task workers wait in the queue rather than retry (backpressure).
-                if spec.tasks.is_some() { "2s" } else { "500ms" },
+                // So do clients under a concurrency limit: in `gossip` a node with no
+                // slot gets a freed one once its waiting shows in the demand its
+                // peers see (2 x gossip + sync, then a round and the actor's 250 ms
+                // re-check: ~0.85 s), and a 500 ms wait expired first about half the
+                // time (a CI run's survivor refused three times in a row: 5.9 s).
+                if spec.tasks.is_some() || spec.concurrency.is_some() { "2s" } else { "500ms" },
                 spec.concurrency.map_or(String::new(), |c| format!("concurrency = {c}\n")),
             ))
             .collect::<String>(),
