@@ -324,6 +324,11 @@ concurrency = 2
         0,
         "the gateway followed the upstream's redirect"
     );
+    let text = metrics(&node).await;
+    assert!(
+        text.contains(r#"upstream="redirect",status="3xx""#),
+        "a redirect is counted as its own class: {text}"
+    );
     // A stream cut mid-way: the client sees the bytes so far, then a broken body.
     let response = post(&node, "/chat/completions", call("cut", true), &[]).await;
     assert_eq!(response.status(), 200);

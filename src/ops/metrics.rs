@@ -380,6 +380,8 @@ impl Metrics {
         let class = match status {
             Some(429) => "429",
             Some(s) if s < 300 => "2xx",
+            // A redirect is a misconfigured `base_url`, not the client's mistake.
+            Some(s) if s < 400 => "3xx",
             Some(s) if s < 500 => "4xx",
             Some(_) => "5xx",
             None => "error",

@@ -322,6 +322,8 @@ async fn attempt_once(
     if status.is_redirection() {
         // Not followed (the client is built without redirects): the body and the key
         // would go to an address the config never named. The provider did no work.
+        // Fatal on purpose, not moved on to a fallback: a redirecting `base_url` is a
+        // configuration error, and every request failing loudly shows it at once.
         held.settle(SettleWith::RefundTokens);
         return Attempt::Fatal(ApiError::bad_gateway(format!(
             "upstream {} answered {status}, a redirect the gateway does not follow; set its base_url to the final address",

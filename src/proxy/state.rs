@@ -326,8 +326,9 @@ impl AppState {
         let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone()).map_err(
             |(scope, e)| ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}")),
         )?;
-        // No redirects (a provider's 3xx goes back to the client; following it would
-        // send the body and the key somewhere the config never named) and no hidden
+        // No redirects (a provider's 3xx is a 502 to the client, dispatch.rs;
+        // following it would send the body and the key somewhere the config never
+        // named) and no hidden
         // retries (the attempt loop in dispatch.rs is the only one, so every send is
         // charged and bounded by `retry.max_attempts`). Both also take reqwest's
         // per-request policy work off the proxy path.
