@@ -541,11 +541,17 @@ impl<H: Ord + Clone> Line<H> {
         // reserves nothing new) within its share, nothing once it gave everything
         // back (an idle holder needs no reserve). Cut off, it goes on at about the
         // rate it had, as its old buckets leave the window.
+        // Never beyond what L leaves beside the others: `mine` may count this
+        // holder's lapsed credit as spent on top of what it spent from an earlier
+        // told figure while cut off (the owner cannot tell the two apart), and a
+        // figure told from that sum let it spend the unspent credit's worth again
+        // (the property test found 101 of L = 100: lapsed credit 25 + 16 spent cut
+        // off, told 41 beside 60 held by the others).
         let own_share = self.terms.shares.get(holder).copied().unwrap_or(0);
         let cut_off_share = if returning {
             0
         } else {
-            own_share.min(mine.saturating_add(granted))
+            own_share.min(mine.saturating_add(granted)).min(left)
         };
         account.reserves.tell(cut_off_share, request.seq);
         self.accounts.insert(holder.clone(), account);
