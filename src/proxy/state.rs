@@ -6,7 +6,7 @@ use super::request::Api;
 use crate::actor::clock::Clock;
 use crate::actor::estimate::AdaptivePolicy;
 use crate::actor::registry::ActorDefaults;
-use crate::actor::{Registry, ScopeId, ScopeKind, ScopeSpec};
+use crate::actor::{Registry, ScopeId, ScopeSpec};
 use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key_hash};
 use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::Metrics;
@@ -259,14 +259,10 @@ impl AppState {
         // key hashes) would be kept for nothing (see `AppState::config`).
         let tenant_configs = std::mem::take(&mut config.tenants);
         for t in &tenant_configs {
-            let id: Arc<str> = t.id.as_str().into();
-            let scope = ScopeId {
-                kind: ScopeKind::Tenant,
-                id: id.clone(),
-            };
+            let scope = ScopeId::tenant(&t.id);
             specs.insert(scope.clone(), scope_spec(&t.quota, &config, adaptive));
             let tenant = Arc::new(Tenant {
-                id,
+                id: scope.id.clone(),
                 scope,
                 max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
             });
@@ -328,10 +324,8 @@ impl AppState {
         )?;
         // No redirects (a provider's 3xx is a 502 to the client, dispatch.rs;
         // following it would send the body and the key somewhere the config never
-        // named) and no hidden
-        // retries (the attempt loop in dispatch.rs is the only one, so every send is
-        // charged and bounded by `retry.max_attempts`). Both also take reqwest's
-        // per-request policy work off the proxy path.
+        // named) and no hidden retries (the attempt loop in dispatch.rs is the only
+        // one, so every send is charged and bounded by `retry.max_attempts`).
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .retry(reqwest::retry::never())

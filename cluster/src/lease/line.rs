@@ -9,7 +9,11 @@
 //! remaining = 0`) and the re-announce after a failover are the same message.
 //!
 //! Invariant (windowed; `debug_assert!`ed on every grant and property-tested with
-//! the holders' real spending in `proptests.rs`):
+//! the holders' real spending in `proptests.rs`; one exception: a holder that
+//! spent from a told figure while its credit lapsed unspent is charged both, so
+//! `committed` can read above L though nobody can spend it; no figure told then
+//! exceeds what L leaves beside the others, so real spending stays <= L.
+//! docs/design/lease.md, "The told cut-off share"):
 //!
 //! ```text
 //! committed(now) = sum over holders h of charge_h(now) + hidden(now) + floors <= L
