@@ -221,6 +221,7 @@ impl Budget {
     /// The statement for the owner at `now_ms`, asking `want` more. `seq` only grows.
     pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
         self.last_seq = now_ms.max(self.last_seq + 1);
+        self.end_credit_stated_over(now_ms);
         let mut want = want;
         let nothing_left = self.remaining_now(now_ms) == 0;
         let cut_off_by_owner = self.cut_off_told && self.cut_off.is_some();
@@ -280,6 +281,7 @@ impl Budget {
             Kind::Slots => self.credit = reply.credit,
         }
         self.until_ms = snapshot.at_ms.saturating_add(reply.ttl_ms);
+        self.end_credit_stated_over(now_ms);
         self.adopted_seq = snapshot.request.seq;
         self.told_share = reply.cut_off_share;
     }
@@ -303,6 +305,18 @@ impl Budget {
     pub fn owner_changed(&mut self) {
         self.told_share = 0;
         self.cut_off = None;
+    }
+
+    /// The owner reads a statement stamped at or after a credit's end (seq + ttl
+    /// of the statement it answered) as holding everything spent from it, and
+    /// drops its guess for that credit if it lapsed there (line.rs, `Lapsed`). So
+    /// nothing is spent from a credit after a statement stamped past its end, even
+    /// when seq runs a few ms ahead of the clock (several statements in one ms) or
+    /// a late reply is adopted after a later statement.
+    fn end_credit_stated_over(&mut self, now_ms: u64) {
+        if self.until_ms <= self.last_seq {
+            self.until_ms = self.until_ms.min(now_ms);
+        }
     }
 
     /// What a statement now would say is left: credit (windowed) or slots in use.
@@ -407,6 +421,33 @@ mod tests {
         assert_eq!((b.credit(100), b.used(100)), (5, 5));
         assert_eq!(b.credit(500), 0, "ends at send time + ttl");
         assert!(b.try_spend(1, 500).is_none());
+    }
+
+    #[test]
+    fn nothing_is_spent_from_a_credit_after_a_statement_stamped_past_its_end() {
+        let mut b = windowed(CutOffPolicy::Share);
+        grant(&mut b, 10, 0); // ends at 0 + 500
+        // Many statements in one ms run seq ahead of the clock: once one is
+        // stamped at 500, the owner reads it as holding all spent from the credit.
+        let mut snap = b.snapshot(0, 10);
+        while snap.request.seq < 500 {
+            assert_eq!(b.credit(10), 10);
+            snap = b.snapshot(0, 10);
+        }
+        assert_eq!((b.credit(10), snap.request.remaining), (0, 0));
+        assert!(b.try_spend(1, 10).is_none());
+        // A late reply to an earlier statement, adopted after one stamped past the
+        // end of the credit it grants, grants nothing to spend either.
+        let early = b.snapshot(5, 20);
+        let reply = SyncReply {
+            credit: 5,
+            granted: 5,
+            ttl_ms: 500,
+            cut_off_share: 0,
+        };
+        while b.snapshot(0, 20).request.seq < 520 {}
+        b.apply(&early, &reply, 20);
+        assert_eq!(b.credit(20), 0);
     }
 
     #[test]

@@ -9,25 +9,30 @@
 //! remaining = 0`) and the re-announce after a failover are the same message.
 //!
 //! Invariant (windowed; `debug_assert!`ed on every grant and property-tested with
-//! the holders' real spending in `proptests.rs`; one exception: a holder that
-//! spent from a told figure while its credit lapsed unspent is charged both, so
-//! `committed` can read above L though nobody can spend it; no figure told then
-//! exceeds what L leaves beside the others, so real spending stays <= L.
-//! docs/design/lease.md, "The told cut-off share"):
+//! the holders' real spending in `proptests.rs`; one exception, below):
 //!
 //! ```text
 //! committed(now) = sum over holders h of charge_h(now) + hidden(now) + floors <= L
-//! charge_h(now)  = max(usage_h in window + expired_h in window + credit_h (unexpired),
+//! charge_h(now)  = max(usage_h in window + lapsed_h in window + credit_h (unexpired),
 //!                      every cut_off_share_h it may still hold)
 //! ```
+//!
+//! The exception: a statement taken before its holder's credit ended there but
+//! read after it lapsed here (delayed by most of a ttl) leaves the lapsed credit
+//! counted beside the usage it states, so `committed` can read above L by what was
+//! spent from that credit, though nobody can spend it: no figure told then exceeds
+//! what L leaves beside the others (docs/design/lease.md, "The told cut-off
+//! share").
 //!
 //! - `usage_h`: the holder's last statement, buckets clamped to the owner's current
 //!   bucket (a holder clock running ahead never ages cost out early).
 //! - `credit_h`: what it may still spend, until the owner's `now + ttl` at the last
 //!   exchange. The holder stops at its own *send* time + ttl, which is earlier.
-//! - `expired_h`: a credit that ran out without a new statement is taken as spent in
+//! - `lapsed_h`: a credit that ran out without a new statement is taken as spent in
 //!   the bucket of its expiry (the latest moment it could have been) and ages out
-//!   with the window. Never dropped early, even by a later statement.
+//!   with the window, or is dropped by a statement the holder took after the
+//!   credit had ended on its side (its usage then holds what it really spent
+//!   from it): never by an earlier one, which may be followed by more spending.
 //! - `hidden`: after a failover [`Line::rebuild`], all of L while any live holder
 //!   has not stated yet, for at most one ttl; then `max_credit` per holder still
 //!   silent becomes consumption (docs/design/lease.md, "Failover").
@@ -217,7 +222,11 @@ struct Account {
     usage: BTreeMap<u64, u64>,
     credit: u64,
     until_ms: u64,
-    expired: BTreeMap<u64, u64>,
+    /// When `credit` ends for the holder, on its clock: the statement's seq + ttl
+    /// (it stops at its snapshot time + ttl, and its seq is never earlier).
+    holder_until: u64,
+    /// Credits that lapsed without a new statement, taken as spent.
+    lapsed: Vec<Lapsed>,
     seq: u64,
     /// Cut-off shares it may still hold ([`SyncReply::cut_off_share`]).
     reserves: Reserves,
@@ -281,6 +290,18 @@ impl<H: Ord> Accounts<H> {
             self.0 = Vec::new();
         }
     }
+}
+
+/// A credit that ran out at the owner without a new statement: taken as spent in
+/// `bucket`, the bucket of its expiry (the latest moment it could have been), until
+/// that bucket leaves the window, or until a statement taken after `holder_until`
+/// (the credit had ended for the holder, so the statement's usage already holds
+/// everything spent from it) replaces the guess with the truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lapsed {
+    bucket: u64,
+    credit: u64,
+    holder_until: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -473,7 +494,8 @@ impl<H: Ord + Clone> Line<H> {
             usage: BTreeMap::new(),
             credit: 0,
             until_ms: 0,
-            expired: BTreeMap::new(),
+            holder_until: 0,
+            lapsed: Vec::new(),
             seq: 0,
             reserves: Reserves::default(),
         });
@@ -502,8 +524,14 @@ impl<H: Ord + Clone> Line<H> {
                     None => request.remaining.min(self.config.max_credit),
                 };
                 account.usage = usage;
-                let expired = self.usage_in_window(&account.expired, now_ms);
-                (used.saturating_add(expired), accepted)
+                // A lapsed credit that had ended for the holder before it took
+                // this statement is in its usage already, as what it really spent
+                // from it: counting it again as spent would charge the holder
+                // twice (and, with a figure told from that sum, once let it spend
+                // the unspent part again: 101 of L = 100, docs/design/lease.md).
+                account.lapsed.retain(|l| l.holder_until > request.seq);
+                let lapsed = self.lapsed_in_window(&account.lapsed, now_ms);
+                (used.saturating_add(lapsed), accepted)
             }
             // Slots in use are real whatever the owner thinks: always counted.
             Kind::Slots => (0, request.remaining),
@@ -540,17 +568,20 @@ impl<H: Ord + Clone> Line<H> {
         let granted = room.into_iter().min().unwrap_or(0);
         account.credit = accepted.saturating_add(granted);
         account.until_ms = now_ms.saturating_add(self.config.ttl_ms);
+        account.holder_until = request.seq.saturating_add(self.config.ttl_ms);
         // What it may use per window if it loses this owner: what it holds now
         // (its usage in the window and its credit: already charged, so keeping it
         // reserves nothing new) within its share, nothing once it gave everything
         // back (an idle holder needs no reserve). Cut off, it goes on at about the
         // rate it had, as its old buckets leave the window.
-        // Never beyond what L leaves beside the others: `mine` may count this
-        // holder's lapsed credit as spent on top of what it spent from an earlier
-        // told figure while cut off (the owner cannot tell the two apart), and a
-        // figure told from that sum let it spend the unspent credit's worth again
-        // (the property test found 101 of L = 100: lapsed credit 25 + 16 spent cut
-        // off, told 41 beside 60 held by the others).
+        // Never beyond what L leaves beside the others: `mine` may still count a
+        // lapsed credit as spent on top of what the holder spent from an earlier
+        // told figure while cut off (a statement taken before the credit ended on
+        // its side, read after it lapsed here), and a figure told from that sum
+        // would let it spend the unspent credit's worth again (the property test
+        // found 101 of L = 100 before lapsed credits were dropped by later
+        // statements: lapsed 25 + 16 spent cut off, told 41 beside 60 held by
+        // the others).
         let own_share = self.terms.shares.get(holder).copied().unwrap_or(0);
         let cut_off_share = if returning {
             0
@@ -582,13 +613,17 @@ impl<H: Ord + Clone> Line<H> {
             if a.until_ms <= now_ms && a.credit > 0 {
                 expired += 1;
                 if let Kind::Windowed(w) = kind {
-                    add(&mut a.expired, w.bucket_index(a.until_ms), a.credit);
+                    a.lapsed.push(Lapsed {
+                        bucket: w.bucket_index(a.until_ms),
+                        credit: a.credit,
+                        holder_until: a.holder_until,
+                    });
                 }
                 a.credit = 0;
             }
             if let Kind::Windowed(w) = kind {
                 a.usage.retain(|b, _| w.counts(*b, now_ms));
-                a.expired.retain(|b, _| w.counts(*b, now_ms));
+                a.lapsed.retain(|l| w.counts(l.bucket, now_ms));
             }
         }
         // An account with nothing left is forgotten; its next statement is a first
@@ -596,7 +631,7 @@ impl<H: Ord + Clone> Line<H> {
         self.accounts.retain(|_, a| {
             a.credit > 0
                 || !a.usage.is_empty()
-                || !a.expired.is_empty()
+                || !a.lapsed.is_empty()
                 || a.until_ms > now_ms
                 || !a.reserves.0.is_empty()
         });
@@ -659,7 +694,7 @@ impl<H: Ord + Clone> Line<H> {
                         0
                     };
                 (self.usage_in_window(&a.usage, now_ms))
-                    .saturating_add(self.usage_in_window(&a.expired, now_ms))
+                    .saturating_add(self.lapsed_in_window(&a.lapsed, now_ms))
                     .saturating_add(expired_now)
                     .saturating_add(credit)
             }
@@ -674,6 +709,15 @@ impl<H: Ord + Clone> Line<H> {
             Kind::Windowed(w) => (usage.iter())
                 .filter(|(b, _)| w.counts(**b, now_ms))
                 .fold(0, |s, (_, c)| s.saturating_add(*c)),
+            Kind::Slots => 0,
+        }
+    }
+
+    fn lapsed_in_window(&self, lapsed: &[Lapsed], now_ms: u64) -> u64 {
+        match self.config.kind {
+            Kind::Windowed(w) => (lapsed.iter())
+                .filter(|l| w.counts(l.bucket, now_ms))
+                .fold(0, |s, l| s.saturating_add(l.credit)),
             Kind::Slots => 0,
         }
     }
@@ -801,12 +845,35 @@ mod tests {
         assert_eq!(l.available(800), 60, "taken as spent at expiry");
         assert_eq!(l.available(1_599), 60);
         assert_eq!(l.available(1_600), 100, "bucket 5 left the window");
-        // A later statement does not drop the expired charge early.
+        // A statement taken while the credit was still live for the holder (its
+        // clock: before 1 + 500) does not drop it: it may have spent more after.
         let r = l
             .sync(&"a", &statement(2, &[(1, 10)], 0, 0), 900)
             .expect("ok");
         assert_eq!(r.credit, 0);
         assert_eq!(l.available(900), 100 - 10 - 40);
+    }
+
+    #[test]
+    fn a_statement_taken_after_a_lapsed_credit_ended_replaces_the_guess() {
+        let mut l = line(100, 40);
+        l.sync(&"a", &statement(1, &[], 0, 40), 0).expect("granted");
+        assert_eq!(l.settle(800), 1);
+        assert_eq!(l.charge_of(&"a", 800), 40, "lapsed: taken as spent");
+        // Stamped at 501, the credit (ended at 1 + 500 for a) is over: the 25 it
+        // states spent are all it spent from it, and they are charged once.
+        let r = l
+            .sync(&"a", &statement(501, &[(0, 25)], 0, 0), 900)
+            .expect("ok");
+        assert_eq!(r.credit, 0);
+        assert_eq!(l.charge_of(&"a", 900), 25, "not 25 + 40");
+        assert_eq!(l.available(900), 75);
+        // One stamped a ms earlier keeps the guess (a fresh line: same history).
+        let mut l = line(100, 40);
+        l.sync(&"a", &statement(1, &[], 0, 40), 0).expect("granted");
+        l.sync(&"a", &statement(500, &[(0, 25)], 0, 0), 900)
+            .expect("ok");
+        assert_eq!(l.charge_of(&"a", 900), 65);
     }
 
     #[test]
