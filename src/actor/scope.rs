@@ -34,9 +34,10 @@ impl Allowance {
         self.0.load(Ordering::Relaxed)
     }
 
-    /// Replaces the value (the sync engine).
-    pub fn set(&self, value: u64) {
-        self.0.store(value, Ordering::Relaxed);
+    /// Replaces the value (the sync engine); whether it rose, so that the caller
+    /// can wake waiters that the old value held back.
+    pub fn set(&self, value: u64) -> bool {
+        self.0.swap(value, Ordering::Relaxed) < value
     }
 }
 

@@ -704,7 +704,9 @@ impl Engine {
                         charged: shares.get(&self.self_id).copied().unwrap_or(0),
                     },
                 );
-                allowance.set(if gate.is_lost() { own } else { u64::MAX });
+                if allowance.set(if gate.is_lost() { own } else { u64::MAX }) {
+                    self.state.registry.wake(&binding.scope);
+                }
                 continue;
             }
             if let Some(feed) = &self.lease {
@@ -773,8 +775,13 @@ impl Engine {
                 others_used,
                 demands: &demands,
             };
-            if let Some(allowance) = &binding.allowance {
-                allowance.set(self.policy.allowance(&figures).unwrap_or(u64::MAX));
+            if let Some(allowance) = &binding.allowance
+                && allowance.set(self.policy.allowance(&figures).unwrap_or(u64::MAX))
+            {
+                // Waiters held back by the old figure are admitted now rather than
+                // at their next re-check (up to ALLOWANCE_RETRY_HINT_NS later): a
+                // freed slot in `gossip` reached a waiting node ~0.25 s late.
+                self.state.registry.wake(&binding.scope);
             }
         }
         drop(usage);
