@@ -9,7 +9,7 @@
 
 use super::owner::OwnerBook;
 use super::rpc::{self, CallError};
-use super::wire::{Batch, Entry};
+use super::wire::{self, Entry};
 use super::{MemberAddr, View};
 use crate::actor::Dimension;
 use crate::actor::credit::Credit;
@@ -367,15 +367,25 @@ impl Holder {
                 })
                 .collect());
         }
-        let batch = Batch {
-            cluster_id: self.settings.cluster_id.clone(),
-            from: view.self_id.clone(),
-            entries: (items.iter())
-                .map(|(i, s)| Entry::new(&bindings[*i].key, &s.request))
-                .collect(),
-        };
-        let answers = rpc::call(&self.client, &owner.rpc, &self.settings.secret, &batch).await?;
-        Ok(answers.into_iter().map(|a| a.into_result()).collect())
+        let entries = (items.iter())
+            .map(|(i, s)| Entry::new(&bindings[*i].key, &s.request))
+            .collect();
+        let batches = wire::batches(
+            &self.settings.cluster_id,
+            &view.self_id,
+            entries,
+            wire::SEND_BODY_BYTES,
+        );
+        // Usually one; all at once when more, answered in order. One failing
+        // fails the round for this owner (the others' replies are lost replies,
+        // which the ledger's reserves cover).
+        let calls = (batches.iter())
+            .map(|batch| rpc::call(&self.client, &owner.rpc, &self.settings.secret, batch));
+        let mut answers = Vec::with_capacity(items.len());
+        for answered in futures_util::future::join_all(calls).await {
+            answers.extend(answered?.into_iter().map(|a| a.into_result()));
+        }
+        Ok(answers)
     }
 
     /// `redis-lease`: one `lease.lua` call per key, all concurrently on the

@@ -17,6 +17,12 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
 /// Most statements in one batch (a node has at most this many limit keys bound).
 pub const MAX_ENTRIES: usize = 100_000;
 
+/// What a holder puts in one batch at most: a round with more statements for one
+/// owner sends several (an owner refuses a body above [`MAX_BODY_BYTES`], and a
+/// refused batch reads as an unreachable owner: ~43,000 idle statements did, so a
+/// node with that many keys on one owner stayed cut off from it for good).
+pub const SEND_BODY_BYTES: usize = 1 << 20;
+
 /// A holder's statements for the keys one owner owns.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,6 +68,15 @@ impl Entry {
         }
     }
 
+    /// At least the length of this entry in JSON: every character of the key
+    /// escaped at worst (`\u00XX`), every number at 20 digits.
+    fn json_bound(&self) -> usize {
+        const FIELDS: usize = 80; // names, quotes, braces, brackets
+        const NUMBER: usize = 20;
+        const PAIR: usize = 2 * NUMBER + 4; // `[b,c],`
+        FIELDS + 6 * self.key.len() + 4 * NUMBER + PAIR * self.usage.len()
+    }
+
     /// The statement as the ledger takes it.
     pub fn request(&self) -> SyncRequest {
         SyncRequest {
@@ -72,6 +87,34 @@ impl Entry {
             adopted: self.adopted,
         }
     }
+}
+
+/// `entries` in order, cut into batches whose bodies are at most `max_bytes`
+/// (one entry alone may exceed it: it goes alone) and [`MAX_ENTRIES`] entries.
+pub fn batches(cluster_id: &str, from: &str, entries: Vec<Entry>, max_bytes: usize) -> Vec<Batch> {
+    let batch = |entries| Batch {
+        cluster_id: cluster_id.to_owned(),
+        from: from.to_owned(),
+        entries,
+    };
+    // `{"cluster_id":"..","from":"..","entries":[]}`, the strings escaped at worst.
+    let overhead = 40 + 6 * (cluster_id.len() + from.len());
+    let mut out = Vec::new();
+    let mut current = Vec::new();
+    let mut size = overhead;
+    for entry in entries {
+        let cost = entry.json_bound() + 1; // and its comma
+        if !current.is_empty() && (size + cost > max_bytes || current.len() >= MAX_ENTRIES) {
+            out.push(batch(std::mem::take(&mut current)));
+            size = overhead;
+        }
+        size += cost;
+        current.push(entry);
+    }
+    if !current.is_empty() {
+        out.push(batch(current));
+    }
+    out
 }
 
 /// The owner's answers, in the batch's order.
@@ -178,6 +221,80 @@ mod tests {
         assert!(secrets_match(b"0123456789abcdef", b"0123456789abcdef"));
         assert!(!secrets_match(b"0123456789abcdeg", b"0123456789abcdef"));
         assert!(!secrets_match(b"0123456789abcde", b"0123456789abcdef"));
+    }
+
+    fn entry(key: &str, usage: usize) -> Entry {
+        Entry {
+            key: key.to_owned(),
+            seq: u64::MAX,
+            usage: (0..usage as u64)
+                .map(|b| (u64::MAX - b, u64::MAX))
+                .collect(),
+            remaining: u64::MAX,
+            want: u64::MAX,
+            adopted: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn batches_stay_within_the_body_limit_in_order() {
+        // Worst cases: keys that escape (quotes, control characters), numbers at
+        // 20 digits, long usage lists, and one entry bigger than the limit.
+        let keys = [
+            "tenant:a:tokens",
+            "tenant:\"q\":requests",
+            "tenant:\u{1}:x",
+            "t",
+        ];
+        let entries: Vec<Entry> = (0..3_000)
+            .map(|i| entry(keys[i % keys.len()], (i * 7) % 130))
+            .chain([entry("tenant:huge:tokens", 400)])
+            .collect();
+        let max = 64 << 10;
+        let split = batches(
+            "cluster-\"x\"",
+            "node-1/7@10.0.0.1:7000",
+            entries.clone(),
+            max,
+        );
+        assert!(split.len() > 10, "{} batches", split.len());
+        for b in &split {
+            let len = serde_json::to_vec(b).expect("serializes").len();
+            assert!(len <= max || b.entries.len() == 1, "{len} bytes");
+            assert!(b.entries.len() <= MAX_ENTRIES);
+        }
+        let rejoined: Vec<String> = (split.iter())
+            .flat_map(|b| b.entries.iter().map(|e| format!("{e:?}")))
+            .collect();
+        let original: Vec<String> = entries.iter().map(|e| format!("{e:?}")).collect();
+        assert_eq!(rejoined, original, "nothing lost, nothing reordered");
+    }
+
+    #[test]
+    fn a_node_with_50_000_idle_keys_on_one_owner_sends_bodies_the_owner_takes() {
+        let entries: Vec<Entry> = (0..50_000)
+            .map(|i| Entry {
+                key: format!("tenant:t{i}:requests"),
+                seq: 1_764_000_000_000 + i,
+                usage: Vec::new(),
+                remaining: 0,
+                want: 0,
+                adopted: 0,
+            })
+            .collect();
+        let whole = Batch {
+            cluster_id: "prod".into(),
+            from: "node-1/1764000000000@10.0.0.1:7946".into(),
+            entries: entries.clone(),
+        };
+        let whole_len = serde_json::to_vec(&whole).expect("serializes").len();
+        assert!(
+            whole_len > MAX_BODY_BYTES,
+            "one batch: {whole_len} bytes, refused"
+        );
+        for b in batches(&whole.cluster_id, &whole.from, entries, SEND_BODY_BYTES) {
+            assert!(serde_json::to_vec(&b).expect("serializes").len() <= SEND_BODY_BYTES);
+        }
     }
 
     #[test]
