@@ -103,7 +103,7 @@ pub struct AppState {
     pub rng_counter: AtomicU64,
     /// Keys whose cluster allowance the sync engine maintains (empty on one node
     /// and in `local full` mode).
-    pub bindings: Vec<crate::sync::engine::Binding>,
+    pub bindings: Arc<[crate::sync::engine::Binding]>,
     /// `redis` mode: the Redis gate every admission goes through (set when the
     /// cluster starts).
     pub redis_gate: std::sync::OnceLock<Arc<crate::redis::gate::RedisGate>>,
@@ -144,7 +144,7 @@ fn bind_allowances(
     config: &Config,
     specs: &mut HashMap<ScopeId, ScopeSpec>,
     wake: &Arc<tokio::sync::Notify>,
-) -> Vec<Binding> {
+) -> Arc<[Binding]> {
     use crate::actor::Dimension;
     use crate::actor::credit::Credit;
     use crate::actor::scope::Allowance;
@@ -152,10 +152,10 @@ fn bind_allowances(
     use tollgate_cluster::lease::budget::{Budget, CutOffPolicy};
     use tollgate_cluster::lease::line::Kind;
     let Some(cluster) = &config.cluster else {
-        return Vec::new();
+        return Arc::from([]);
     };
     if cluster.mode == SyncMode::Local && cluster.local_share == LocalShare::Full {
-        return Vec::new();
+        return Arc::from([]);
     }
     let window = tollgate_cluster::counter::Window::try_new(
         config.limits.window.as_millis() as u64,
@@ -217,10 +217,8 @@ fn bind_allowances(
             bindings.push(binding);
         }
     }
-    // Kept for the process's life: no doubling slack (up to half of a Vec that
-    // is ~80 B per limit key).
-    bindings.shrink_to_fit();
-    bindings
+    // Kept for the process's life, exactly sized (shared with the owner book).
+    bindings.into()
 }
 
 /// The four endpoints of an upstream; validate() already proved the base URL parses.

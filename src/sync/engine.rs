@@ -624,7 +624,7 @@ impl Engine {
         let mut live_nodes = usage.live_nodes();
         live_nodes.push(self.self_id.clone());
         self.history.set_members(&live_nodes, &self.dead);
-        for binding in &state.bindings {
+        for binding in state.bindings.iter() {
             let mine = own.get(&binding.key).copied().unwrap_or(Own {
                 used: 0,
                 seen: 0,

@@ -24,9 +24,8 @@ pub mod status;
 use crate::config::{ClusterConfig, SyncMode};
 use crate::proxy::AppState;
 use engine::{Engine, LeaseFeed};
-use lease::owner::OwnerBook;
+use lease::owner::{KeyTable, OwnerBook};
 use status::ClusterStatus;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,8 +35,6 @@ use tokio::task::JoinHandle;
 use tollgate_cluster::chitchat::transport::Transport;
 use tollgate_cluster::counter::ClusterUsage;
 use tollgate_cluster::counter::Window;
-use tollgate_cluster::lease::MAX_HOLDERS;
-use tollgate_cluster::lease::line::{Kind, LineConfig};
 use tollgate_cluster::membership::{
     Membership, MembershipConfig, MembershipError, NodeMetadata, StateLimits,
 };
@@ -302,24 +299,14 @@ fn peer_book(
 ) -> Result<Arc<OwnerBook>, SyncError> {
     let lease = &config.lease;
     let ttl_ms = lease.ttl.as_millis() as u64;
-    let mut configs = HashMap::new();
-    for binding in state.bindings.iter().filter(|b| b.credit.is_some()) {
-        let kind = match binding.dimension {
-            crate::actor::Dimension::Concurrency => Kind::Slots,
-            _ => Kind::Windowed(window),
-        };
-        let max = lease::holder::max_credit(binding.capacity, lease.max_credit);
-        let line =
-            LineConfig::try_new(binding.capacity, kind, max, MAX_HOLDERS, ttl_ms).map_err(|e| {
-                SyncError::Lease {
-                    key: binding.key.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
-        configs.insert(binding.key.clone(), line);
-    }
+    let keys = KeyTable::new(state.bindings.clone(), window, lease.max_credit, ttl_ms).map_err(
+        |(key, e)| SyncError::Lease {
+            key,
+            reason: e.to_string(),
+        },
+    )?;
     let book = Arc::new(OwnerBook::new(
-        configs,
+        keys,
         view.clone(),
         usage.clone(),
         state.registry.clock(),

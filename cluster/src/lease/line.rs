@@ -473,6 +473,17 @@ impl<H: Ord + Clone> Line<H> {
         self.accounts.len()
     }
 
+    /// Nothing held by anyone (read after [`Line::settle`]): no account, nothing
+    /// known from the counters, no recovery. Such a line answers every statement
+    /// exactly as [`Line::new`] with the same terms would, so an owner may drop it
+    /// and open a new one while it keeps owning the key.
+    pub fn is_at_rest(&self) -> bool {
+        self.accounts.len() == 0
+            && self.rebuilt.is_empty()
+            && self.departed.is_empty()
+            && self.recovery.is_none()
+    }
+
     /// Applies `holder`'s statement at `now_ms` and grants what it can. Bad input
     /// (absurd amounts, stale statements, too many holders) is refused and changes
     /// nothing.

@@ -5,19 +5,21 @@
 //! key that arrives is rebuilt conservatively from the gossiped counters.
 
 use super::View;
+use crate::actor::Dimension;
 use crate::actor::clock::Clock;
 use crate::ops::metrics::Metrics;
+use crate::sync::engine::Binding;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use tollgate_cluster::counter::ClusterUsage;
-use tollgate_cluster::lease::Refusal;
-use tollgate_cluster::lease::line::{Line, LineConfig, SyncReply, SyncRequest};
+use tollgate_cluster::counter::{ClusterUsage, Window};
+use tollgate_cluster::lease::line::{ConfigError, Kind, Line, LineConfig, SyncReply, SyncRequest};
 use tollgate_cluster::lease::rendezvous;
+use tollgate_cluster::lease::{MAX_HOLDERS, Refusal};
 
 /// The lines of the keys this node owns.
 pub struct OwnerBook {
-    configs: HashMap<String, LineConfig>,
-    lines: Mutex<HashMap<String, Line<String>>>,
+    keys: KeyTable,
+    lines: Mutex<Lines>,
     view: Arc<RwLock<Arc<View>>>,
     usage: Arc<Mutex<ClusterUsage>>,
     clock: Clock,
@@ -25,7 +27,109 @@ pub struct OwnerBook {
     rebuilt: std::sync::atomic::AtomicU64,
 }
 
-/// One owned key, for `/admin/cluster`.
+/// The keys any node may own: the credit bindings, found by key, each line's
+/// config computed from its binding (every node computes the same). A stored
+/// config per key, on every node, was ~150 B of an idle lease key.
+pub struct KeyTable {
+    bindings: Arc<[Binding]>,
+    /// Indices into `bindings` of those with credit, sorted by key.
+    by_key: Box<[u32]>,
+    window: Window,
+    max_credit: f64,
+    ttl_ms: u64,
+}
+
+impl KeyTable {
+    /// The credit bindings of `bindings`, each line config checked once here.
+    pub fn new(
+        bindings: Arc<[Binding]>,
+        window: Window,
+        max_credit: f64,
+        ttl_ms: u64,
+    ) -> Result<KeyTable, (String, ConfigError)> {
+        let mut by_key: Vec<u32> = (0..bindings.len() as u32)
+            .filter(|i| bindings[*i as usize].credit.is_some())
+            .collect();
+        by_key.sort_by(|a, b| bindings[*a as usize].key.cmp(&bindings[*b as usize].key));
+        let table = KeyTable {
+            bindings,
+            by_key: by_key.into_boxed_slice(),
+            window,
+            max_credit,
+            ttl_ms,
+        };
+        for &id in table.by_key.iter() {
+            table
+                .try_config(id)
+                .map_err(|e| (table.key(id).to_owned(), e))?;
+        }
+        Ok(table)
+    }
+
+    /// The binding index of `key`, if it is a lease key.
+    fn find(&self, key: &str) -> Option<u32> {
+        let found =
+            (self.by_key).binary_search_by(|i| self.bindings[*i as usize].key.as_str().cmp(key));
+        found.ok().map(|at| self.by_key[at])
+    }
+
+    fn key(&self, id: u32) -> &str {
+        &self.bindings[id as usize].key
+    }
+
+    fn try_config(&self, id: u32) -> Result<LineConfig, ConfigError> {
+        let binding = &self.bindings[id as usize];
+        let kind = match binding.dimension {
+            Dimension::Concurrency => Kind::Slots,
+            _ => Kind::Windowed(self.window),
+        };
+        let max = super::holder::max_credit(binding.capacity, self.max_credit);
+        LineConfig::try_new(binding.capacity, kind, max, MAX_HOLDERS, self.ttl_ms)
+    }
+}
+
+/// The open lines, and which owned keys have none because theirs came to rest.
+#[derive(Default)]
+struct Lines {
+    open: HashMap<u32, Line<String>>,
+    /// Bit per binding: owned without a break since its line was dropped at rest
+    /// (nothing held by anyone: no account, nothing rebuilt, no recovery). Such a
+    /// line is exactly a new line with the round's terms, so its key's next
+    /// statement opens one without the rebuild's hold. Cleared once the key is
+    /// not owned here in a round's view (a key that comes back is rebuilt).
+    resting: Vec<u64>,
+    /// The members the resting bits were last checked against.
+    members: Vec<String>,
+}
+
+impl Lines {
+    fn is_resting(&self, id: u32) -> bool {
+        (self.resting.get(id as usize / 64)).is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+
+    fn set_resting(&mut self, id: u32, on: bool) {
+        let word = id as usize / 64;
+        if self.resting.len() <= word {
+            self.resting.resize(word + 1, 0);
+        }
+        if on {
+            self.resting[word] |= 1 << (id % 64);
+        } else {
+            self.resting[word] &= !(1 << (id % 64));
+        }
+    }
+
+    fn resting_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        (self.resting.iter().enumerate()).flat_map(|(w, bits)| {
+            (0..64u32)
+                .filter(move |b| bits & (1 << b) != 0)
+                .map(move |b| w as u32 * 64 + b)
+        })
+    }
+}
+
+/// One owned key with an open line, for `/admin/cluster` (a key owned here whose
+/// line came to rest has none until its next statement).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct OwnedKey {
     /// The limit key.
@@ -41,18 +145,18 @@ pub struct OwnedKey {
 }
 
 impl OwnerBook {
-    /// A book for the configured keys (`configs`), reading membership from `view`
-    /// and rebuilding from `usage`.
+    /// A book for `keys`, reading membership from `view` and rebuilding from
+    /// `usage`.
     pub fn new(
-        configs: HashMap<String, LineConfig>,
+        keys: KeyTable,
         view: Arc<RwLock<Arc<View>>>,
         usage: Arc<Mutex<ClusterUsage>>,
         clock: Clock,
         metrics: Arc<Metrics>,
     ) -> OwnerBook {
         OwnerBook {
-            configs,
-            lines: Mutex::new(HashMap::new()),
+            keys,
+            lines: Mutex::new(Lines::default()),
             view,
             usage,
             clock,
@@ -61,7 +165,7 @@ impl OwnerBook {
         }
     }
 
-    fn lines(&self) -> MutexGuard<'_, HashMap<String, Line<String>>> {
+    fn lines(&self) -> MutexGuard<'_, Lines> {
         self.lines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -94,7 +198,8 @@ impl OwnerBook {
         key: &str,
         request: &SyncRequest,
     ) -> Result<SyncReply, Refusal> {
-        let config = self.configs.get(key).ok_or(Refusal::UnknownKey)?;
+        let id = self.keys.find(key).ok_or(Refusal::UnknownKey)?;
+        let config = (self.keys.try_config(id)).map_err(|_| Refusal::UnknownKey)?;
         let view = self.view();
         if !view.members.iter().any(|m| m.id == from) {
             return Err(Refusal::NotMember);
@@ -105,12 +210,24 @@ impl OwnerBook {
             return Err(Refusal::NotOwner);
         }
         let now_ms = self.now_ms();
-        let mut lines = self.lines();
-        let line = match lines.get_mut(key) {
-            Some(line) => line,
-            None => {
-                let rebuilt = self.rebuild(*config, key, &view, now_ms);
-                lines.entry(key.to_owned()).or_insert(rebuilt)
+        let mut guard = self.lines();
+        let lines = &mut *guard;
+        let resting = lines.is_resting(id);
+        lines.set_resting(id, false);
+        let line = match lines.open.entry(id) {
+            std::collections::hash_map::Entry::Occupied(line) => line.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let line = if resting {
+                    // Owned throughout, and nobody held anything: a fresh line.
+                    let mut line = Line::new(config);
+                    if let Some(terms) = view.terms_for(key, config.capacity()) {
+                        line.set_terms(Arc::clone(terms));
+                    }
+                    line
+                } else {
+                    self.rebuild(config, key, &view, now_ms)
+                };
+                slot.insert(line)
             }
         };
         let reply = line.sync(&from.to_owned(), request, now_ms)?;
@@ -145,45 +262,74 @@ impl OwnerBook {
     }
 
     /// Each round: drops keys this node no longer owns (fencing), applies the new
-    /// terms, settles expiries.
+    /// terms, settles expiries, and drops lines that came to rest (their keys
+    /// stay marked resting while owned).
     pub fn on_round(&self) {
         let view = self.view();
         let now_ms = self.now_ms();
         let mut expired = 0;
-        let mut lines = self.lines();
-        let before = lines.len();
-        lines.retain(|key, _| {
-            let owned = view.owns(key);
+        let mut guard = self.lines();
+        let lines = &mut *guard;
+        let before = lines.open.len();
+        let keys = &self.keys;
+        lines.open.retain(|id, _| {
+            let owned = view.owns(keys.key(*id));
             if !owned {
-                tracing::debug!(%key, "lease key moved to another owner: dropped here");
+                tracing::debug!(
+                    key = keys.key(*id),
+                    "lease key moved to another owner: dropped here"
+                );
             }
             owned
         });
-        let dropped = before - lines.len();
+        let dropped = before - lines.open.len();
+        // Ownership moves only when the members do: then a resting key no longer
+        // owned here stops resting (if it comes back, it is rebuilt).
+        let members: Vec<String> = view.members.iter().map(|m| m.id.clone()).collect();
+        if members != lines.members {
+            let moved: Vec<u32> = (lines.resting_ids())
+                .filter(|id| !view.owns(keys.key(*id)))
+                .collect();
+            for id in moved {
+                lines.set_resting(id, false);
+            }
+            lines.members = members;
+        }
         let rebuilt = self.rebuilt.swap(0, std::sync::atomic::Ordering::Relaxed);
         if dropped > 0 || rebuilt > 0 {
             tracing::info!(
                 rebuilt,
                 dropped,
-                owned = lines.len(),
+                owned = lines.open.len(),
                 "lease ownership changed: new keys rebuilt from the counters (conservative until every holder stated), moved keys dropped"
             );
         }
-        for (key, line) in lines.iter_mut() {
-            if let Some(terms) = view.terms_for(key, line.config().capacity()) {
+        let mut resting = Vec::new();
+        for (id, line) in lines.open.iter_mut() {
+            if let Some(terms) = view.terms_for(keys.key(*id), line.config().capacity()) {
                 line.set_terms(Arc::clone(terms));
             }
             expired += line.settle(now_ms) as u64;
+            if line.is_at_rest() {
+                resting.push(*id);
+            }
+        }
+        for id in resting {
+            lines.open.remove(&id);
+            lines.set_resting(id, true);
+        }
+        if lines.open.capacity() > 4 * lines.open.len().max(16) {
+            lines.open.shrink_to_fit();
         }
         self.metrics.lease_owner(0, expired);
     }
 
-    /// The keys owned here, for `/admin/cluster?keys=true`.
+    /// The keys owned here with an open line, for `/admin/cluster?keys=true`.
     pub fn owned(&self) -> Vec<OwnedKey> {
         let now_ms = self.now_ms();
-        let mut out: Vec<OwnedKey> = (self.lines().iter())
-            .map(|(key, line)| OwnedKey {
-                key: key.clone(),
+        let mut out: Vec<OwnedKey> = (self.lines().open.iter())
+            .map(|(id, line)| OwnedKey {
+                key: self.keys.key(*id).to_owned(),
                 committed: line.committed(now_ms),
                 capacity: line.config().capacity(),
                 holders: line.holders(),
@@ -199,5 +345,133 @@ impl OwnerBook {
         let view = self.view();
         let ids: Vec<&str> = view.members.iter().map(|m| m.id.as_str()).collect();
         rendezvous::owner(key, &ids).map(|s| s.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actor::ScopeId;
+    use crate::actor::credit::Credit;
+    use crate::sync::lease::MemberAddr;
+    use std::time::Duration;
+    use tollgate_cluster::lease::budget::{Budget, CutOffPolicy};
+
+    const TTL_MS: u64 = 1_000;
+
+    fn window() -> Window {
+        Window::try_new(1_000, 10).expect("window")
+    }
+
+    fn binding(key: &str) -> Binding {
+        let budget = Budget::new(Kind::Windowed(window()), CutOffPolicy::Share);
+        Binding {
+            key: key.to_owned(),
+            scope: ScopeId::tenant(key),
+            dimension: Dimension::Requests,
+            capacity: 100,
+            allowance: None,
+            credit: Some(Credit::new(key, budget, Arc::default())),
+        }
+    }
+
+    fn view(members: &[&str]) -> Arc<View> {
+        Arc::new(View {
+            self_id: "a".into(),
+            members: (members.iter())
+                .map(|m| MemberAddr {
+                    id: (*m).to_owned(),
+                    rpc: String::new(),
+                })
+                .collect(),
+            // Equal shares of L = 100 for every key (idle terms of its capacity).
+            idle_terms: HashMap::from([(
+                100,
+                Arc::new(tollgate_cluster::lease::line::Terms {
+                    shares: (members.iter()).map(|m| ((*m).to_owned(), 40)).collect(),
+                    ..Default::default()
+                }),
+            )]),
+            settled: true,
+            ..View::default()
+        })
+    }
+
+    /// A key `a` owns among `[a, b]` but `c` owns once it joins.
+    fn key_that_moves_to_c() -> String {
+        (0..1_000)
+            .map(|i| format!("tenant:t{i}:requests"))
+            .find(|k| {
+                rendezvous::owner(k, &["a", "b"]) == Some(&"a")
+                    && rendezvous::owner(k, &["a", "b", "c"]) == Some(&"c")
+            })
+            .expect("such a key")
+    }
+
+    fn book(key: &str) -> (OwnerBook, Arc<RwLock<Arc<View>>>) {
+        let bindings: Arc<[Binding]> = vec![binding(key)].into();
+        let keys = KeyTable::new(bindings, window(), 0.25, TTL_MS).expect("keys");
+        let shared = Arc::new(RwLock::new(view(&["a", "b"])));
+        let usage = Arc::new(Mutex::new(ClusterUsage::new(window())));
+        let metrics = Arc::new(Metrics::new(false));
+        let book = OwnerBook::new(keys, shared.clone(), usage, Clock::start(), metrics);
+        (book, shared)
+    }
+
+    fn ask(book: &OwnerBook, from: &str, key: &str, want: u64) -> SyncReply {
+        let seq = book.now_ms();
+        let request = SyncRequest {
+            seq,
+            want,
+            ..SyncRequest::default()
+        };
+        book.sync(from, key, &request).expect("answered")
+    }
+
+    /// Both holders state (the first statement rebuilds the line, which grants
+    /// nothing until every live member stated), then the line comes to rest.
+    async fn owned_then_at_rest(book: &OwnerBook, key: &str) {
+        assert_eq!(ask(book, "a", key, 10).granted, 0, "rebuilt: held");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        ask(book, "b", key, 0);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(ask(book, "a", key, 10).granted, 10);
+        book.on_round();
+        assert_eq!(book.owned().len(), 1);
+        // Its credit lapses (ttl) and leaves the window; idle, it gives back the
+        // cut-off figure it was told (as the holder loop does), whose statement's
+        // own ttl then passes: nothing held by anyone.
+        tokio::time::advance(Duration::from_millis(TTL_MS + 1_200)).await;
+        book.on_round();
+        assert_eq!(book.owned().len(), 1, "its told figure still binds");
+        ask(book, "a", key, 0);
+        tokio::time::advance(Duration::from_millis(TTL_MS + 1)).await;
+        book.on_round();
+        assert!(book.owned().is_empty(), "a line at rest is dropped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_line_at_rest_is_dropped_and_reopened_without_the_rebuild_hold() {
+        let key = key_that_moves_to_c();
+        let (book, _view) = book(&key);
+        owned_then_at_rest(&book, &key).await;
+        // Owned throughout: the next statement opens a fresh line and is granted.
+        assert_eq!(ask(&book, "a", &key, 10).granted, 10);
+        assert!(!book.owned()[0].recovering);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resting_key_that_moved_away_and_back_is_rebuilt() {
+        let key = key_that_moves_to_c();
+        let (book, view_lock) = book(&key);
+        owned_then_at_rest(&book, &key).await;
+        // c joins and owns the key for a round (its holders may take credit from
+        // c meanwhile), then leaves: back here, the line is rebuilt and held.
+        *view_lock.write().expect("view") = view(&["a", "b", "c"]);
+        book.on_round();
+        *view_lock.write().expect("view") = view(&["a", "b"]);
+        book.on_round();
+        assert_eq!(ask(&book, "a", &key, 10).granted, 0, "held until b states");
+        assert!(book.owned()[0].recovering);
     }
 }
