@@ -161,18 +161,20 @@ async fn cluster_status(
         .iter()
         .map(|b| {
             (
-                b.key.clone(),
+                b.key.to_string(),
                 json!({
                     "capacity": b.capacity,
                     "allowance": b.allowance.as_ref().map(|a| a.get()),
-                    "credit": b.credit.as_ref().map(|c| c.with(|budget| {
+                    // A credit never used here holds nothing (and is not made
+                    // by reading it).
+                    "credit": b.credit.as_ref().map(|c| c.peek(|budget| {
                         let now_ms = state.registry.clock().now_ns() / 1_000_000;
                         json!({
                             "credit": budget.credit(now_ms),
                             "used": budget.used(now_ms),
                             "cut_off": budget.is_cut_off(),
                         })
-                    })),
+                    }).unwrap_or_else(|| json!({"credit": 0, "used": 0, "cut_off": false}))),
                 }),
             )
         })
@@ -185,7 +187,7 @@ async fn cluster_status(
     if wants_keys && let Some(book) = state.lease_book.get() {
         let owners: serde_json::Map<String, serde_json::Value> = (state.bindings.iter())
             .filter(|b| b.credit.is_some())
-            .map(|b| (b.key.clone(), json!(book.owner_of(&b.key))))
+            .map(|b| (b.key.to_string(), json!(book.owner_of(&b.key))))
             .collect();
         body["owners"] = json!(owners);
         body["owned"] = json!(book.owned());

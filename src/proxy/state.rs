@@ -146,11 +146,10 @@ fn bind_allowances(
     wake: &Arc<tokio::sync::Notify>,
 ) -> Arc<[Binding]> {
     use crate::actor::Dimension;
-    use crate::actor::credit::Credit;
+    use crate::actor::credit::{Credit, CreditRecipe};
     use crate::actor::scope::Allowance;
     use crate::config::{CutOff, LocalShare, SyncMode};
-    use tollgate_cluster::lease::budget::{Budget, CutOffPolicy};
-    use tollgate_cluster::lease::line::Kind;
+    use tollgate_cluster::lease::budget::CutOffPolicy;
     let Some(cluster) = &config.cluster else {
         return Arc::from([]);
     };
@@ -166,6 +165,15 @@ fn bind_allowances(
         CutOff::FailClosed => CutOffPolicy::FailClosed,
         CutOff::FailOpen => CutOffPolicy::FailOpen,
     };
+    // validate() proved the window publishable; without one, keys stay on their
+    // local limits only.
+    let recipe = (window.as_ref().ok()).map(|w| {
+        Arc::new(CreditRecipe {
+            window: *w,
+            policy,
+            wake: wake.clone(),
+        })
+    });
     let mut bindings = Vec::new();
     for (scope, spec) in specs.iter_mut() {
         let dims = [
@@ -175,7 +183,7 @@ fn bind_allowances(
         ];
         for (dimension, capacity) in dims {
             let Some(capacity) = capacity else { continue };
-            let key = format!("{scope}:{}", dimension.as_str());
+            let key: Arc<str> = format!("{scope}:{}", dimension.as_str()).into();
             let mut binding = Binding {
                 key,
                 scope: scope.clone(),
@@ -184,16 +192,10 @@ fn bind_allowances(
                 allowance: None,
                 credit: None,
             };
-            let kind = match (dimension, &window) {
-                (Dimension::Concurrency, _) => Some(Kind::Slots),
-                (_, Ok(w)) => Some(Kind::Windowed(*w)),
-                // validate() proved the window publishable; without one, the key
-                // stays on its local limit only.
-                (_, Err(_)) => None,
-            };
-            match (cluster.mode, kind) {
-                (mode, Some(kind)) if mode.leases() => {
-                    let credit = Credit::new(&binding.key, Budget::new(kind, policy), wake.clone());
+            match (cluster.mode, &recipe) {
+                (mode, Some(recipe)) if mode.leases() => {
+                    let slots = dimension == Dimension::Concurrency;
+                    let credit = Credit::new(binding.key.clone(), slots, recipe.clone());
                     let slot = match dimension {
                         Dimension::Requests => &mut spec.allowances.credits.requests,
                         Dimension::Tokens => &mut spec.allowances.credits.tokens,

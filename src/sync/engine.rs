@@ -56,8 +56,8 @@ pub struct LeaseFeed {
 /// One limit key whose allowance the engine maintains.
 #[derive(Debug, Clone)]
 pub struct Binding {
-    /// Cluster-wide key, e.g. `tenant:acme:tokens`.
-    pub key: String,
+    /// Cluster-wide key, e.g. `tenant:acme:tokens` (shared with its credit).
+    pub key: Arc<str>,
     /// The actor owning it.
     pub scope: ScopeId,
     /// Which dimension.
@@ -625,7 +625,7 @@ impl Engine {
         live_nodes.push(self.self_id.clone());
         self.history.set_members(&live_nodes, &self.dead);
         for binding in state.bindings.iter() {
-            let mine = own.get(&binding.key).copied().unwrap_or(Own {
+            let mine = own.get(&*binding.key).copied().unwrap_or(Own {
                 used: 0,
                 seen: 0,
                 demand: self.demand.current(&binding.key),
@@ -652,7 +652,7 @@ impl Engine {
             // every configured key's name each round was ~160 B per idle tenant.
             let global = mine.used.saturating_add(others_live);
             if binding.dimension != Dimension::Concurrency && global > 0 {
-                views.insert(binding.key.clone(), global);
+                views.insert(binding.key.to_string(), global);
             }
             if let (Some(gate), Some(allowance)) = (&self.redis_gate, &binding.allowance) {
                 // `redis`: Redis is the bound; the allowance is only the fallback
@@ -695,9 +695,12 @@ impl Engine {
                     .filter(|m| **m != self.self_id)
                     .map(|m| shares.get(m).copied().unwrap_or(0))
                     .sum();
-                redis_caps.insert(binding.key.clone(), binding.capacity.saturating_sub(lost));
+                redis_caps.insert(
+                    binding.key.to_string(),
+                    binding.capacity.saturating_sub(lost),
+                );
                 redis_fallback.insert(
-                    binding.key.clone(),
+                    binding.key.to_string(),
                     Fallback {
                         allowance: allowance.clone(),
                         own,
@@ -728,11 +731,13 @@ impl Engine {
                 if idle {
                     idle_terms.entry(binding.capacity).or_insert_with(&make);
                 } else {
-                    lease_view.terms.insert(binding.key.clone(), make());
+                    lease_view.terms.insert(binding.key.to_string(), make());
                 }
                 if mine.demand > 0 {
                     // Read as 0 when absent: an idle key costs no entry.
-                    lease_view.demand.insert(binding.key.clone(), mine.demand);
+                    lease_view
+                        .demand
+                        .insert(binding.key.to_string(), mine.demand);
                 }
                 continue;
             }

@@ -255,7 +255,7 @@ async fn start_redis_gate(
         .ok_or_else(|| SyncError::Redis("`redis` mode needs [redis]".into()))?;
     let store = connect_redis(redis, state).await?;
     let limits: Vec<_> = (state.bindings.iter())
-        .map(|b| (b.scope.clone(), b.dimension, b.key.clone(), b.capacity))
+        .map(|b| (b.scope.clone(), b.dimension, b.key.to_string(), b.capacity))
         .collect();
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -218,6 +218,12 @@ impl Budget {
         }
     }
 
+    /// The next statement's seq will be above `seq` (a statement made for the key
+    /// without this budget: the owner refuses one not above the last it read).
+    pub fn keep_seq_above(&mut self, seq: u64) {
+        self.last_seq = self.last_seq.max(seq);
+    }
+
     /// The statement for the owner at `now_ms`, asking `want` more. `seq` only grows.
     pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
         self.last_seq = now_ms.max(self.last_seq + 1);

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_cluster::lease::budget::Snapshot;
-use tollgate_cluster::lease::line::SyncReply;
+use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
 
 /// The id the holder loop gives Redis as a key's owner (`redis-lease`).
 pub const REDIS_OWNER: &str = "redis";
@@ -153,6 +153,19 @@ fn credit_target(t: &TargetInputs) -> u64 {
         .min(t.cap)
 }
 
+/// The statement of a key never used here: no usage, no credit, wants nothing,
+/// adopted no reply (what a new budget states).
+fn nothing_held(seq: u64, now_ms: u64) -> Snapshot {
+    Snapshot {
+        request: SyncRequest {
+            seq,
+            ..SyncRequest::default()
+        },
+        at_ms: now_ms,
+        cut_off_spent: 0,
+    }
+}
+
 /// Most credit one holder holds for a key of capacity `capacity`.
 pub fn max_credit(capacity: u64, fraction: f64) -> u64 {
     ((capacity as f64 * fraction).floor() as u64).clamp(1, capacity.max(1))
@@ -242,9 +255,26 @@ impl Holder {
                     rpc: String::new(),
                 },
             };
-            let (wanted, wanted_cost) = credit.take_wanted();
             let memory = &mut keys[i];
             let moved = memory.owner.as_deref() != Some(owner.id.as_str());
+            if !credit.is_made() {
+                // Never used here: nothing held, nothing to renew. Stated as such
+                // to a new owner (its rebuilt line waits to hear from every live
+                // holder), and to Redis on a graceful stop if it keeps a
+                // reservation for this node.
+                let returning = round == Round::ReturnAll && self.reservation(&binding.key) > 0;
+                if (moved && round == Round::Normal) || returning {
+                    let seq = now_ms.max(memory.stated_ms + 1);
+                    memory.stated_ms = seq;
+                    let entry = batches.entry(owner.id.clone());
+                    entry
+                        .or_insert_with(|| (owner.clone(), Vec::new()))
+                        .1
+                        .push((i, nothing_held(seq, now_ms)));
+                }
+                continue;
+            }
+            let (wanted, wanted_cost) = credit.take_wanted();
             if moved && matches!(self.owners, Owners::Peers(_)) {
                 // What the previous owner kept for this node went with it.
                 credit.with(|b| b.owner_changed());
@@ -284,7 +314,7 @@ impl Holder {
                 Dimension::Concurrency if wanted || !idle => max,
                 Dimension::Concurrency => 0,
                 _ => credit_target(&TargetInputs {
-                    demand: view.demand.get(&binding.key).copied().unwrap_or(0),
+                    demand: view.demand.get(&*binding.key).copied().unwrap_or(0),
                     window_ms: self.settings.window_ms,
                     horizon_ms: 4 * self.settings.sync_interval.as_millis() as u64,
                     spent_since,
@@ -306,7 +336,11 @@ impl Holder {
             // near 0 whenever a round found the credit nearly full: the actor then
             // ran dry and its requests queued for the next round.)
             credit.set_low_water(target / 2);
-            let snapshot = credit.with(|b| b.snapshot(want, now_ms));
+            // After any statement of nothing held made before the credit was.
+            let snapshot = credit.with(|b| {
+                b.keep_seq_above(memory.stated_ms);
+                b.snapshot(want, now_ms)
+            });
             memory.stated_ms = now_ms;
             let entry = batches.entry(owner.id.clone());
             entry
@@ -436,7 +470,7 @@ impl Holder {
             let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
             for ((i, _), (reserve, _)) in items.iter().zip(&asks) {
                 let ask = reserve.map_or(0, |r| r.share);
-                if let Some(entry) = reserved.get_mut(&self.state.bindings[*i].key) {
+                if let Some(entry) = reserved.get_mut(&*self.state.bindings[*i].key) {
                     entry.0 = entry.0.min(ask);
                 }
             }
@@ -475,7 +509,7 @@ impl Holder {
             match result {
                 Ok(Ok(leased)) => {
                     let until = sent_ms.saturating_add(self.ttl_ms());
-                    reserved.insert(key, (leased.reserved, until));
+                    reserved.insert(key.to_string(), (leased.reserved, until));
                     out.push(Ok(leased.reply));
                 }
                 Ok(Err(code)) => out.push(Err(code)),
@@ -524,7 +558,9 @@ impl Holder {
                 }
                 for (i, _) in &items {
                     let binding = &self.state.bindings[*i];
-                    if let Some(credit) = &binding.credit {
+                    if let Some(credit) = &binding.credit
+                        && credit.is_made()
+                    {
                         self.cut_off(credit, &binding.key);
                     }
                     self.state.registry.wake(&binding.scope);
@@ -545,10 +581,12 @@ impl Holder {
             };
             match answer {
                 Ok(reply) => {
-                    credit.with(|b| {
-                        b.apply(&snapshot, &reply, now_ms);
-                        b.set_cut_off(None);
-                    });
+                    if credit.is_made() {
+                        credit.with(|b| {
+                            b.apply(&snapshot, &reply, now_ms);
+                            b.set_cut_off(None);
+                        });
+                    }
                     self.keys[i].owner = Some(owner_id.clone());
                     let outcome = if reply.granted > 0 {
                         "granted"
@@ -568,7 +606,10 @@ impl Holder {
                     // Stated again next round (views of the membership may differ
                     // for a moment).
                     self.keys[i].owner = None;
-                    if code == "not_owner" && matches!(self.owners, Owners::Peers(_)) {
+                    if code == "not_owner"
+                        && matches!(self.owners, Owners::Peers(_))
+                        && credit.is_made()
+                    {
                         // It no longer keeps anything for this node.
                         credit.with(|b| b.owner_changed());
                     }

@@ -68,8 +68,7 @@ impl KeyTable {
 
     /// The binding index of `key`, if it is a lease key.
     fn find(&self, key: &str) -> Option<u32> {
-        let found =
-            (self.by_key).binary_search_by(|i| self.bindings[*i as usize].key.as_str().cmp(key));
+        let found = (self.by_key).binary_search_by(|i| (*self.bindings[*i as usize].key).cmp(key));
         found.ok().map(|at| self.by_key[at])
     }
 
@@ -352,10 +351,10 @@ impl OwnerBook {
 mod tests {
     use super::*;
     use crate::actor::ScopeId;
-    use crate::actor::credit::Credit;
+    use crate::actor::credit::{Credit, CreditRecipe};
     use crate::sync::lease::MemberAddr;
     use std::time::Duration;
-    use tollgate_cluster::lease::budget::{Budget, CutOffPolicy};
+    use tollgate_cluster::lease::budget::CutOffPolicy;
 
     const TTL_MS: u64 = 1_000;
 
@@ -364,14 +363,18 @@ mod tests {
     }
 
     fn binding(key: &str) -> Binding {
-        let budget = Budget::new(Kind::Windowed(window()), CutOffPolicy::Share);
+        let recipe = CreditRecipe {
+            window: window(),
+            policy: CutOffPolicy::Share,
+            wake: Arc::default(),
+        };
         Binding {
-            key: key.to_owned(),
+            key: key.into(),
             scope: ScopeId::tenant(key),
             dimension: Dimension::Requests,
             capacity: 100,
             allowance: None,
-            credit: Some(Credit::new(key, budget, Arc::default())),
+            credit: Some(Credit::new(key.into(), false, Arc::new(recipe))),
         }
     }
 
