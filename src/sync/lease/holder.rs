@@ -260,10 +260,10 @@ impl Holder {
             if !credit.is_made() {
                 // Never used here: nothing held, nothing to renew. Stated as such
                 // to a new owner (its rebuilt line waits to hear from every live
-                // holder), and to Redis on a graceful stop if it keeps a
-                // reservation for this node.
+                // holder; on a graceful stop too), and to Redis on a graceful
+                // stop if it keeps a reservation for this node.
                 let returning = round == Round::ReturnAll && self.reservation(&binding.key) > 0;
-                if (moved && round == Round::Normal) || returning {
+                if moved || returning {
                     let seq = now_ms.max(memory.stated_ms + 1);
                     memory.stated_ms = seq;
                     let entry = batches.entry(owner.id.clone());
