@@ -356,13 +356,30 @@ impl Holder {
         let sends = batches.into_values().map(|(owner, items)| {
             let view = &view;
             async move {
-                let answered = this.send(&owner, &items, view, round).await;
-                (owner, items, answered)
+                let parts = this.send(&owner, items, view, round).await;
+                (owner, parts)
             }
         });
         let results = futures_util::future::join_all(sends).await;
-        for (owner, items, answered) in results {
-            self.adopt(&owner, items, answered);
+        for (owner, parts) in results {
+            // Each batch's answers are adopted on their own; an owner that failed
+            // any batch is unreachable this round.
+            let failed = parts.iter().find_map(|(_, a)| a.as_ref().err());
+            match failed {
+                Some(e) => {
+                    if self.unreachable.insert(owner.id.clone()) {
+                        tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
+                    }
+                }
+                None => {
+                    if self.unreachable.remove(&owner.id) {
+                        tracing::info!(owner = %owner.id, "lease owner reachable again");
+                    }
+                }
+            }
+            for (items, answered) in parts {
+                self.adopt(&owner, items, answered);
+            }
         }
         self.publish_cut_off();
     }
@@ -378,7 +395,15 @@ impl Holder {
         self.settings.ttl.as_millis() as u64
     }
 
-    async fn send(&self, owner: &MemberAddr, items: &Items, view: &View, round: Round) -> Answered {
+    /// States `items` to `owner`: each part with its answers (one part, unless
+    /// a peer's statements fill more than one batch).
+    async fn send(
+        &self,
+        owner: &MemberAddr,
+        items: Items,
+        view: &View,
+        round: Round,
+    ) -> Vec<(Items, Answered)> {
         let bindings = &self.state.bindings;
         let book = match &self.owners {
             Owners::Peers(book) => book,
@@ -387,19 +412,20 @@ impl Holder {
                 prefix,
                 bucket_ms,
             } => {
-                return self
-                    .send_redis(store, prefix, *bucket_ms, items, view, round)
-                    .await;
+                let answered =
+                    (self.send_redis(store, prefix, *bucket_ms, &items, view, round)).await;
+                return vec![(items, answered)];
             }
         };
         if owner.id == view.self_id {
-            return Ok((items.iter())
+            let answers = (items.iter())
                 .map(|(i, s)| {
                     let key = &bindings[*i].key;
                     (book.sync(&view.self_id, key, &s.request))
                         .map_err(|e| super::wire::refusal_code(&e).to_owned())
                 })
-                .collect());
+                .collect();
+            return vec![(items, Ok(answers))];
         }
         let entries = (items.iter())
             .map(|(i, s)| Entry::new(&bindings[*i].key, &s.request))
@@ -410,16 +436,19 @@ impl Holder {
             entries,
             wire::SEND_BODY_BYTES,
         );
-        // Usually one; all at once when more, answered in order. One failing
-        // fails the round for this owner (the others' replies are lost replies,
-        // which the ledger's reserves cover).
+        // Usually one; all at once when more, each answered in order.
         let calls = (batches.iter())
             .map(|batch| rpc::call(&self.client, &owner.rpc, &self.settings.secret, batch));
-        let mut answers = Vec::with_capacity(items.len());
-        for answered in futures_util::future::join_all(calls).await {
-            answers.extend(answered?.into_iter().map(|a| a.into_result()));
+        let answered = futures_util::future::join_all(calls).await;
+        let mut rest = items;
+        let mut parts = Vec::with_capacity(batches.len());
+        for (batch, answers) in batches.iter().zip(answered) {
+            let after = rest.split_off(batch.entries.len().min(rest.len()));
+            let part = std::mem::replace(&mut rest, after);
+            let answers = answers.map(|a| a.into_iter().map(|a| a.into_result()).collect());
+            parts.push((part, answers));
         }
-        Ok(answers)
+        parts
     }
 
     /// `redis-lease`: one `lease.lua` call per key, all concurrently on the
@@ -551,11 +580,8 @@ impl Holder {
         let metrics = &self.state.metrics;
         let answers = match answered {
             Ok(answers) => answers,
-            Err(e) => {
+            Err(_) => {
                 // Policy `share`: the told share per window once the credit ends.
-                if self.unreachable.insert(owner.id.clone()) {
-                    tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
-                }
                 for (i, _) in &items {
                     let binding = &self.state.bindings[*i];
                     if let Some(credit) = &binding.credit
@@ -569,9 +595,6 @@ impl Holder {
                 return;
             }
         };
-        if self.unreachable.remove(&owner.id) {
-            tracing::info!(owner = %owner.id, "lease owner reachable again");
-        }
         // One shared name for every key this owner answered.
         let owner_id: Arc<str> = owner.id.as_str().into();
         for ((i, snapshot), answer) in items.into_iter().zip(answers) {
