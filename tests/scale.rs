@@ -272,42 +272,61 @@ async fn scale_cell() {
 /// and load: one at a time.
 static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Issue 6's "idle tenants under 1 KB" in `gossip`, as CI checks it: the live
-/// heap a configured, never-used tenant adds per node, from two 3-node cells that
-/// differ only in T (1 and 1,001), at rest (the lowest reading over a second:
-/// one reading varied by ~0.5 MB, 170 B per tenant, and failed a CI run at
-/// 1,050 B), with the tokenizer's tables (loaded once per process) loaded before
-/// either. Measured 0.86-0.90 KB (docs/BENCHMARKS.md,
-/// "Idle tenants under 1 KB"); `lease` holds ~3.6 KB and is not held to it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_gossip() {
-    let _alone = MEASURING.lock().await;
+/// The live heap a configured, never-used tenant adds per node in `mode`, from
+/// two 3-node cells that differ only in T (1 and 1,001), at rest (the lowest
+/// reading over an idle phase of `secs`, which starts 2 s after forming: one
+/// reading varied by ~0.5 MB, 170 B per tenant, and failed a CI run at 1,050 B),
+/// with the tokenizer's tables (loaded once per process) loaded before either.
+async fn idle_tenant_bytes_per_node(mode: &str, secs: f64) -> f64 {
     tollgate::tokens::Encoding::Cl100kBase.warm_up();
     let cell = |tenants| Cell {
         n: 3,
         tenants,
         active: 0,
-        secs: 1.0,
+        secs,
         rate: 1,
-        mode: "gossip".to_owned(),
+        mode: mode.to_owned(),
     };
-    // At rest (the lowest reading over the idle phase) less before (the lowest
-    // over half a second), in bytes.
+    // At rest less before (the lowest over half a second), in bytes.
     let grown = |row: &serde_json::Value| {
         row["heap_rest_bytes"].as_f64().unwrap() - row["heap_before_bytes"].as_f64().unwrap()
     };
     let one = run_cell(cell(1)).await;
     let many = run_cell(cell(1_001)).await;
     let per_tenant_per_node = (grown(&many) - grown(&one)) / 1_000.0 / 3.0;
-    println!("live heap per configured tenant per node: {per_tenant_per_node:.0} B");
-    assert!(
-        per_tenant_per_node < 1024.0,
-        "a configured idle tenant holds {per_tenant_per_node:.0} B per node (target < 1 KB): {one} {many}"
-    );
-    // And the measure sees tenants at all (a broken counter reads 0).
+    println!("{mode}: live heap per configured tenant per node: {per_tenant_per_node:.0} B");
+    // The measure sees tenants at all (a broken counter reads 0).
     assert!(
         per_tenant_per_node > 100.0,
         "implausibly small: {per_tenant_per_node:.0} B per node: {one} {many}"
+    );
+    per_tenant_per_node
+}
+
+/// Issue 6's "idle tenants under 1 KB" in `gossip`, as CI checks it. Measured
+/// 0.86-0.90 KB (docs/BENCHMARKS.md, "Idle tenants under 1 KB").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_gossip() {
+    let _alone = MEASURING.lock().await;
+    let bytes = idle_tenant_bytes_per_node("gossip", 1.0).await;
+    assert!(
+        bytes < 1024.0,
+        "a configured idle tenant holds {bytes:.0} B per node (target < 1 KB)"
+    );
+}
+
+/// `lease` misses the 1 KB target (1.1-1.3 KB at rest, docs/BENCHMARKS.md, "`lease`
+/// idle tenants"); this holds it to what it reached, so that nothing per key
+/// creeps back (it was 2.7-2.9 KB: a credit state, an owner line and config, per
+/// key). The idle phase outlasts the start statements' ttl (3 s) and the
+/// statement client's idle connections (5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_idle_tenant_holds_under_1_5_kb_per_node_in_lease() {
+    let _alone = MEASURING.lock().await;
+    let bytes = idle_tenant_bytes_per_node("lease", 8.0).await;
+    assert!(
+        bytes < 1536.0,
+        "a configured idle tenant holds {bytes:.0} B per node in lease (held < 1.5 KB)"
     );
 }
 
