@@ -465,3 +465,69 @@ async fn bad_internal_rpcs_are_refused_counted_and_change_nothing() {
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// A rebuilt line still waiting for a holder asks it to state (a "nudge", for an
+/// owner that alone saw the members change): the nudged holder states the named
+/// keys at its next round, here a key it never used whose owner did not move in
+/// its view, so nothing else would have made it state. Sent by hand, as the
+/// owner would; unknown keys are ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nudged_holder_states_the_named_keys() {
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        nodes.push(node(&lease_toml(i, &ports, "0s"), &[&upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 2).await;
+    }
+    let owner_id = owner_of(&nodes[0], KEY_REQUESTS).await;
+    let (owner, holder) = if self_id(&nodes[0]).await == owner_id {
+        (&nodes[0], &nodes[1])
+    } else {
+        (&nodes[1], &nodes[0])
+    };
+    let has_line = |body: &serde_json::Value| {
+        (body["owned"].as_array()).is_some_and(|o| o.iter().any(|k| k["key"] == KEY_REQUESTS))
+    };
+    // The start statements' accounts end (ttl 1 s) and the line comes to rest.
+    let rested = Instant::now() + Duration::from_secs(10);
+    while has_line(&admin(owner, "/admin/cluster?keys=true").await) {
+        assert!(Instant::now() < rested, "the line never came to rest");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let members = admin(holder, "/admin/cluster").await["cluster"]["members"].clone();
+    let rpc = (members.as_array().unwrap().iter())
+        .find(|m| m["is_self"] == true)
+        .and_then(|m| m["rpc_addr"].as_str())
+        .unwrap()
+        .to_owned();
+    let nudge = serde_json::json!({
+        "cluster_id": format!("test-{}", ports[0]),
+        "from": owner_id,
+        "keys": [KEY_REQUESTS, "tenant:nobody:requests"],
+    });
+    let answer = reqwest::Client::new()
+        .post(format!("http://{rpc}/internal/v1/lease/nudge"))
+        .header("x-tollgate-cluster-secret", SECRET)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&nudge).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["keys"], 1, "one lease key of the two");
+    let stated = Instant::now() + Duration::from_secs(3);
+    while !has_line(&admin(owner, "/admin/cluster?keys=true").await) {
+        assert!(
+            Instant::now() < stated,
+            "the nudged holder never stated the key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}

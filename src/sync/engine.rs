@@ -798,7 +798,7 @@ impl Engine {
             lease_view.idle_terms = idle_terms;
             *feed.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(lease_view);
             if let Some(book) = &feed.book {
-                book.on_round();
+                let _nudged = book.on_round();
             }
         }
         self.status

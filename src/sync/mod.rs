@@ -305,12 +305,18 @@ fn peer_book(
             reason: e.to_string(),
         },
     )?;
+    let nudger = lease::owner::Nudger {
+        client: lease::rpc::client(lease.rpc_timeout),
+        secret: config.secret.clone().unwrap_or_default(),
+        cluster_id: config.cluster_id.clone(),
+    };
     let book = Arc::new(OwnerBook::new(
         keys,
         view.clone(),
         usage.clone(),
         state.registry.clock(),
         state.metrics.clone(),
+        Some(nudger),
     ));
     let _ = state.lease_book.set(book.clone());
     Ok(book)

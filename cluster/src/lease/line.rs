@@ -308,6 +308,8 @@ struct Lapsed {
 struct Recovery<H> {
     unknown: BTreeSet<H>,
     until_ms: u64,
+    /// Whether the holders still unknown were asked to state ([`Line::to_nudge`]).
+    nudged: bool,
 }
 
 /// The owner's ledger of one key.
@@ -373,6 +375,7 @@ impl<H: Ord + Clone> Line<H> {
             line.recovery = Some(Recovery {
                 unknown: live_holders.iter().cloned().collect(),
                 until_ms: now_ms.saturating_add(config.ttl_ms),
+                nudged: false,
             });
         }
         line
@@ -466,6 +469,27 @@ impl<H: Ord + Clone> Line<H> {
     /// `holder`'s charge at `now_ms` (0 if nothing is known of it).
     pub fn charge_of(&self, holder: &H, now_ms: u64) -> u64 {
         self.member_charge(holder, now_ms)
+    }
+
+    /// Once per rebuild, `after_ms` into it: the live holders that have not
+    /// stated yet. Holders state to a new owner at once when they see the key
+    /// move; one that does not (its view never moved: the owner alone saw a member
+    /// leave and come back) would hold the line for its whole ttl, so the owner
+    /// asks it to state (docs/design/lease.md, "an owner's flap alone").
+    pub fn to_nudge(&mut self, now_ms: u64, after_ms: u64) -> Vec<H> {
+        let ttl = self.config.ttl_ms;
+        match &mut self.recovery {
+            Some(r)
+                if !r.nudged
+                    && !r.unknown.is_empty()
+                    && r.until_ms <= now_ms.saturating_add(ttl).saturating_sub(after_ms)
+                    && now_ms < r.until_ms =>
+            {
+                r.nudged = true;
+                r.unknown.iter().cloned().collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Holders with an account.
@@ -885,6 +909,21 @@ mod tests {
         l.sync(&"a", &statement(500, &[(0, 25)], 0, 0), 900)
             .expect("ok");
         assert_eq!(l.charge_of(&"a", 900), 65);
+    }
+
+    #[test]
+    fn a_rebuilt_line_names_its_silent_holders_once_after_a_delay() {
+        let config = LineConfig::try_new(100, Kind::Slots, 10, 3, 1_000).expect("config");
+        let mut l = Line::rebuild(config, &[], &["a", "b", "c"], 5_000);
+        l.sync(&"a", &statement(5_001, &[], 0, 0), 5_010)
+            .expect("ok");
+        assert!(
+            l.to_nudge(5_100, 300).is_empty(),
+            "too soon: they state at once"
+        );
+        assert_eq!(l.to_nudge(5_300, 300), vec!["b", "c"]);
+        assert!(l.to_nudge(5_400, 300).is_empty(), "once per rebuild");
+        assert!(Line::<&str>::new(config).to_nudge(9_000, 300).is_empty());
     }
 
     #[test]

@@ -249,6 +249,15 @@ impl Holder {
             (self.unreachable).retain(|id| view.members.iter().any(|m| m.id == *id));
         }
         self.publish_cut_off();
+        if let Owners::Peers(book) = &self.owners {
+            // An owner's rebuilt line waits for these (its view moved, this
+            // node's did not): state them as if their owner had changed.
+            for i in book.take_restates() {
+                if let Some(memory) = self.keys.get_mut(i) {
+                    memory.owner = None;
+                }
+            }
+        }
         let now_ms = self.now_ms();
         let mut batches: BTreeMap<String, (MemberAddr, Items)> = BTreeMap::new();
         // Out of `self` for the loop, which also reads `self`; put back after it.

@@ -20,6 +20,11 @@ use tollgate_cluster::lease::{MAX_HOLDERS, Refusal};
 pub struct OwnerBook {
     keys: KeyTable,
     lines: Mutex<Lines>,
+    /// Keys an owner asked this node's holder to state (a bit per binding),
+    /// taken by the holder at its next round.
+    restate: Mutex<Vec<u64>>,
+    /// How rebuilt lines' silent holders are asked to state (`None`: not sent).
+    nudger: Option<Nudger>,
     view: Arc<RwLock<Arc<View>>>,
     usage: Arc<Mutex<ClusterUsage>>,
     clock: Clock,
@@ -87,6 +92,41 @@ impl KeyTable {
     }
 }
 
+/// What an owner needs to ask holders to state keys.
+pub struct Nudger {
+    /// The statement client.
+    pub client: reqwest::Client,
+    /// The shared secret.
+    pub secret: String,
+    /// This cluster's id.
+    pub cluster_id: String,
+}
+
+/// Holders asked to state keys this round: `(member id, keys)`.
+pub type Nudges = Vec<(String, Vec<String>)>;
+
+/// Sets bit `id` in `bits` (grown as needed).
+fn set_bit(bits: &mut Vec<u64>, id: u32, on: bool) {
+    let word = id as usize / 64;
+    if bits.len() <= word {
+        bits.resize(word + 1, 0);
+    }
+    if on {
+        bits[word] |= 1 << (id % 64);
+    } else {
+        bits[word] &= !(1 << (id % 64));
+    }
+}
+
+/// The ids whose bits are set.
+fn set_bits(bits: &[u64]) -> impl Iterator<Item = u32> + '_ {
+    (bits.iter().enumerate()).flat_map(|(w, bits)| {
+        (0..64u32)
+            .filter(move |b| bits & (1 << b) != 0)
+            .map(move |b| w as u32 * 64 + b)
+    })
+}
+
 /// The open lines, and which owned keys have none because theirs came to rest.
 #[derive(Default)]
 struct Lines {
@@ -107,23 +147,11 @@ impl Lines {
     }
 
     fn set_resting(&mut self, id: u32, on: bool) {
-        let word = id as usize / 64;
-        if self.resting.len() <= word {
-            self.resting.resize(word + 1, 0);
-        }
-        if on {
-            self.resting[word] |= 1 << (id % 64);
-        } else {
-            self.resting[word] &= !(1 << (id % 64));
-        }
+        set_bit(&mut self.resting, id, on);
     }
 
     fn resting_ids(&self) -> impl Iterator<Item = u32> + '_ {
-        (self.resting.iter().enumerate()).flat_map(|(w, bits)| {
-            (0..64u32)
-                .filter(move |b| bits & (1 << b) != 0)
-                .map(move |b| w as u32 * 64 + b)
-        })
+        set_bits(&self.resting)
     }
 }
 
@@ -152,10 +180,13 @@ impl OwnerBook {
         usage: Arc<Mutex<ClusterUsage>>,
         clock: Clock,
         metrics: Arc<Metrics>,
+        nudger: Option<Nudger>,
     ) -> OwnerBook {
         OwnerBook {
             keys,
             lines: Mutex::new(Lines::default()),
+            restate: Mutex::new(Vec::new()),
+            nudger,
             view,
             usage,
             clock,
@@ -261,9 +292,11 @@ impl OwnerBook {
     }
 
     /// Each round: drops keys this node no longer owns (fencing), applies the new
-    /// terms, settles expiries, and drops lines that came to rest (their keys
-    /// stay marked resting while owned).
-    pub fn on_round(&self) {
+    /// terms, settles expiries, drops lines that came to rest (their keys stay
+    /// marked resting while owned), and asks the holders a rebuilt line still
+    /// waits for to state (once per rebuild, a quarter ttl into it). Returns
+    /// those requests.
+    pub fn on_round(&self) -> Nudges {
         let view = self.view();
         let now_ms = self.now_ms();
         let mut expired = 0;
@@ -304,11 +337,20 @@ impl OwnerBook {
             );
         }
         let mut resting = Vec::new();
+        let mut nudges: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for (id, line) in lines.open.iter_mut() {
             if let Some(terms) = view.terms_for(keys.key(*id), line.config().capacity()) {
                 line.set_terms(Arc::clone(terms));
             }
             expired += line.settle(now_ms) as u64;
+            for holder in line.to_nudge(now_ms, keys.ttl_ms / 4) {
+                if holder != view.self_id {
+                    nudges
+                        .entry(holder)
+                        .or_default()
+                        .push(keys.key(*id).to_owned());
+                }
+            }
             if line.is_at_rest() {
                 resting.push(*id);
             }
@@ -321,6 +363,53 @@ impl OwnerBook {
             lines.open.shrink_to_fit();
         }
         self.metrics.lease_owner(0, expired);
+        drop(guard);
+        let nudges: Nudges = nudges.into_iter().collect();
+        self.send_nudges(&view, &nudges);
+        nudges
+    }
+
+    fn send_nudges(&self, view: &View, nudges: &Nudges) {
+        let Some(nudger) = &self.nudger else { return };
+        for (holder, keys) in nudges {
+            let Some(member) = view.members.iter().find(|m| m.id == *holder) else {
+                continue;
+            };
+            tracing::info!(holder = %holder, keys = keys.len(), "rebuilt lines still wait for a holder: asking it to state");
+            let nudge = super::wire::Nudge {
+                cluster_id: nudger.cluster_id.clone(),
+                from: view.self_id.clone(),
+                keys: keys.clone(),
+            };
+            let (client, secret, rpc) = (
+                nudger.client.clone(),
+                nudger.secret.clone(),
+                member.rpc.clone(),
+            );
+            tokio::spawn(async move {
+                super::rpc::send_nudge(&client, &rpc, &secret, &nudge).await;
+            });
+        }
+    }
+
+    /// An owner asked this node to state `keys`: they are stated at the holder's
+    /// next round. Returns how many are lease keys here.
+    pub fn restate(&self, keys: &[String]) -> usize {
+        let mut bits = self.restate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = 0;
+        for id in keys.iter().filter_map(|k| self.keys.find(k)) {
+            set_bit(&mut bits, id, true);
+            known += 1;
+        }
+        known
+    }
+
+    /// The holder, each round: the binding indices it was asked to state.
+    pub fn take_restates(&self) -> Vec<usize> {
+        let mut bits = self.restate.lock().unwrap_or_else(|p| p.into_inner());
+        let ids = set_bits(&bits).map(|id| id as usize).collect();
+        *bits = Vec::new();
+        ids
     }
 
     /// The keys owned here with an open line, for `/admin/cluster?keys=true`.
@@ -417,7 +506,7 @@ mod tests {
         let shared = Arc::new(RwLock::new(view(&["a", "b"])));
         let usage = Arc::new(Mutex::new(ClusterUsage::new(window())));
         let metrics = Arc::new(Metrics::new(false));
-        let book = OwnerBook::new(keys, shared.clone(), usage, Clock::start(), metrics);
+        let book = OwnerBook::new(keys, shared.clone(), usage, Clock::start(), metrics, None);
         (book, shared)
     }
 
@@ -461,6 +550,29 @@ mod tests {
         // Owned throughout: the next statement opens a fresh line and is granted.
         assert_eq!(ask(&book, "a", &key, 10).granted, 10);
         assert!(!book.owned()[0].recovering);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rebuilt_line_asks_its_silent_holders_once_a_quarter_ttl_in() {
+        let key = key_that_moves_to_c();
+        let (book, _view) = book(&key);
+        assert_eq!(ask(&book, "a", &key, 10).granted, 0, "rebuilt: held for b");
+        assert!(book.on_round().is_empty(), "b may state at once");
+        tokio::time::advance(Duration::from_millis(TTL_MS / 4)).await;
+        assert_eq!(book.on_round(), vec![("b".to_owned(), vec![key.clone()])]);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(book.on_round().is_empty(), "once per rebuild");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_an_owner_asks_for_are_taken_once_by_the_holder() {
+        let key = key_that_moves_to_c();
+        let (book, _view) = book(&key);
+        let asked = [key.clone(), "tenant:nobody:requests".to_owned()];
+        assert_eq!(book.restate(&asked), 1, "unknown keys are ignored");
+        assert_eq!(book.restate(&asked), 1);
+        assert_eq!(book.take_restates(), vec![0]);
+        assert!(book.take_restates().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

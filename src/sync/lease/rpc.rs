@@ -5,7 +5,7 @@
 //! `tollgate_internal_rpc_refused_total{reason}`, and changes nothing.
 
 use super::owner::OwnerBook;
-use super::wire::{self, Answer, Answers, Batch};
+use super::wire::{self, Answer, Answers, Batch, Nudge};
 use crate::ops::metrics::Metrics;
 use axum::Router;
 use axum::body::Body;
@@ -36,6 +36,7 @@ pub struct RpcState {
 pub fn app(state: Arc<RpcState>) -> Router {
     Router::new()
         .route(wire::SYNC_PATH, post(sync))
+        .route(wire::NUDGE_PATH, post(nudge))
         .with_state(state)
 }
 
@@ -57,55 +58,112 @@ fn refuse(state: &RpcState, status: StatusCode, reason: &'static str, detail: St
     (status, axum::Json(body)).into_response()
 }
 
-async fn sync(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body) -> Response {
+/// A message between nodes: which cluster it is for, and how many entries.
+trait Envelope: serde::de::DeserializeOwned {
+    fn cluster_id(&self) -> &str;
+    fn entries(&self) -> usize;
+}
+
+impl Envelope for Batch {
+    fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+    fn entries(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+impl Envelope for Nudge {
+    fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+    fn entries(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+/// The body of an authenticated request for this cluster with at most
+/// [`wire::MAX_ENTRIES`] entries, or the refusal to send.
+async fn read_message<T: Envelope>(
+    state: &RpcState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, Response> {
+    let message: T = read_json(state, headers, body).await?;
+    if message.cluster_id() != state.cluster_id {
+        let detail = format!(
+            "cluster id {:?} is not this cluster's",
+            message.cluster_id()
+        );
+        return Err(refuse(state, StatusCode::FORBIDDEN, "cluster_id", detail));
+    }
+    if message.entries() > wire::MAX_ENTRIES {
+        let detail = format!("{} entries (max {})", message.entries(), wire::MAX_ENTRIES);
+        let status = StatusCode::PAYLOAD_TOO_LARGE;
+        return Err(refuse(state, status, "too_many_entries", detail));
+    }
+    Ok(message)
+}
+
+/// The body of an authenticated request as `T`, or the refusal to send.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    state: &RpcState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, Response> {
     let given = headers
         .get(wire::SECRET_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
     if !wire::secrets_match(given, state.secret.as_bytes()) {
-        return refuse(
-            &state,
+        return Err(refuse(
+            state,
             StatusCode::UNAUTHORIZED,
             "secret",
             "missing or wrong cluster secret".into(),
-        );
+        ));
     }
     let read = axum::body::to_bytes(body, wire::MAX_BODY_BYTES);
     let bytes = match tokio::time::timeout(state.read_timeout, read).await {
         Ok(Ok(bytes)) => bytes,
         Ok(Err(e)) => {
-            return refuse(&state, StatusCode::PAYLOAD_TOO_LARGE, "body", e.to_string());
+            return Err(refuse(
+                state,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body",
+                e.to_string(),
+            ));
         }
         Err(_) => {
-            return refuse(
-                &state,
+            return Err(refuse(
+                state,
                 StatusCode::REQUEST_TIMEOUT,
                 "body",
                 "body too slow".into(),
-            );
+            ));
         }
     };
-    let batch: Batch = match serde_json::from_slice(&bytes) {
-        Ok(batch) => batch,
-        Err(e) => return refuse(&state, StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+    serde_json::from_slice(&bytes)
+        .map_err(|e| refuse(state, StatusCode::BAD_REQUEST, "malformed", e.to_string()))
+}
+
+/// An owner waiting for this holder's statements: the named keys are stated at
+/// the holder's next round (unknown keys are ignored: ownership may differ).
+async fn nudge(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body) -> Response {
+    let nudge: Nudge = match read_message(&state, &headers, body).await {
+        Ok(nudge) => nudge,
+        Err(refused) => return refused,
     };
-    if batch.cluster_id != state.cluster_id {
-        let detail = format!("cluster id {:?} is not this cluster's", batch.cluster_id);
-        return refuse(&state, StatusCode::FORBIDDEN, "cluster_id", detail);
-    }
-    if batch.entries.len() > wire::MAX_ENTRIES {
-        let detail = format!(
-            "{} entries (max {})",
-            batch.entries.len(),
-            wire::MAX_ENTRIES
-        );
-        return refuse(
-            &state,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_many_entries",
-            detail,
-        );
-    }
+    let known = state.book.restate(&nudge.keys);
+    tracing::debug!(from = %nudge.from, keys = nudge.keys.len(), known, "asked to state keys");
+    axum::Json(serde_json::json!({ "keys": known })).into_response()
+}
+
+async fn sync(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body) -> Response {
+    let batch: Batch = match read_message(&state, &headers, body).await {
+        Ok(batch) => batch,
+        Err(refused) => return refused,
+    };
     let entries = (batch.entries.iter())
         .map(|entry| {
             let result = state.book.sync(&batch.from, &entry.key, &entry.request());
@@ -149,14 +207,8 @@ pub async fn call(
     secret: &str,
     batch: &Batch,
 ) -> Result<Vec<Answer>, CallError> {
-    let url = format!("http://{rpc_addr}{}", wire::SYNC_PATH);
     let body = serde_json::to_vec(batch).map_err(|e| CallError::BadAnswer(e.to_string()))?;
-    let response = client
-        .post(url)
-        .header(wire::SECRET_HEADER, secret)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
+    let response = post_json(client, rpc_addr, wire::SYNC_PATH, secret, body)
         .await
         .map_err(|e| CallError::Unreachable(e.to_string()))?;
     let status = response.status();
@@ -181,6 +233,35 @@ pub async fn call(
         )));
     }
     Ok(answers.entries)
+}
+
+/// POSTs a JSON `body` to `path` on the node at `rpc_addr`, with the secret.
+async fn post_json(
+    client: &reqwest::Client,
+    rpc_addr: &str,
+    path: &str,
+    secret: &str,
+    body: Vec<u8>,
+) -> Result<reqwest::Response, reqwest::Error> {
+    (client.post(format!("http://{rpc_addr}{path}")))
+        .header(wire::SECRET_HEADER, secret)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+}
+
+/// Asks the holder at `rpc_addr` to state `nudge.keys` (best effort: a lost
+/// nudge leaves the line to its ttl, as before nudges existed).
+pub async fn send_nudge(client: &reqwest::Client, rpc_addr: &str, secret: &str, nudge: &Nudge) {
+    let Ok(body) = serde_json::to_vec(nudge) else {
+        return;
+    };
+    match post_json(client, rpc_addr, wire::NUDGE_PATH, secret, body).await {
+        Ok(r) if r.status().is_success() => {}
+        Ok(r) => tracing::warn!(to = %rpc_addr, status = %r.status(), "lease nudge refused"),
+        Err(e) => tracing::debug!(to = %rpc_addr, error = %e, "lease nudge not delivered"),
+    }
 }
 
 /// The pooled client for statements: every call bounded by `timeout`.

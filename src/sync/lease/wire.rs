@@ -8,6 +8,10 @@ use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
 /// The path statements are posted to.
 pub const SYNC_PATH: &str = "/internal/v1/lease/sync";
 
+/// The path an owner asks a holder to state keys on (a rebuilt line waiting
+/// for it, docs/design/lease.md).
+pub const NUDGE_PATH: &str = "/internal/v1/lease/nudge";
+
 /// Header carrying the shared cluster secret.
 pub const SECRET_HEADER: &str = "x-tollgate-cluster-secret";
 
@@ -33,6 +37,19 @@ pub struct Batch {
     pub from: String,
     /// One statement per key.
     pub entries: Vec<Entry>,
+}
+
+/// An owner's request that a holder state `keys` (to whichever owner its own
+/// view gives them) at its next round.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nudge {
+    /// The sender's cluster id.
+    pub cluster_id: String,
+    /// The sender's member id.
+    pub from: String,
+    /// The keys.
+    pub keys: Vec<String>,
 }
 
 /// One key's statement.
