@@ -262,7 +262,12 @@ impl Holder {
         let mut batches: BTreeMap<String, (MemberAddr, Items)> = BTreeMap::new();
         // Out of `self` for the loop, which also reads `self`; put back after it.
         let mut keys = std::mem::take(&mut self.keys);
-        let mut nothing_held_seq = self.nothing_held_seq;
+        // One seq for every statement of an unused key this round: per key it
+        // grows from round to round, and one per key in a round would run the
+        // floor (and with it every used key's seq) ahead of the clock by the
+        // number of such keys, ending credits early (a review found this).
+        let nothing_held_seq = now_ms.max(self.nothing_held_seq + 1);
+        let mut stated_nothing = false;
         for (i, binding) in self.state.bindings.iter().enumerate() {
             let Some(credit) = &binding.credit else {
                 continue;
@@ -286,8 +291,8 @@ impl Holder {
                 // stop if it keeps a reservation for this node.
                 let returning = round == Round::ReturnAll && self.reservation(&binding.key) > 0;
                 if moved || returning {
-                    let seq = now_ms.max(nothing_held_seq + 1);
-                    nothing_held_seq = seq;
+                    let seq = nothing_held_seq;
+                    stated_nothing = true;
                     let entry = batches.entry(owner.id.clone());
                     entry
                         .or_insert_with(|| (owner.clone(), Vec::new()))
@@ -374,7 +379,9 @@ impl Holder {
                 .push((i, snapshot));
         }
         self.keys = keys;
-        self.nothing_held_seq = nothing_held_seq;
+        if stated_nothing {
+            self.nothing_held_seq = nothing_held_seq;
+        }
         if batches.is_empty() {
             return;
         }

@@ -102,6 +102,9 @@ pub struct Nudger {
     pub cluster_id: String,
 }
 
+/// Most keys in one nudge: ~1 MB of key names at 100 B each.
+const NUDGE_KEYS: usize = 10_000;
+
 /// Holders asked to state keys this round: `(member id, keys)`.
 pub type Nudges = Vec<(String, Vec<String>)>;
 
@@ -376,19 +379,22 @@ impl OwnerBook {
                 continue;
             };
             tracing::info!(holder = %holder, keys = keys.len(), "rebuilt lines still wait for a holder: asking it to state");
-            let nudge = super::wire::Nudge {
-                cluster_id: nudger.cluster_id.clone(),
-                from: view.self_id.clone(),
-                keys: keys.clone(),
-            };
-            let (client, secret, rpc) = (
-                nudger.client.clone(),
-                nudger.secret.clone(),
-                member.rpc.clone(),
-            );
-            tokio::spawn(async move {
-                super::rpc::send_nudge(&client, &rpc, &secret, &nudge).await;
-            });
+            // In parts far below the holder's body and entry limits.
+            for part in keys.chunks(NUDGE_KEYS) {
+                let nudge = super::wire::Nudge {
+                    cluster_id: nudger.cluster_id.clone(),
+                    from: view.self_id.clone(),
+                    keys: part.to_vec(),
+                };
+                let (client, secret, rpc) = (
+                    nudger.client.clone(),
+                    nudger.secret.clone(),
+                    member.rpc.clone(),
+                );
+                tokio::spawn(async move {
+                    super::rpc::send_nudge(&client, &rpc, &secret, &nudge).await;
+                });
+            }
         }
     }
 
