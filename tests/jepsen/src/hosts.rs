@@ -112,6 +112,19 @@ impl Net {
             }
         }
         let _ = sh("ip", &["link", "del", &format!("{prefix}br")]);
+        // A host end whose namespace outlived its name (a killed node still held
+        // it when the name was deleted) keeps its veth pair: `link add` then
+        // fails with "File exists" (seen after a CI run was killed mid-bench).
+        if let Ok(links) = sh("ip", &["-o", "link", "show"]) {
+            let veth = format!("{prefix}v");
+            for link in links.lines() {
+                let name = link.split(':').nth(1).map(str::trim).unwrap_or_default();
+                let name = name.split('@').next().unwrap_or_default();
+                if name.starts_with(&veth) {
+                    let _ = sh("ip", &["link", "del", name]);
+                }
+            }
+        }
     }
 
     /// Runs `args` inside `host`'s namespace.
