@@ -405,15 +405,20 @@ mod tests {
         Budget::new(Kind::Windowed(w), policy)
     }
 
+    /// An owner's reply: `credit` in all, of which `granted` new, telling
+    /// `cut_off_share`, for 500 ms.
+    fn reply(credit: u64, granted: u64, cut_off_share: u64) -> SyncReply {
+        SyncReply {
+            credit,
+            granted,
+            ttl_ms: 500,
+            cut_off_share,
+        }
+    }
+
     fn grant(b: &mut Budget, credit: u64, now: u64) {
         let snap = b.snapshot(credit, now);
-        let reply = SyncReply {
-            credit,
-            granted: credit,
-            ttl_ms: 500,
-            cut_off_share: 0,
-        };
-        b.apply(&snap, &reply, now);
+        b.apply(&snap, &reply(credit, credit, 0), now);
     }
 
     #[test]
@@ -445,12 +450,7 @@ mod tests {
         // A late reply to an earlier statement, adopted after one stamped past the
         // end of the credit it grants, grants nothing to spend either.
         let early = b.snapshot(5, 20);
-        let reply = SyncReply {
-            credit: 5,
-            granted: 5,
-            ttl_ms: 500,
-            cut_off_share: 0,
-        };
+        let reply = reply(5, 5, 0);
         while b.snapshot(0, 20).request.seq < 520 {}
         b.apply(&early, &reply, 20);
         assert_eq!(b.credit(20), 0);
@@ -485,12 +485,7 @@ mod tests {
         grant(&mut b, 10, 0);
         let snap = b.snapshot(5, 100);
         b.try_spend(4, 110).expect("fits");
-        let reply = SyncReply {
-            credit: 15,
-            granted: 5,
-            ttl_ms: 500,
-            cut_off_share: 0,
-        };
+        let reply = reply(15, 5, 0);
         b.apply(&snap, &reply, 120);
         assert_eq!(b.credit(120), 11);
         assert_eq!(b.until_ms(), 600);
@@ -531,12 +526,7 @@ mod tests {
     fn the_told_share_is_the_cut_off_share_until_the_owner_changes() {
         let mut b = windowed(CutOffPolicy::Share);
         let snap = b.snapshot(2, 0);
-        let reply = SyncReply {
-            credit: 2,
-            granted: 2,
-            ttl_ms: 500,
-            cut_off_share: 5,
-        };
+        let reply = reply(2, 2, 5);
         b.apply(&snap, &reply, 0);
         assert_eq!(b.told_share(), 5);
         b.cut_off_by_owner();
