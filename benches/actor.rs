@@ -32,6 +32,7 @@ fn registry() -> (Registry, ScopeId) {
         concurrency: Some(1 << 20),
         adaptive: None,
         allowances: Default::default(),
+        leased_from: None,
     };
     let defaults = ActorDefaults {
         batch_ceiling: Ceiling::from_share(0.6),

@@ -1,32 +1,23 @@
 //! `lease` mode's credit for one limit key, shared by the key's actor (spends and
 //! refunds on every decision: one uncontended mutex) and the sync engine (states it
 //! to the key's owner and adopts the reply, off the request path). The state
-//! machine itself is [`tollgate_cluster::lease::budget::Budget`].
+//! machine itself is [`tollgate_cluster::lease::budget::Budget`]. A node's
+//! credits live in its [`CreditTable`], made at each key's first use.
 
+use crate::actor::Dimension;
+use crate::sync::engine::Binding;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tollgate_cluster::counter::Window;
 use tollgate_cluster::lease::budget::{Budget, CutOffPolicy, Spent};
 use tollgate_cluster::lease::line::Kind;
 
-/// One key's credit on this node. Its state is made at the key's first use
-/// here: a key never used costs this handle only (~64 B), where the state costs
-/// ~210 B, most of a configured lease key that never sees a request
-/// (docs/design/scale.md). The sync engine reads only made ones
-/// ([`Credit::is_made`]); a key without one holds nothing.
+/// One key's credit on this node, made by the node's [`CreditTable`] when the
+/// key's actor first starts here.
 #[derive(Clone, Debug)]
-pub struct Credit(Arc<Slot>);
-
-#[derive(Debug)]
-struct Slot {
-    /// The limit key (for the lease audit), shared with its binding.
-    key: Arc<str>,
-    /// Slots (concurrency) rather than a windowed dimension.
-    slots: bool,
-    recipe: Arc<CreditRecipe>,
-    state: OnceLock<Box<State>>,
-}
+pub struct Credit(Arc<State>);
 
 /// What every credit of a node is made from.
 #[derive(Debug)]
@@ -41,6 +32,9 @@ pub struct CreditRecipe {
 
 #[derive(Debug)]
 struct State {
+    /// The limit key (for the lease audit), shared with its binding.
+    key: Arc<str>,
+    recipe: Arc<CreditRecipe>,
     budget: Mutex<Budget>,
     /// Below this much credit the engine is woken to renew early.
     low_water: AtomicU64,
@@ -51,43 +45,114 @@ struct State {
     wanted_cost: AtomicU64,
 }
 
-impl Credit {
-    /// `key`'s credit, made from `recipe` at its first use.
-    pub fn new(key: Arc<str>, slots: bool, recipe: Arc<CreditRecipe>) -> Credit {
-        Credit(Arc::new(Slot {
-            key,
-            slots,
+/// The credits of a node's lease keys, made at each key's first use here: a key
+/// never used on this node costs nothing here but its binding. A handle per
+/// configured key, made or not, was ~64 B of the ~1.1 KB an idle lease tenant
+/// held per node, the most of what kept `lease` above 1 KB where `gossip` is
+/// below it (docs/BENCHMARKS.md, "`lease` idle tenants").
+#[derive(Debug)]
+pub struct CreditTable {
+    recipe: Arc<CreditRecipe>,
+    /// The node's bindings; the credit ones are the keys this table makes for.
+    bindings: Arc<[Binding]>,
+    made: Mutex<Made>,
+}
+
+/// The credits made so far (never unmade: a credit holds what its owner granted).
+#[derive(Debug, Default)]
+struct Made {
+    by_binding: HashMap<u32, Credit>,
+    /// Binding indices in the order their credits were made.
+    order: Vec<u32>,
+}
+
+impl CreditTable {
+    /// The table of `bindings`' credit keys, none made yet.
+    pub fn new(recipe: Arc<CreditRecipe>, bindings: Arc<[Binding]>) -> CreditTable {
+        CreditTable {
             recipe,
-            state: OnceLock::new(),
+            bindings,
+            made: Mutex::default(),
+        }
+    }
+
+    fn made(&self) -> MutexGuard<'_, Made> {
+        self.made.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The credit of binding `index`, made now if it was not yet.
+    pub fn get_or_make(&self, index: u32) -> Credit {
+        let mut made = self.made();
+        if let Some(credit) = made.by_binding.get(&index) {
+            return credit.clone();
+        }
+        let binding = &self.bindings[index as usize];
+        let credit = Credit::new(
+            binding.key.clone(),
+            binding.dimension == Dimension::Concurrency,
+            self.recipe.clone(),
+        );
+        made.by_binding.insert(index, credit.clone());
+        made.order.push(index);
+        credit
+    }
+
+    /// The credit of binding `index` if it was made (`None`: never used here,
+    /// nothing held).
+    pub fn get(&self, index: u32) -> Option<Credit> {
+        self.made().by_binding.get(&index).cloned()
+    }
+
+    /// Credits made after the first `known` (in the order they were made).
+    pub fn made_since(&self, known: usize) -> Vec<(u32, Credit)> {
+        let made = self.made();
+        (made.order.iter().skip(known))
+            .map(|i| (*i, made.by_binding[i].clone()))
+            .collect()
+    }
+
+    /// The credits of the scope whose first credit binding is `first`, made now
+    /// (its actor starts).
+    pub fn credits_for(&self, first: u32) -> Credits {
+        let mut credits = Credits::default();
+        let Some(scope) = self.bindings.get(first as usize).map(|b| &b.scope) else {
+            return credits;
+        };
+        let same_scope = (first as usize..self.bindings.len())
+            .take_while(|i| self.bindings[*i].scope == *scope && self.bindings[*i].leased);
+        for i in same_scope {
+            let credit = Some(self.get_or_make(i as u32));
+            match self.bindings[i].dimension {
+                Dimension::Requests => credits.requests = credit,
+                Dimension::Tokens => credits.tokens = credit,
+                Dimension::Concurrency => credits.concurrency = credit,
+                Dimension::Queue | Dimension::Cooldown => {}
+            }
+        }
+        credits
+    }
+}
+
+impl Credit {
+    /// `key`'s credit, holding nothing (see [`CreditTable`] for a node's).
+    pub fn new(key: Arc<str>, slots: bool, recipe: Arc<CreditRecipe>) -> Credit {
+        let kind = if slots {
+            Kind::Slots
+        } else {
+            Kind::Windowed(recipe.window)
+        };
+        Credit(Arc::new(State {
+            key,
+            budget: Mutex::new(Budget::new(kind, recipe.policy)),
+            recipe,
+            low_water: AtomicU64::new(0),
+            wanted: AtomicBool::new(false),
+            wanted_cost: AtomicU64::new(0),
         }))
     }
 
-    /// Whether its state was made (the key was used here since start).
-    pub fn is_made(&self) -> bool {
-        self.0.state.get().is_some()
-    }
-
-    fn state(&self) -> &State {
-        self.0.state.get_or_init(|| {
-            let kind = if self.0.slots {
-                Kind::Slots
-            } else {
-                Kind::Windowed(self.0.recipe.window)
-            };
-            Box::new(State {
-                budget: Mutex::new(Budget::new(kind, self.0.recipe.policy)),
-                low_water: AtomicU64::new(0),
-                wanted: AtomicBool::new(false),
-                wanted_cost: AtomicU64::new(0),
-            })
-        })
-    }
-
     fn lock(&self) -> MutexGuard<'_, Budget> {
-        self.state()
-            .budget
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.0.budget.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `cost` could be spent now; if not, asks the engine for more.
@@ -116,7 +181,7 @@ impl Credit {
         };
         match spent {
             None => self.want(cost),
-            Some(_) if left < self.state().low_water.load(Ordering::Relaxed) => self.want(0),
+            Some(_) if left < self.0.low_water.load(Ordering::Relaxed) => self.want(0),
             Some(_) => {}
         }
         spent
@@ -134,8 +199,8 @@ impl Credit {
     }
 
     fn want(&self, cost: u64) {
-        self.state().wanted_cost.fetch_max(cost, Ordering::Relaxed);
-        if !self.state().wanted.swap(true, Ordering::Relaxed) {
+        self.0.wanted_cost.fetch_max(cost, Ordering::Relaxed);
+        if !self.0.wanted.swap(true, Ordering::Relaxed) {
             self.0.recipe.wake.notify_one();
         }
     }
@@ -143,23 +208,18 @@ impl Credit {
     /// The engine: whether the actor asked for more since the last call, and the
     /// largest cost it could not pay (both reset).
     pub fn take_wanted(&self) -> (bool, u64) {
-        let cost = self.state().wanted_cost.swap(0, Ordering::Relaxed);
-        (self.state().wanted.swap(false, Ordering::Relaxed), cost)
+        let cost = self.0.wanted_cost.swap(0, Ordering::Relaxed);
+        (self.0.wanted.swap(false, Ordering::Relaxed), cost)
     }
 
     /// The engine: sets the low-water mark.
     pub fn set_low_water(&self, low_water: u64) {
-        self.state().low_water.store(low_water, Ordering::Relaxed);
+        self.0.low_water.store(low_water, Ordering::Relaxed);
     }
 
     /// The engine: runs `f` on the budget under its lock (snapshot, apply, cut-off).
     pub fn with<R>(&self, f: impl FnOnce(&mut Budget) -> R) -> R {
         f(&mut self.lock())
-    }
-
-    /// Reads the budget if it was made (`None`: never used here, nothing held).
-    pub fn peek<R>(&self, f: impl FnOnce(&Budget) -> R) -> Option<R> {
-        self.is_made().then(|| f(&self.lock()))
     }
 }
 
@@ -185,23 +245,49 @@ impl Credits {
 mod tests {
     use super::*;
 
+    fn binding(scope: &str, dimension: Dimension) -> Binding {
+        Binding {
+            key: format!("tenant:{scope}:{}", dimension.as_str()).into(),
+            scope: crate::actor::ScopeId::tenant(scope),
+            dimension,
+            capacity: 100,
+            allowance: None,
+            leased: true,
+        }
+    }
+
     #[test]
-    fn a_credit_is_made_at_its_first_use_and_not_by_reading_it() {
+    fn credits_are_made_at_their_scopes_first_use_and_only_then() {
         let recipe = Arc::new(CreditRecipe {
             window: Window::try_new(1_000, 10).expect("window"),
             policy: CutOffPolicy::Share,
             wake: Arc::default(),
         });
-        let credit = Credit::new("tenant:t:tokens".into(), false, recipe);
-        let shared = credit.clone();
-        assert!(!credit.is_made());
-        assert_eq!(credit.peek(|b| b.credit(0)), None, "reading makes nothing");
-        assert!(!credit.is_made());
-        // The actor's first decision makes it (and, with nothing held, asks the
-        // engine for credit).
-        assert!(!credit.can_spend(1, 0));
-        assert!(shared.is_made(), "one state for every handle");
-        assert_eq!(shared.take_wanted(), (true, 1));
-        assert_eq!(shared.peek(|b| b.credit(0)), Some(0));
+        let bindings: Arc<[Binding]> = Arc::from([
+            binding("a", Dimension::Requests),
+            binding("b", Dimension::Tokens),
+            binding("b", Dimension::Concurrency),
+            binding("c", Dimension::Requests),
+        ]);
+        let table = CreditTable::new(recipe, bindings);
+        assert!(table.get(1).is_none(), "nothing made by reading");
+        assert!(table.made_since(0).is_empty());
+        // b's actor starts: its two keys, and no neighbour's.
+        let credits = table.credits_for(1);
+        assert!(credits.requests.is_none());
+        let (tokens, slots) = (credits.tokens.unwrap(), credits.concurrency.unwrap());
+        let made: Vec<u32> = table.made_since(0).into_iter().map(|(i, _)| i).collect();
+        assert_eq!(made, vec![1, 2]);
+        assert!(table.get(0).is_none() && table.get(3).is_none());
+        // One state for every handle: the engine sees what the actor asked for.
+        assert!(!tokens.can_spend(5, 0), "nothing held yet");
+        assert_eq!(table.get(1).unwrap().take_wanted(), (true, 5));
+        assert!(!slots.can_spend(1, 0));
+        // Made once: a restarted actor finds the same credits.
+        table.credits_for(1);
+        assert_eq!(table.made_since(0).len(), 2);
+        assert_eq!(table.made_since(2).len(), 0);
+        table.credits_for(3);
+        assert_eq!(table.made_since(2).len(), 1);
     }
 }

@@ -12,6 +12,7 @@
 
 use super::ScopeId;
 use super::clock::Clock;
+use super::credit::CreditTable;
 use super::estimate::AdaptivePolicy;
 use super::scope::{Allowances, ScopeExport, ScopeLimits, ScopeStatus};
 use super::task::{AcquireRequest, Actor, ActorSettings, Command, Grant, Refusal, Release};
@@ -43,6 +44,9 @@ pub struct ScopeSpec {
     pub adaptive: Option<AdaptivePolicy>,
     /// Cluster allowances (shared with the sync engine; empty on a single node).
     pub allowances: Allowances,
+    /// `lease` modes: the index of the scope's first credit binding; its credits
+    /// are made from the node's [`CreditTable`] when its actor first starts.
+    pub leased_from: Option<u32>,
 }
 
 /// Settings shared by every actor.
@@ -98,6 +102,8 @@ pub struct Registry {
     metrics: Arc<Metrics>,
     hasher: RandomState,
     generation: std::sync::atomic::AtomicU64,
+    /// `lease` modes: where actors find their scope's credits.
+    credits: Option<Arc<CreditTable>>,
 }
 
 fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<ScopeId, ActorHandle>> {
@@ -158,7 +164,14 @@ impl Registry {
             metrics,
             hasher: RandomState::new(),
             generation: std::sync::atomic::AtomicU64::new(0),
+            credits: None,
         })
+    }
+
+    /// The same registry, its actors spending credits from `credits`.
+    pub fn with_credits(mut self, credits: Option<Arc<CreditTable>>) -> Registry {
+        self.credits = credits;
+        self
     }
 
     /// The shared clock.
@@ -207,7 +220,11 @@ impl Registry {
         .with_allowances(if crate::faults::skip_cluster_sync() {
             Allowances::default()
         } else {
-            spec.allowances.clone()
+            let mut allowances = spec.allowances.clone();
+            if let (Some(table), Some(first)) = (&self.credits, spec.leased_from) {
+                allowances.credits = table.credits_for(first);
+            }
+            allowances
         });
         let settings = ActorSettings {
             scope: scope.clone(),
@@ -377,6 +394,7 @@ mod tests {
             concurrency: Some(2),
             adaptive: None,
             allowances: Allowances::default(),
+            leased_from: None,
         };
         let defaults = ActorDefaults {
             batch_ceiling: Ceiling::from_share(0.5),

@@ -344,9 +344,8 @@ impl ScopeLimits {
     /// concurrency demand. Changes nothing (no credit is asked for).
     pub fn slots_exhausted(&self, now: Nanos) -> bool {
         let now_ms = now / 1_000_000;
-        // Read without making a credit never used here (it holds no slot).
         let credit = (self.allowances.credits.concurrency.as_ref())
-            .is_some_and(|c| c.peek(|b| !b.can_spend(1, now_ms)).unwrap_or(true));
+            .is_some_and(|c| c.with(|b| !b.can_spend(1, now_ms)));
         let allowance =
             (self.allowances.concurrency.as_ref()).is_some_and(|a| self.in_flight + 1 > a.get());
         let cap = self.concurrency.is_some_and(|c| self.in_flight + 1 > c);
@@ -538,7 +537,7 @@ mod tests {
     }
 
     #[test]
-    fn reading_slot_demand_makes_no_credit() {
+    fn reading_slot_demand_asks_for_no_credit() {
         use crate::actor::credit::{Credit, CreditRecipe, Credits};
         let recipe = Arc::new(CreditRecipe {
             window: tollgate_cluster::counter::Window::try_new(1_000, 10).expect("window"),
@@ -555,7 +554,7 @@ mod tests {
         });
         // The engine's export asks every round: no slot credit, so exhausted.
         assert!(s.slots_exhausted(1_000 * NANOS_PER_SEC));
-        assert!(!slots.is_made(), "a key never used here stays unmade");
+        assert_eq!(slots.take_wanted(), (false, 0), "reading asks for nothing");
     }
 
     #[test]

@@ -159,22 +159,31 @@ async fn cluster_status(
     let allowances: serde_json::Map<String, serde_json::Value> = state
         .bindings
         .iter()
-        .map(|b| {
+        .enumerate()
+        .map(|(i, b)| {
+            // A credit never used here holds nothing (and is not made by reading it).
+            let credit = (b.leased).then(|| {
+                let made = state.credits.as_ref().and_then(|t| t.get(i as u32));
+                made.map_or_else(
+                    || json!({"credit": 0, "used": 0, "cut_off": false}),
+                    |c| {
+                        let now_ms = state.registry.clock().now_ns() / 1_000_000;
+                        c.with(|budget| {
+                            json!({
+                                "credit": budget.credit(now_ms),
+                                "used": budget.used(now_ms),
+                                "cut_off": budget.is_cut_off(),
+                            })
+                        })
+                    },
+                )
+            });
             (
                 b.key.to_string(),
                 json!({
                     "capacity": b.capacity,
                     "allowance": b.allowance.as_ref().map(|a| a.get()),
-                    // A credit never used here holds nothing (and is not made
-                    // by reading it).
-                    "credit": b.credit.as_ref().map(|c| c.peek(|budget| {
-                        let now_ms = state.registry.clock().now_ns() / 1_000_000;
-                        json!({
-                            "credit": budget.credit(now_ms),
-                            "used": budget.used(now_ms),
-                            "cut_off": budget.is_cut_off(),
-                        })
-                    }).unwrap_or_else(|| json!({"credit": 0, "used": 0, "cut_off": false}))),
+                    "credit": credit,
                 }),
             )
         })
@@ -186,7 +195,7 @@ async fn cluster_status(
         .is_some_and(|q| q.split('&').any(|p| p == "keys=true"));
     if wants_keys && let Some(book) = state.lease_book.get() {
         let owners: serde_json::Map<String, serde_json::Value> = (state.bindings.iter())
-            .filter(|b| b.credit.is_some())
+            .filter(|b| b.leased)
             .map(|b| (b.key.to_string(), json!(book.owner_of(&b.key))))
             .collect();
         body["owners"] = json!(owners);

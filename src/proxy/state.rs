@@ -4,6 +4,7 @@
 use super::error::ApiError;
 use super::request::Api;
 use crate::actor::clock::Clock;
+use crate::actor::credit::CreditTable;
 use crate::actor::estimate::AdaptivePolicy;
 use crate::actor::registry::ActorDefaults;
 use crate::actor::{Registry, ScopeId, ScopeSpec};
@@ -109,6 +110,8 @@ pub struct AppState {
     pub redis_gate: std::sync::OnceLock<Arc<crate::redis::gate::RedisGate>>,
     /// `lease` mode: the lines this node owns (set when the cluster starts).
     pub lease_book: std::sync::OnceLock<Arc<crate::sync::lease::owner::OwnerBook>>,
+    /// `lease` modes: the credits of the keys used here, made at first use.
+    pub credits: Option<Arc<CreditTable>>,
     /// Wakes the sync engine's lease holder loop when an actor runs low on credit.
     pub credit_wake: Arc<tokio::sync::Notify>,
     /// The cluster as this node sees it (`[cluster]` configured only).
@@ -133,6 +136,7 @@ fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) 
         concurrency: quota.concurrency,
         adaptive,
         allowances: Default::default(),
+        leased_from: None,
     }
 }
 
@@ -144,17 +148,17 @@ fn bind_allowances(
     config: &Config,
     specs: &mut HashMap<ScopeId, ScopeSpec>,
     wake: &Arc<tokio::sync::Notify>,
-) -> Arc<[Binding]> {
+) -> (Arc<[Binding]>, Option<Arc<CreditTable>>) {
     use crate::actor::Dimension;
-    use crate::actor::credit::{Credit, CreditRecipe};
+    use crate::actor::credit::CreditRecipe;
     use crate::actor::scope::Allowance;
     use crate::config::{CutOff, LocalShare, SyncMode};
     use tollgate_cluster::lease::budget::CutOffPolicy;
     let Some(cluster) = &config.cluster else {
-        return Arc::from([]);
+        return (Arc::from([]), None);
     };
     if cluster.mode == SyncMode::Local && cluster.local_share == LocalShare::Full {
-        return Arc::from([]);
+        return (Arc::from([]), None);
     }
     let window = tollgate_cluster::counter::Window::try_new(
         config.limits.window.as_millis() as u64,
@@ -190,19 +194,14 @@ fn bind_allowances(
                 dimension,
                 capacity,
                 allowance: None,
-                credit: None,
+                leased: false,
             };
             match (cluster.mode, &recipe) {
-                (mode, Some(recipe)) if mode.leases() => {
-                    let slots = dimension == Dimension::Concurrency;
-                    let credit = Credit::new(binding.key.clone(), slots, recipe.clone());
-                    let slot = match dimension {
-                        Dimension::Requests => &mut spec.allowances.credits.requests,
-                        Dimension::Tokens => &mut spec.allowances.credits.tokens,
-                        _ => &mut spec.allowances.credits.concurrency,
-                    };
-                    *slot = Some(credit.clone());
-                    binding.credit = Some(credit);
+                (mode, Some(_)) if mode.leases() => {
+                    // A scope's credit bindings follow each other from its first.
+                    let index = u32::try_from(bindings.len()).expect("under 2^32 keys");
+                    spec.leased_from.get_or_insert(index);
+                    binding.leased = true;
                 }
                 (mode, None) if mode.leases() => continue,
                 _ => {
@@ -220,7 +219,10 @@ fn bind_allowances(
         }
     }
     // Kept for the process's life, exactly sized (shared with the owner book).
-    bindings.into()
+    let bindings: Arc<[Binding]> = bindings.into();
+    let credits = (recipe.filter(|_| cluster.mode.leases()))
+        .map(|recipe| Arc::new(CreditTable::new(recipe, bindings.clone())));
+    (bindings, credits)
 }
 
 /// The four endpoints of an upstream; validate() already proved the base URL parses.
@@ -306,7 +308,7 @@ impl AppState {
             })
             .collect();
         let credit_wake = Arc::new(tokio::sync::Notify::new());
-        let bindings = bind_allowances(&config, &mut specs, &credit_wake);
+        let (bindings, credits) = bind_allowances(&config, &mut specs, &credit_wake);
         let cluster_status = config.cluster.as_ref().map(|c| {
             let id = c.node_id.clone();
             Arc::new(std::sync::Mutex::new(
@@ -319,9 +321,11 @@ impl AppState {
             max_queue: config.limits.max_queue,
             idle_timeout_ns: nanos(config.limits.idle_timeout),
         };
-        let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone()).map_err(
-            |(scope, e)| ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}")),
-        )?;
+        let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone())
+            .map_err(|(scope, e)| {
+                ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}"))
+            })?
+            .with_credits(credits.clone());
         // No redirects (a provider's 3xx is a 502 to the client, dispatch.rs;
         // following it would send the body and the key somewhere the config never
         // named) and no hidden retries (the attempt loop in dispatch.rs is the only
@@ -351,6 +355,7 @@ impl AppState {
             draining: AtomicBool::new(false),
             rng_counter: AtomicU64::new(0),
             bindings,
+            credits,
             credit_wake,
             lease_book: std::sync::OnceLock::new(),
             redis_gate: std::sync::OnceLock::new(),

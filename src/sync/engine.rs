@@ -9,7 +9,6 @@ use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
 use super::status::{ClusterStatus, MemberStatus};
-use crate::actor::credit::Credit;
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
@@ -66,8 +65,9 @@ pub struct Binding {
     pub capacity: u64,
     /// The allowance the actor reads (`local split`, `gossip`).
     pub allowance: Option<Allowance>,
-    /// The credit the actor spends (`lease`).
-    pub credit: Option<Credit>,
+    /// Leased (`lease`, `redis-lease`): its credit is in the node's
+    /// [`crate::actor::credit::CreditTable`], made at the key's first use here.
+    pub leased: bool,
 }
 
 /// This node's own figures for one key, from its actors.

@@ -7,12 +7,13 @@
 //! Statements for one owner travel in one batch; batches to different owners go
 //! out concurrently, each bounded by the RPC timeout.
 
+use super::bits::Bits;
 use super::owner::OwnerBook;
 use super::rpc::{self, CallError};
 use super::wire::{self, Entry};
 use super::{MemberAddr, View};
 use crate::actor::Dimension;
-use crate::actor::credit::Credit;
+use crate::actor::credit::{Credit, CreditTable};
 use crate::proxy::AppState;
 use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -21,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_cluster::lease::budget::Snapshot;
 use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
+use tollgate_cluster::lease::rendezvous;
 
 /// The id the holder loop gives Redis as a key's owner (`redis-lease`).
 pub const REDIS_OWNER: &str = "redis";
@@ -69,8 +71,19 @@ pub struct Holder {
     view: Arc<RwLock<Arc<View>>>,
     client: reqwest::Client,
     settings: HolderSettings,
-    /// What the loop remembers of each binding, indexed like `state.bindings`.
-    keys: Vec<KeyMemory>,
+    /// The node's credits (`None`: no leased key).
+    credits: Option<Arc<CreditTable>>,
+    /// The keys used here (credit made), by binding index.
+    active: BTreeMap<u32, ActiveKey>,
+    /// How many of the table's credits `active` has taken.
+    known: usize,
+    /// Keys never used here whose "nothing held" their owner has not accepted
+    /// yet, by binding index: every key at start (a new owner's rebuilt line
+    /// waits to hear from every live holder), then those whose owner moved or
+    /// asked. A bit per key: nothing else of an unused key is kept here.
+    unsettled: Bits,
+    /// The member ids the unsettled bits were last checked against.
+    members: Vec<String>,
     /// The seq of the last statement of a key never used here (its made budget's
     /// statements come after it).
     nothing_held_seq: u64,
@@ -82,21 +95,15 @@ pub struct Holder {
     pub cut_off: Arc<RwLock<Vec<String>>>,
 }
 
-/// What the holder remembers of one key between rounds. One vector indexed like
-/// the bindings: four maps keyed by a copy of each key's name cost ~350 B per
-/// lease key at rest (massif, tenth session); what only a key used here needs is
-/// boxed apart (24 B per unused key instead of 48, eleventh session).
-#[derive(Debug, Default, Clone)]
-struct KeyMemory {
+/// What the holder remembers of a key used here, between rounds. (Four maps
+/// keyed by a copy of each configured key's name were ~350 B per lease key at
+/// rest, tenth session; a vector entry per key 24 B, eleventh; a key never used
+/// here now has one bit, in [`Holder::unsettled`].)
+#[derive(Debug, Clone)]
+struct ActiveKey {
+    credit: Credit,
     /// The owner that accepted the last statement (`None`: state to it again).
     owner: Option<Arc<str>>,
-    /// Once its credit was made.
-    active: Option<Box<Activity>>,
-}
-
-/// What the holder remembers of a key used here.
-#[derive(Debug, Default, Clone)]
-struct Activity {
     /// When it was last stated (ms; 0: never).
     stated_ms: u64,
     /// Its usage figure at the last statement.
@@ -190,9 +197,16 @@ impl Holder {
         view: Arc<RwLock<Arc<View>>>,
         settings: HolderSettings,
     ) -> Holder {
-        let keys = vec![KeyMemory::default(); state.bindings.len()];
+        let mut unsettled = Bits::default();
+        for (i, _) in (state.bindings.iter().enumerate()).filter(|(_, b)| b.leased) {
+            unsettled.set(i as u32, true);
+        }
         Holder {
-            keys,
+            credits: state.credits.clone(),
+            active: BTreeMap::new(),
+            known: 0,
+            unsettled,
+            members: Vec::new(),
             nothing_held_seq: 0,
             state,
             owners,
@@ -249,67 +263,59 @@ impl Holder {
             (self.unreachable).retain(|id| view.members.iter().any(|m| m.id == *id));
         }
         self.publish_cut_off();
+        self.mark_moved(&view);
         if let Owners::Peers(book) = &self.owners {
             // An owner's rebuilt line waits for these (its view moved, this
             // node's did not): state them as if their owner had changed.
             for i in book.take_restates() {
-                if let Some(memory) = self.keys.get_mut(i) {
-                    memory.owner = None;
+                match self.active.get_mut(&(i as u32)) {
+                    Some(key) => key.owner = None,
+                    None => self.unsettled.set(i as u32, true),
                 }
             }
         }
+        self.take_new_credits(&view);
         let now_ms = self.now_ms();
         let mut batches: BTreeMap<String, (MemberAddr, Items)> = BTreeMap::new();
-        // Out of `self` for the loop, which also reads `self`; put back after it.
-        let mut keys = std::mem::take(&mut self.keys);
         // One seq for every statement of an unused key this round: per key it
         // grows from round to round, and one per key in a round would run the
         // floor (and with it every used key's seq) ahead of the clock by the
         // number of such keys, ending credits early (a review found this).
         let nothing_held_seq = now_ms.max(self.nothing_held_seq + 1);
-        let mut stated_nothing = false;
-        for (i, binding) in self.state.bindings.iter().enumerate() {
-            let Some(credit) = &binding.credit else {
+        let unused = self.unused_to_state(round);
+        for &i in &unused {
+            // Never used here: nothing held, nothing to renew. Stated as such to
+            // a new owner (its rebuilt line waits to hear from every live
+            // holder; on a graceful stop too), and to Redis on a graceful stop
+            // if it keeps a reservation for this node.
+            let Some(owner) = self.owner_of(&view, &self.state.bindings[i as usize].key) else {
                 continue;
             };
-            let owner = match &self.owners {
-                Owners::Peers(_) => match view.owner(&binding.key) {
-                    Some(owner) => owner.clone(),
-                    None => continue,
-                },
-                Owners::Redis { .. } => MemberAddr {
-                    id: REDIS_OWNER.to_owned(),
-                    rpc: String::new(),
-                },
-            };
-            let memory = &mut keys[i];
-            let moved = memory.owner.as_deref() != Some(owner.id.as_str());
-            if !credit.is_made() {
-                // Never used here: nothing held, nothing to renew. Stated as such
-                // to a new owner (its rebuilt line waits to hear from every live
-                // holder; on a graceful stop too), and to Redis on a graceful
-                // stop if it keeps a reservation for this node.
-                let returning = round == Round::ReturnAll && self.reservation(&binding.key) > 0;
-                if moved || returning {
-                    let seq = nothing_held_seq;
-                    stated_nothing = true;
-                    let entry = batches.entry(owner.id.clone());
-                    entry
-                        .or_insert_with(|| (owner.clone(), Vec::new()))
-                        .1
-                        .push((i, nothing_held(seq, now_ms)));
-                }
+            (batches.entry(owner.id.clone()))
+                .or_insert_with(|| (owner, Vec::new()))
+                .1
+                .push((i as usize, nothing_held(nothing_held_seq, now_ms)));
+        }
+        if !unused.is_empty() {
+            self.nothing_held_seq = nothing_held_seq;
+        }
+        // Out of `self` for the loop, which also reads `self`; put back after it.
+        let mut active = std::mem::take(&mut self.active);
+        for (&i, key) in active.iter_mut() {
+            let binding = &self.state.bindings[i as usize];
+            let Some(owner) = self.owner_of(&view, &binding.key) else {
                 continue;
-            }
+            };
+            let credit = &key.credit;
+            let moved = key.owner.as_deref() != Some(owner.id.as_str());
             let (wanted, wanted_cost) = credit.take_wanted();
-            let activity = memory.active.get_or_insert_with(Box::default);
             if moved && matches!(self.owners, Owners::Peers(_)) {
                 // What the previous owner kept for this node went with it.
                 credit.with(|b| b.owner_changed());
             }
             let (idle, held, used) =
                 credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms), b.used(now_ms)));
-            let last = activity.stated_ms;
+            let last = key.stated_ms;
             let heartbeat = now_ms.saturating_sub(last) >= self.ttl_ms() / 3;
             // A graceful stop also gives back a `redis-lease` reservation (peers
             // would otherwise keep it for this node until it is collected).
@@ -328,14 +334,12 @@ impl Holder {
             }
             // Nothing spent since the last statement: give unused credit back, so
             // nodes whose demand moved on do not hold capacity others need.
-            let unused = heartbeat && !wanted && activity.used == Some(used);
+            let unused = heartbeat && !wanted && key.used == Some(used);
             if returning || (unused && held > 0) {
                 credit.with(|b| b.return_credit(now_ms));
             }
-            let spent_since = activity
-                .used
-                .map_or(0, |before| used.saturating_sub(before));
-            activity.used = Some(used);
+            let spent_since = key.used.map_or(0, |before| used.saturating_sub(before));
+            key.used = Some(used);
             let max = max_credit(binding.capacity, self.settings.max_credit);
             // What this holder aims to hold: slots up to max_credit while in use;
             // windowed credit for about four sync intervals at the recent rate.
@@ -351,12 +355,12 @@ impl Holder {
                     elapsed_ms: (last > 0).then(|| now_ms.saturating_sub(last)),
                     wanted,
                     wanted_cost,
-                    last_target: activity.target,
+                    last_target: key.target,
                     // At most max_credit, or the one request that costs more.
                     cap: max.max(wanted_cost).min(binding.capacity),
                 }),
             };
-            activity.target = target;
+            key.target = target;
             let want = match binding.dimension {
                 Dimension::Concurrency => target,
                 _ => target.saturating_sub(held),
@@ -371,17 +375,13 @@ impl Holder {
                 b.keep_seq_above(nothing_held_seq);
                 b.snapshot(want, now_ms)
             });
-            activity.stated_ms = now_ms;
-            let entry = batches.entry(owner.id.clone());
-            entry
-                .or_insert_with(|| (owner.clone(), Vec::new()))
+            key.stated_ms = now_ms;
+            (batches.entry(owner.id.clone()))
+                .or_insert_with(|| (owner, Vec::new()))
                 .1
-                .push((i, snapshot));
+                .push((i as usize, snapshot));
         }
-        self.keys = keys;
-        if stated_nothing {
-            self.nothing_held_seq = nothing_held_seq;
-        }
+        self.active = active;
         if batches.is_empty() {
             return;
         }
@@ -415,6 +415,90 @@ impl Holder {
             }
         }
         self.publish_cut_off();
+    }
+
+    /// `key`'s owner in `view` (Redis for every key in `redis-lease`).
+    fn owner_of(&self, view: &View, key: &str) -> Option<MemberAddr> {
+        match &self.owners {
+            Owners::Peers(_) => view.owner(key).cloned(),
+            Owners::Redis { .. } => Some(MemberAddr {
+                id: REDIS_OWNER.to_owned(),
+                rpc: String::new(),
+            }),
+        }
+    }
+
+    /// When the members changed since the last round, marks every key never used
+    /// here whose owner moved with them (the new owner hears "nothing held").
+    fn mark_moved(&mut self, view: &View) {
+        if !matches!(self.owners, Owners::Peers(_))
+            || (view.members.iter().map(|m| &m.id)).eq(self.members.iter())
+        {
+            return;
+        }
+        let before: Vec<&str> = self.members.iter().map(String::as_str).collect();
+        let now: Vec<&str> = view.members.iter().map(|m| m.id.as_str()).collect();
+        // Before the first round every key is unsettled already.
+        if !before.is_empty() {
+            let bindings = self.state.bindings.iter().enumerate();
+            for (i, binding) in
+                bindings.filter(|(i, b)| b.leased && !self.active.contains_key(&(*i as u32)))
+            {
+                let key = &*binding.key;
+                if rendezvous::owner(key, &before) != rendezvous::owner(key, &now) {
+                    self.unsettled.set(i as u32, true);
+                }
+            }
+        }
+        self.members = view.members.iter().map(|m| m.id.clone()).collect();
+    }
+
+    /// Takes the credits actors made since the last round. A key whose "nothing
+    /// held" the current owner accepted starts with that owner (its first
+    /// statement is the actor's ask, not a restatement).
+    fn take_new_credits(&mut self, view: &View) {
+        let Some(table) = &self.credits else {
+            return;
+        };
+        let made = table.made_since(self.known);
+        self.known += made.len();
+        for (i, credit) in made {
+            let settled = !self.unsettled.contains(i);
+            self.unsettled.set(i, false);
+            let owner = settled
+                .then(|| self.owner_of(view, &self.state.bindings[i as usize].key))
+                .flatten()
+                .map(|m| Arc::from(m.id.as_str()));
+            (self.active).insert(
+                i,
+                ActiveKey {
+                    credit,
+                    owner,
+                    stated_ms: 0,
+                    used: None,
+                    target: 0,
+                },
+            );
+        }
+    }
+
+    /// The keys never used here to state "nothing held" for this round: those
+    /// unsettled, and on a graceful stop also those `redis-lease` keeps a
+    /// reservation for.
+    fn unused_to_state(&self, round: Round) -> Vec<u32> {
+        let mut unused: Vec<u32> = self.unsettled.ids().collect();
+        if round == Round::ReturnAll && matches!(self.owners, Owners::Redis { .. }) {
+            let bindings = self.state.bindings.iter().enumerate();
+            let reserved = bindings.filter(|(i, b)| {
+                b.leased
+                    && !self.unsettled.contains(*i as u32)
+                    && !self.active.contains_key(&(*i as u32))
+                    && self.reservation(&b.key) > 0
+            });
+            unused.extend(reserved.map(|(i, _)| i as u32));
+            unused.sort_unstable();
+        }
+        unused
     }
 
     /// Tells the engine (status, `degraded`) which owners this node cannot reach.
@@ -615,12 +699,11 @@ impl Holder {
             Ok(answers) => answers,
             Err(_) => {
                 // Policy `share`: the told share per window once the credit ends.
+                // (A key never used here holds nothing, and stays unsettled.)
                 for (i, _) in &items {
                     let binding = &self.state.bindings[*i];
-                    if let Some(credit) = &binding.credit
-                        && credit.is_made()
-                    {
-                        self.cut_off(credit, &binding.key);
+                    if let Some(key) = self.active.get(&(*i as u32)) {
+                        self.cut_off(&key.credit, &binding.key);
                     }
                     self.state.registry.wake(&binding.scope);
                     metrics.lease_statement("holder", "unreachable");
@@ -632,18 +715,21 @@ impl Holder {
         let owner_id: Arc<str> = owner.id.as_str().into();
         for ((i, snapshot), answer) in items.into_iter().zip(answers) {
             let binding = &self.state.bindings[i];
-            let Some(credit) = &binding.credit else {
-                continue;
-            };
+            let key = self.active.get_mut(&(i as u32));
             match answer {
                 Ok(reply) => {
-                    if credit.is_made() {
-                        credit.with(|b| {
-                            b.apply(&snapshot, &reply, now_ms);
-                            b.set_cut_off(None);
-                        });
+                    match key {
+                        Some(key) => {
+                            key.credit.with(|b| {
+                                b.apply(&snapshot, &reply, now_ms);
+                                b.set_cut_off(None);
+                            });
+                            key.owner = Some(owner_id.clone());
+                        }
+                        // Its owner heard "nothing held" (a credit made since
+                        // starts from this owner: `take_new_credits`).
+                        None => self.unsettled.set(i as u32, false),
                     }
-                    self.keys[i].owner = Some(owner_id.clone());
                     let outcome = if reply.granted > 0 {
                         "granted"
                     } else {
@@ -661,13 +747,15 @@ impl Holder {
                     metrics.lease_statement("holder", "refused");
                     // Stated again next round (views of the membership may differ
                     // for a moment).
-                    self.keys[i].owner = None;
-                    if code == "not_owner"
-                        && matches!(self.owners, Owners::Peers(_))
-                        && credit.is_made()
-                    {
-                        // It no longer keeps anything for this node.
-                        credit.with(|b| b.owner_changed());
+                    match key {
+                        Some(key) => {
+                            key.owner = None;
+                            if code == "not_owner" && matches!(self.owners, Owners::Peers(_)) {
+                                // It no longer keeps anything for this node.
+                                key.credit.with(|b| b.owner_changed());
+                            }
+                        }
+                        None => self.unsettled.set(i as u32, true),
                     }
                 }
             }

@@ -14,6 +14,7 @@
 //! unreachable members, borrowing).
 
 pub mod audit;
+mod bits;
 pub mod holder;
 pub mod owner;
 pub mod rpc;

@@ -5,6 +5,7 @@
 //! key that arrives is rebuilt conservatively from the gossiped counters.
 
 use super::View;
+use super::bits::Bits;
 use crate::actor::Dimension;
 use crate::actor::clock::Clock;
 use crate::ops::metrics::Metrics;
@@ -22,7 +23,7 @@ pub struct OwnerBook {
     lines: Mutex<Lines>,
     /// Keys an owner asked this node's holder to state (a bit per binding),
     /// taken by the holder at its next round.
-    restate: Mutex<Vec<u64>>,
+    restate: Mutex<Bits>,
     /// How rebuilt lines' silent holders are asked to state (`None`: not sent).
     nudger: Option<Nudger>,
     view: Arc<RwLock<Arc<View>>>,
@@ -53,7 +54,7 @@ impl KeyTable {
         ttl_ms: u64,
     ) -> Result<KeyTable, (String, ConfigError)> {
         let mut by_key: Vec<u32> = (0..bindings.len() as u32)
-            .filter(|i| bindings[*i as usize].credit.is_some())
+            .filter(|i| bindings[*i as usize].leased)
             .collect();
         by_key.sort_by(|a, b| bindings[*a as usize].key.cmp(&bindings[*b as usize].key));
         let table = KeyTable {
@@ -108,28 +109,6 @@ const NUDGE_KEYS: usize = 10_000;
 /// Holders asked to state keys this round: `(member id, keys)`.
 pub type Nudges = Vec<(String, Vec<String>)>;
 
-/// Sets bit `id` in `bits` (grown as needed).
-fn set_bit(bits: &mut Vec<u64>, id: u32, on: bool) {
-    let word = id as usize / 64;
-    if bits.len() <= word {
-        bits.resize(word + 1, 0);
-    }
-    if on {
-        bits[word] |= 1 << (id % 64);
-    } else {
-        bits[word] &= !(1 << (id % 64));
-    }
-}
-
-/// The ids whose bits are set.
-fn set_bits(bits: &[u64]) -> impl Iterator<Item = u32> + '_ {
-    (bits.iter().enumerate()).flat_map(|(w, bits)| {
-        (0..64u32)
-            .filter(move |b| bits & (1 << b) != 0)
-            .map(move |b| w as u32 * 64 + b)
-    })
-}
-
 /// The open lines, and which owned keys have none because theirs came to rest.
 #[derive(Default)]
 struct Lines {
@@ -139,22 +118,22 @@ struct Lines {
     /// line is exactly a new line with the round's terms, so its key's next
     /// statement opens one without the rebuild's hold. Cleared once the key is
     /// not owned here in a round's view (a key that comes back is rebuilt).
-    resting: Vec<u64>,
+    resting: Bits,
     /// The members the resting bits were last checked against.
     members: Vec<String>,
 }
 
 impl Lines {
     fn is_resting(&self, id: u32) -> bool {
-        (self.resting.get(id as usize / 64)).is_some_and(|w| w & (1 << (id % 64)) != 0)
+        self.resting.contains(id)
     }
 
     fn set_resting(&mut self, id: u32, on: bool) {
-        set_bit(&mut self.resting, id, on);
+        self.resting.set(id, on);
     }
 
     fn resting_ids(&self) -> impl Iterator<Item = u32> + '_ {
-        set_bits(&self.resting)
+        self.resting.ids()
     }
 }
 
@@ -188,7 +167,7 @@ impl OwnerBook {
         OwnerBook {
             keys,
             lines: Mutex::new(Lines::default()),
-            restate: Mutex::new(Vec::new()),
+            restate: Mutex::default(),
             nudger,
             view,
             usage,
@@ -404,7 +383,7 @@ impl OwnerBook {
         let mut bits = self.restate.lock().unwrap_or_else(|p| p.into_inner());
         let mut known = 0;
         for id in keys.iter().filter_map(|k| self.keys.find(k)) {
-            set_bit(&mut bits, id, true);
+            bits.set(id, true);
             known += 1;
         }
         known
@@ -413,9 +392,10 @@ impl OwnerBook {
     /// The holder, each round: the binding indices it was asked to state.
     pub fn take_restates(&self) -> Vec<usize> {
         let mut bits = self.restate.lock().unwrap_or_else(|p| p.into_inner());
-        let ids = set_bits(&bits).map(|id| id as usize).collect();
-        *bits = Vec::new();
-        ids
+        std::mem::take(&mut *bits)
+            .ids()
+            .map(|id| id as usize)
+            .collect()
     }
 
     /// The keys owned here with an open line, for `/admin/cluster?keys=true`.
@@ -446,10 +426,8 @@ impl OwnerBook {
 mod tests {
     use super::*;
     use crate::actor::ScopeId;
-    use crate::actor::credit::{Credit, CreditRecipe};
     use crate::sync::lease::MemberAddr;
     use std::time::Duration;
-    use tollgate_cluster::lease::budget::CutOffPolicy;
 
     const TTL_MS: u64 = 1_000;
 
@@ -458,18 +436,13 @@ mod tests {
     }
 
     fn binding(key: &str) -> Binding {
-        let recipe = CreditRecipe {
-            window: window(),
-            policy: CutOffPolicy::Share,
-            wake: Arc::default(),
-        };
         Binding {
             key: key.into(),
             scope: ScopeId::tenant(key),
             dimension: Dimension::Requests,
             capacity: 100,
             allowance: None,
-            credit: Some(Credit::new(key.into(), false, Arc::new(recipe))),
+            leased: true,
         }
     }
 
