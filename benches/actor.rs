@@ -45,6 +45,7 @@ fn registry() -> (Registry, ScopeId) {
         defaults,
         Clock::start(),
         Arc::new(Metrics::new(false)),
+        None,
     )
     .expect("valid bench spec");
     (registry, scope)

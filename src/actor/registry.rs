@@ -142,13 +142,24 @@ impl Drop for Unclaimed {
 }
 
 impl Registry {
-    /// A registry for the configured scopes; validates every limit spec.
+    /// A registry for the configured scopes; validates every limit spec. Leased
+    /// scopes' actors spend credits from `credits` (`lease` modes).
+    ///
+    /// # Panics
+    ///
+    /// If a spec is leased and `credits` is `None`: its actors would spend no
+    /// credit and enforce only local limits, silently exceeding L.
     pub fn new(
         specs: HashMap<ScopeId, ScopeSpec>,
         defaults: ActorDefaults,
         clock: Clock,
         metrics: Arc<Metrics>,
+        credits: Option<Arc<CreditTable>>,
     ) -> Result<Registry, (ScopeId, SpecError)> {
+        assert!(
+            credits.is_some() || specs.values().all(|s| s.leased_from.is_none()),
+            "leased scopes need the node's credit table"
+        );
         for (scope, spec) in &specs {
             for limit in [spec.requests, spec.tokens].into_iter().flatten() {
                 Limiter::try_new(limit).map_err(|e| (scope.clone(), e))?;
@@ -164,14 +175,8 @@ impl Registry {
             metrics,
             hasher: RandomState::new(),
             generation: std::sync::atomic::AtomicU64::new(0),
-            credits: None,
+            credits,
         })
-    }
-
-    /// The same registry, its actors spending credits from `credits`.
-    pub fn with_credits(mut self, credits: Option<Arc<CreditTable>>) -> Registry {
-        self.credits = credits;
-        self
     }
 
     /// The shared clock.
@@ -407,6 +412,7 @@ mod tests {
             defaults,
             Clock::start(),
             Arc::new(Metrics::new(false)),
+            None,
         )
         .unwrap();
         (registry, scope)

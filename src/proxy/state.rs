@@ -321,11 +321,16 @@ impl AppState {
             max_queue: config.limits.max_queue,
             idle_timeout_ns: nanos(config.limits.idle_timeout),
         };
-        let registry = Registry::new(specs, defaults, Clock::start(), metrics.clone())
-            .map_err(|(scope, e)| {
-                ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}"))
-            })?
-            .with_credits(credits.clone());
+        let registry = Registry::new(
+            specs,
+            defaults,
+            Clock::start(),
+            metrics.clone(),
+            credits.clone(),
+        )
+        .map_err(|(scope, e)| {
+            ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}"))
+        })?;
         // No redirects (a provider's 3xx is a 502 to the client, dispatch.rs;
         // following it would send the body and the key somewhere the config never
         // named) and no hidden retries (the attempt loop in dispatch.rs is the only

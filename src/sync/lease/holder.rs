@@ -767,6 +767,203 @@ impl Holder {
 mod tests {
     use super::*;
 
+    /// A lease node "a" whose view is `members`, with `tenants` tenants of two
+    /// leased keys each (requests, tokens), and a holder over them.
+    fn holder(tenants: usize) -> Holder {
+        let mut text = String::from(
+            r#"
+[cluster]
+cluster_id = "t"
+node_id = "a"
+gossip_listen = "127.0.0.1:1"
+rpc_listen = "127.0.0.1:2"
+seeds = []
+secret = "holder-test-secret-0123456789abcdef"
+mode = "lease"
+
+[[upstreams]]
+id = "u"
+kind = "openai"
+base_url = "http://127.0.0.1:1/v1"
+
+[[routes]]
+models = ["*"]
+upstreams = ["u"]
+"#,
+        );
+        for t in 0..tenants {
+            text.push_str(&format!(
+                "[[tenants]]\nid = \"t{t}\"\napi_key_hashes = [\"sha256:{t:064x}\"]\nrpm = 100\ntpm = 1000\n"
+            ));
+        }
+        let config = crate::config::Config::from_toml(&text, "test.toml").expect("config");
+        let state = Arc::new(AppState::new(config).expect("state"));
+        let window = tollgate_cluster::counter::Window::try_new(60_000, 60).expect("window");
+        let keys = super::super::owner::KeyTable::new(state.bindings.clone(), window, 0.25, 3_000)
+            .expect("keys");
+        let view = Arc::new(RwLock::new(view(&["a", "b"])));
+        let book = OwnerBook::new(
+            keys,
+            view.clone(),
+            Arc::new(Mutex::new(tollgate_cluster::counter::ClusterUsage::new(
+                window,
+            ))),
+            state.registry.clock(),
+            state.metrics.clone(),
+            None,
+        );
+        let settings = HolderSettings {
+            cluster_id: "t".into(),
+            secret: String::new(),
+            sync_interval: Duration::from_millis(200),
+            ttl: Duration::from_secs(3),
+            window_ms: 60_000,
+            max_credit: 0.25,
+            rpc_timeout: Duration::from_millis(100),
+        };
+        Holder::new(state, Owners::Peers(Arc::new(book)), view, settings)
+    }
+
+    fn view(members: &[&str]) -> Arc<View> {
+        Arc::new(View {
+            self_id: "a".into(),
+            members: (members.iter())
+                .map(|m| MemberAddr {
+                    id: (*m).into(),
+                    rpc: format!("127.0.0.1:1/{m}"),
+                })
+                .collect(),
+            settled: true,
+            ..View::default()
+        })
+    }
+
+    fn leased(holder: &Holder) -> Vec<u32> {
+        (0..holder.state.bindings.len() as u32).collect()
+    }
+
+    /// `owner`'s answers to `keys`, each accepted (`Ok`) or refused with `code`.
+    fn answer(holder: &mut Holder, owner: &str, keys: &[u32], code: Option<&str>) {
+        let owner = MemberAddr {
+            id: owner.into(),
+            rpc: String::new(),
+        };
+        let items = (keys.iter())
+            .map(|i| (*i as usize, nothing_held(1, 1)))
+            .collect();
+        let reply = SyncReply {
+            credit: 0,
+            granted: 0,
+            ttl_ms: 3_000,
+            cut_off_share: 0,
+        };
+        let answers = (keys.iter())
+            .map(|_| code.map_or(Ok(reply), |c| Err(c.to_owned())))
+            .collect();
+        holder.adopt(&owner, items, Ok(answers));
+    }
+
+    #[tokio::test]
+    async fn an_unused_key_is_stated_again_only_when_its_owner_moves_or_refuses() {
+        let mut holder = holder(30);
+        let all = leased(&holder);
+        assert_eq!(all.len(), 60);
+        // At start every key is stated (a new owner waits to hear from all).
+        let two = view(&["a", "b"]);
+        holder.mark_moved(&two);
+        assert_eq!(holder.unused_to_state(Round::Normal), all);
+        for owner in ["a", "b"] {
+            let owned: Vec<u32> = (all.iter().copied())
+                .filter(|i| {
+                    two.owner(&holder.state.bindings[*i as usize].key)
+                        .unwrap()
+                        .id
+                        == owner
+                })
+                .collect();
+            answer(&mut holder, owner, &owned, None);
+        }
+        assert!(
+            holder.unused_to_state(Round::Normal).is_empty(),
+            "all settled"
+        );
+        holder.mark_moved(&two);
+        assert!(
+            holder.unused_to_state(Round::Normal).is_empty(),
+            "same members"
+        );
+        // c joins: exactly the keys it takes are stated (to c).
+        let three = view(&["a", "b", "c"]);
+        holder.mark_moved(&three);
+        let moved: Vec<u32> = (all.iter().copied())
+            .filter(|i| {
+                let key = &holder.state.bindings[*i as usize].key;
+                two.owner(key).unwrap().id != three.owner(key).unwrap().id
+            })
+            .collect();
+        assert!(!moved.is_empty() && moved.len() < all.len(), "{moved:?}");
+        assert_eq!(holder.unused_to_state(Round::Normal), moved);
+        // Refused (c's view lags): stated again; unreachable: still unsettled.
+        answer(&mut holder, "c", &moved[..1], Some("not_owner"));
+        holder.adopt(
+            &three.members[2],
+            moved[1..]
+                .iter()
+                .map(|i| (*i as usize, nothing_held(2, 2)))
+                .collect(),
+            Err(CallError::Unreachable("down".into())),
+        );
+        assert_eq!(holder.unused_to_state(Round::Normal), moved);
+        answer(&mut holder, "c", &moved, None);
+        assert!(holder.unused_to_state(Round::Normal).is_empty());
+        // A refusal after an acceptance (views differ for a moment) states it again.
+        answer(&mut holder, "c", &moved[..1], Some("not_owner"));
+        assert_eq!(holder.unused_to_state(Round::Normal), moved[..1]);
+    }
+
+    #[tokio::test]
+    async fn a_credit_made_after_its_owner_heard_nothing_held_starts_with_that_owner() {
+        let mut holder = holder(2);
+        let two = view(&["a", "b"]);
+        holder.mark_moved(&two);
+        // Key 0's owner accepted "nothing held"; key 1's has not yet.
+        let owner0 = two.owner(&holder.state.bindings[0].key).unwrap().id.clone();
+        answer(&mut holder, &owner0, &[0], None);
+        let table = holder.state.credits.clone().expect("lease table");
+        let (first, second) = (table.get_or_make(0), table.get_or_make(1));
+        holder.take_new_credits(&two);
+        let owner_of = |i: u32| holder.active[&i].owner.as_deref().map(str::to_owned);
+        assert_eq!(
+            owner_of(0),
+            Some(two.owner(&holder.state.bindings[0].key).unwrap().id.clone())
+        );
+        assert_eq!(owner_of(1), None, "stated to its owner first");
+        assert_eq!(
+            holder.unused_to_state(Round::Normal),
+            vec![2, 3],
+            "only unused keys"
+        );
+        // Used keys keep their own owner: a members change marks no bit for them.
+        holder.mark_moved(&view(&["a", "b", "c", "d", "e"]));
+        assert!(
+            holder
+                .unused_to_state(Round::Normal)
+                .iter()
+                .all(|i| *i >= 2)
+        );
+        // Their answers reach their budgets; an unreachable owner cuts them off.
+        let b = &two.members[1];
+        holder.adopt(
+            b,
+            vec![(0, nothing_held(3, 3)), (1, nothing_held(3, 3))],
+            Err(CallError::Unreachable("down".into())),
+        );
+        assert!(first.with(|b| b.is_cut_off()) && second.with(|b| b.is_cut_off()));
+        assert_eq!(table.made_since(0).len(), 2);
+        holder.take_new_credits(&two);
+        assert_eq!(holder.active.len(), 2, "each credit taken once");
+    }
+
     fn inputs() -> TargetInputs {
         TargetInputs {
             demand: 0,
