@@ -19,7 +19,8 @@
 //! `SCALE_QUIET=1` adds a fourth phase, "used once, now idle": after the active
 //! phase every tenant rests for a window plus the actor idle timeout (set short
 //! with `SCALE_WINDOW_SECS` and `SCALE_IDLE_SECS`) and the cell reports what is
-//! left.
+//! left; `SCALE_GRACE_SECS` sets `dead_node_grace` (how long the deleted rings'
+//! chitchat tombstones are kept; 60 s by default) and adds it to that rest.
 #![allow(clippy::unwrap_used)] // a measurement: a failed unwrap is a failed cell
 
 mod common;
@@ -115,10 +116,11 @@ fn node_toml(tenants: &str, i: usize, n: usize, mode: &str) -> String {
     format!(
         "{tenants}\n{limits}\n[cluster]\ncluster_id = \"scale\"\nnode_id = \"node-{i}\"\n\
          gossip_listen = \"127.0.0.1:{}\"\nrpc_listen = \"127.0.0.1:{}\"\n\
-         secret = \"{SECRET}\"\nseeds = [{}]\nmode = \"{mode}\"\n",
+         secret = \"{SECRET}\"\nseeds = [{}]\nmode = \"{mode}\"\ndead_node_grace = \"{}s\"\n",
         gossip_port(i),
         free_tcp_port(),
-        seeds.join(", ")
+        seeds.join(", "),
+        env("SCALE_GRACE_SECS", 60)
     )
 }
 
@@ -485,17 +487,19 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     let heap_active = live_heap();
     // "Used once, now idle": a window for the usage to leave, the idle timeout for
     // the actors to stop, a window more for the quiet rings to be deleted, and the
-    // replicas' 10 s collection with a margin.
+    // replicas' 10 s collection with a margin; with `SCALE_GRACE_SECS`, the
+    // tombstones' grace too.
     let quiet = if std::env::var("SCALE_QUIET").is_ok_and(|v| v == "1") {
-        let rest = 2 * env("SCALE_WINDOW_SECS", 60) + env("SCALE_IDLE_SECS", 120) + 12;
+        let grace = std::env::var("SCALE_GRACE_SECS").map_or(0, |_| env("SCALE_GRACE_SECS", 60));
+        let rest = 2 * env("SCALE_WINDOW_SECS", 60) + env("SCALE_IDLE_SECS", 120) + 12 + grace;
         tokio::time::sleep(Duration::from_secs(rest)).await;
         let s3 = sample(&nodes, &transport).await;
-        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        let heap = lowest_heap_over(Duration::from_secs_f64(secs)).await;
         let s4 = sample(&nodes, &transport).await;
         json!({
             "rested_s": rest,
             "rss_mb": round2(rss() as f64 / 1e6),
-            "heap_mb": round2(live_heap() as f64 / 1e6),
+            "heap_mb": round2(heap as f64 / 1e6),
             "phase": phase(&s3, &s4, n),
         })
     } else {

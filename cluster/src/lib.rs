@@ -15,6 +15,7 @@
 
 pub mod counter;
 pub mod lease;
+pub mod maps;
 pub mod membership;
 pub mod share;
 

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot};
+use tollgate_cluster::maps::shrink_if_sparse;
 
 /// Mailbox capacity per actor; senders wait (backpressure) when it is full.
 pub const MAILBOX: usize = 1024;
@@ -254,6 +255,7 @@ impl Registry {
                 }
                 if shard.get(&key).is_some_and(|h| h.generation == generation) {
                     shard.remove(&key);
+                    shrink_if_sparse(&mut shard);
                 }
                 true
             },

@@ -4,6 +4,7 @@
 //! the last window is a subtraction.
 
 use std::collections::{HashMap, VecDeque};
+use tollgate_cluster::maps::shrink_if_sparse;
 
 #[derive(Debug, Default)]
 struct Track {
@@ -63,6 +64,7 @@ impl Demand {
     pub fn forget_retired(&mut self, now_ms: u64) {
         let cutoff = now_ms.saturating_sub(self.window_ms);
         (self.keys).retain(|_, t| t.history.back().is_some_and(|(at, _)| *at >= cutoff));
+        shrink_if_sparse(&mut self.keys);
     }
 
     /// How many keys are tracked.

@@ -22,6 +22,7 @@
 //! added nothing within the bound keep no entry.
 
 use std::collections::{HashMap, VecDeque};
+use tollgate_cluster::maps::shrink_if_sparse;
 
 /// At most this many additions are kept per key; older ones merge into the next
 /// (dated later, so counted unseen longer: the safe side). Rounds come every
@@ -83,6 +84,7 @@ impl OwnEcho {
                 *next = next.saturating_add(oldest);
             }
         }
+        shrink_if_sparse(&mut self.pending);
     }
 
     /// What this node added to `key` that some peer may not have seen at `now_ms`.
@@ -110,6 +112,7 @@ impl OwnEcho {
             }
             !entries.is_empty()
         });
+        shrink_if_sparse(&mut self.added);
     }
 
     /// How many keys hold additions (bounded by the keys active within the bound).

@@ -16,6 +16,7 @@
 //! every frozen vector equals what a history that never forgets gives.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use tollgate_cluster::maps::shrink_if_sparse;
 
 /// One key's demand vectors by time (ms), oldest first.
 type VectorHistory = VecDeque<(u64, Vec<(String, u64)>)>;
@@ -173,6 +174,9 @@ impl DemandHistory {
             self.own.remove(key);
             self.vectors.remove(key);
             self.last_seen.remove(key);
+            shrink_if_sparse(&mut self.own);
+            shrink_if_sparse(&mut self.vectors);
+            shrink_if_sparse(&mut self.last_seen);
         }
         own && vector && seen
     }

@@ -286,6 +286,7 @@ impl LocalCounters {
             }
             keep
         });
+        crate::maps::shrink_if_sparse(&mut self.keys);
         out.sort_unstable();
         debug_assert!(self.keys.len() <= self.max_keys);
         out

@@ -343,6 +343,7 @@ impl ClusterUsage {
             let shift = window.buckets_behind(replica.clock.lag_ms(now_ms));
             let before = replica.keys.len();
             (replica.keys).retain(|_, key| !key.is_zero_shifted(&window, shift, now_ms));
+            crate::maps::shrink_if_sparse(&mut replica.keys);
             dropped += before - replica.keys.len();
         }
         dropped
