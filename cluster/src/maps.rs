@@ -25,7 +25,11 @@ mod tests {
         let full = map.capacity();
         map.retain(|k, _| *k < 2_048);
         shrink_if_sparse(&mut map);
-        assert!(map.capacity() > 3_000, "half full: kept ({} of {full})", map.capacity());
+        assert!(
+            map.capacity() > 3_000,
+            "half full: kept ({} of {full})",
+            map.capacity()
+        );
         map.retain(|k, _| *k < 100);
         shrink_if_sparse(&mut map);
         assert!(map.capacity() < full / 8, "{} of {full}", map.capacity());

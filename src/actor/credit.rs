@@ -58,12 +58,12 @@ pub struct CreditTable {
     made: Mutex<Made>,
 }
 
-/// The credits made so far (never unmade: a credit holds what its owner granted).
+/// The credits made and not yet dropped at rest.
 #[derive(Debug, Default)]
 struct Made {
     by_binding: HashMap<u32, Credit>,
-    /// Binding indices in the order their credits were made.
-    order: Vec<u32>,
+    /// Binding indices of credits made since the holder loop last took them.
+    fresh: Vec<u32>,
 }
 
 impl CreditTable {
@@ -93,7 +93,7 @@ impl CreditTable {
             self.recipe.clone(),
         );
         made.by_binding.insert(index, credit.clone());
-        made.order.push(index);
+        made.fresh.push(index);
         credit
     }
 
@@ -103,12 +103,31 @@ impl CreditTable {
         self.made().by_binding.get(&index).cloned()
     }
 
-    /// Credits made after the first `known` (in the order they were made).
-    pub fn made_since(&self, known: usize) -> Vec<(u32, Credit)> {
-        let made = self.made();
-        (made.order.iter().skip(known))
-            .map(|i| (*i, made.by_binding[i].clone()))
+    /// The holder loop: the credits made since its last call, in the order they
+    /// were made.
+    pub fn take_made(&self) -> Vec<(u32, Credit)> {
+        let mut made = self.made();
+        let fresh = std::mem::take(&mut made.fresh);
+        (fresh.into_iter())
+            .filter_map(|i| made.by_binding.get(&i).map(|c| (i, c.clone())))
             .collect()
+    }
+
+    /// The holder loop: drops the credit of binding `index` if nobody but the
+    /// table and `others` handles holds it (its actor has stopped) and its budget
+    /// is at rest ([`Budget::is_at_rest`] at `now_ms`). Its last seq, for the
+    /// next credit of the key to state above, if dropped. Under the table's lock,
+    /// so an actor starting meanwhile finds either this credit or a new one.
+    pub fn drop_at_rest(&self, index: u32, others: usize, now_ms: u64) -> Option<u64> {
+        let mut made = self.made();
+        let credit = made.by_binding.get(&index)?;
+        if Arc::strong_count(&credit.0) != 1 + others {
+            return None;
+        }
+        let last_seq = credit.with(|b| b.is_at_rest(now_ms).then(|| b.last_seq()))?;
+        made.by_binding.remove(&index);
+        tollgate_cluster::maps::shrink_if_sparse(&mut made.by_binding);
+        Some(last_seq)
     }
 
     /// The credits of the scope whose first credit binding is `first`, made now
@@ -271,12 +290,12 @@ mod tests {
         ]);
         let table = CreditTable::new(recipe, bindings);
         assert!(table.get(1).is_none(), "nothing made by reading");
-        assert!(table.made_since(0).is_empty());
+        assert!(table.take_made().is_empty());
         // b's actor starts: its two keys, and no neighbour's.
         let credits = table.credits_for(1);
         assert!(credits.requests.is_none());
         let (tokens, slots) = (credits.tokens.unwrap(), credits.concurrency.unwrap());
-        let made: Vec<u32> = table.made_since(0).into_iter().map(|(i, _)| i).collect();
+        let made: Vec<u32> = table.take_made().into_iter().map(|(i, _)| i).collect();
         assert_eq!(made, vec![1, 2]);
         assert!(table.get(0).is_none() && table.get(3).is_none());
         // One state for every handle: the engine sees what the actor asked for.
@@ -285,9 +304,59 @@ mod tests {
         assert!(!slots.can_spend(1, 0));
         // Made once: a restarted actor finds the same credits.
         table.credits_for(1);
-        assert_eq!(table.made_since(0).len(), 2);
-        assert_eq!(table.made_since(2).len(), 0);
+        assert!(table.take_made().is_empty());
         table.credits_for(3);
-        assert_eq!(table.made_since(2).len(), 1);
+        assert_eq!(table.take_made().len(), 1);
+    }
+
+    #[test]
+    fn a_credit_at_rest_is_dropped_only_once_its_actor_has_stopped() {
+        let recipe = Arc::new(CreditRecipe {
+            window: Window::try_new(1_000, 10).expect("window"),
+            policy: CutOffPolicy::Share,
+            wake: Arc::default(),
+        });
+        let table = CreditTable::new(recipe, Arc::from([binding("a", Dimension::Requests)]));
+        let actors = table.credits_for(0);
+        let holders = table.take_made();
+        let credit = actors.requests.clone().unwrap();
+        // Spent from a granted credit: not at rest while that counts.
+        credit.with(|b| {
+            let s = b.snapshot(5, 1_000);
+            let reply = tollgate_cluster::lease::line::SyncReply {
+                credit: 5,
+                granted: 5,
+                ttl_ms: 3_000,
+                cut_off_share: 0,
+            };
+            b.apply(&s, &reply, 1_000);
+        });
+        assert!(credit.try_spend(1, 1_000).is_some());
+        drop(credit);
+        assert_eq!(
+            table.drop_at_rest(0, 1, 2_000),
+            None,
+            "the actor still holds it"
+        );
+        drop(actors);
+        assert_eq!(
+            table.drop_at_rest(0, 1, 2_000),
+            None,
+            "credit and usage left"
+        );
+        // Past the credit's ttl and the window: at rest, dropped with its seq.
+        assert_eq!(table.drop_at_rest(0, 1, 10_000), Some(1_000));
+        assert!(table.get(0).is_none());
+        drop(holders);
+        // Used again: a new credit, and the holder loop takes it anew.
+        assert_eq!(
+            table
+                .credits_for(0)
+                .requests
+                .unwrap()
+                .with(|b| b.last_seq()),
+            0
+        );
+        assert_eq!(table.take_made().len(), 1);
     }
 }

@@ -338,6 +338,12 @@ impl Budget {
         self.adopted_seq
     }
 
+    /// The seq of the last statement (a budget made later for the key must state
+    /// above it: [`Budget::keep_seq_above`]).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
     /// Gives back what is not in use (windowed: all credit; slots: the slots not in
     /// use); the next snapshot states it, so the owner frees it at once.
     pub fn return_credit(&mut self, now_ms: u64) {
@@ -369,6 +375,13 @@ impl Budget {
     /// exchange (idle keys cost no traffic).
     pub fn is_idle(&self, now_ms: u64) -> bool {
         self.credit(now_ms) == 0 && self.used(now_ms) == 0
+    }
+
+    /// Idle, nothing in use, not cut off and no told share: it holds nothing a
+    /// new budget would not, so the holder may drop it and make one at the next
+    /// use (carrying [`Budget::last_seq`] over).
+    pub fn is_at_rest(&self, now_ms: u64) -> bool {
+        self.is_idle(now_ms) && self.in_use == 0 && self.cut_off.is_none() && self.told_share == 0
     }
 
     fn cut_off_allows(&self, cost: u64, now_ms: u64) -> bool {
