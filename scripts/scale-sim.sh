@@ -36,6 +36,8 @@ if [[ ${1:-} == once ]]; then
   # Every tenant on every node at least once: 3,000-5,000 pairs at 1,000 req/s
   # send one request each within the 5 s active phase.
   export SCALE_QUIET=1 SCALE_WINDOW_SECS=5 SCALE_IDLE_SECS=5 SCALE_RATE=1000 SCALE_ACTIVE=1000000
+  # Past the deleted rings' tombstones (dead_node_grace, 60 s by default).
+  export SCALE_GRACE_SECS=${SCALE_GRACE_SECS:-10}
 fi
 if [[ ${1:-} == crash ]]; then
   export SCALE_CRASH=1

@@ -52,6 +52,12 @@ enum Op {
         ms: u64,
     },
     Failover,
+    /// The holder drops a budget at rest (its actor stopped: nothing open, no
+    /// statement in flight) and makes a new one, stating above the old one's
+    /// last seq (`Holder::drop_at_rest`).
+    Rest {
+        h: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -66,9 +72,10 @@ fn op() -> impl Strategy<Value = Op> {
         3 => h.clone().prop_map(|h| Op::Reply { h }),
         1 => h.clone().prop_map(|h| Op::Lose { h }),
         1 => h.clone().prop_map(|h| Op::CutOff { h }),
-        1 => h.prop_map(|h| Op::Reshare { h }),
+        1 => h.clone().prop_map(|h| Op::Reshare { h }),
         4 => (1u64..250).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Failover),
+        1 => h.prop_map(|h| Op::Rest { h }),
     ]
 }
 
@@ -176,6 +183,15 @@ impl World {
             Op::Advance { ms } => {
                 self.now += ms;
                 let _ = self.owner.settle(self.now);
+            }
+            Op::Rest { h } => {
+                let x = &mut self.holders[h];
+                let idle = x.open.is_empty() && x.sent.is_none() && x.reply.is_none();
+                if idle && x.budget.is_at_rest(now) {
+                    let floor = x.budget.last_seq();
+                    x.budget = Budget::new(Kind::Windowed(self.window), CutOffPolicy::Share);
+                    x.budget.keep_seq_above(floor);
+                }
             }
             Op::Failover => {
                 // The old owner is gone with whatever it was about to answer; the
