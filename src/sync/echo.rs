@@ -71,6 +71,7 @@ impl OwnEcho {
 
     /// The write carrying every pending addition succeeded at `now_ms`.
     pub fn published(&mut self, now_ms: u64) {
+        let drained = self.pending.len();
         for (key, units) in self.pending.drain() {
             let entries = self.added.entry(key).or_default();
             match entries.back_mut() {
@@ -84,7 +85,12 @@ impl OwnEcho {
                 *next = next.saturating_add(oldest);
             }
         }
-        shrink_if_sparse(&mut self.pending);
+        // Emptied every round: kept at this round's size (freeing it each time
+        // made the next round grow it again from nothing, a review found), and
+        // shrunk only once far larger than a round needs.
+        if self.pending.capacity() > 4 * drained.max(16) {
+            self.pending.shrink_to(drained);
+        }
     }
 
     /// What this node added to `key` that some peer may not have seen at `now_ms`.
@@ -130,6 +136,26 @@ impl OwnEcho {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_keeps_a_rounds_table_and_gives_back_a_far_larger_one() {
+        let mut echo = OwnEcho::new(1_000);
+        for k in 0..1_000 {
+            echo.added(&format!("k{k}"), 1);
+        }
+        echo.published(1);
+        let busy = echo.pending.capacity();
+        assert!(busy >= 1_000, "kept for the next round: {busy}");
+        for k in 0..10 {
+            echo.added(&format!("k{k}"), 1);
+        }
+        echo.published(2);
+        assert!(
+            echo.pending.capacity() < busy / 8,
+            "{}",
+            echo.pending.capacity()
+        );
+    }
 
     #[test]
     fn an_addition_whose_write_failed_stays_unseen_until_one_succeeds() {
