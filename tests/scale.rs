@@ -107,20 +107,23 @@ fn node_toml(tenants: &str, i: usize, n: usize, mode: &str, quiet: Option<Quiet>
         .map(|j| format!("\"127.0.0.1:{}\"", gossip_port(j)))
         .collect();
     // The window, the actors' idle timeout and the tombstones' grace: the
-    // defaults unless a "used once, now idle" cell shortens them.
-    let q = quiet.unwrap_or(Quiet::DEFAULTS);
-    let limits = format!(
-        "[limits]\nwindow = \"{}s\"\nidle_timeout = \"{}s\"\n",
-        q.window_s, q.idle_s
-    );
+    // config's defaults unless a "used once, now idle" cell shortens them.
+    let (limits, grace) = quiet.map_or_else(Default::default, |q| {
+        (
+            format!(
+                "[limits]\nwindow = \"{}s\"\nidle_timeout = \"{}s\"\n",
+                q.window_s, q.idle_s
+            ),
+            format!("dead_node_grace = \"{}s\"\n", q.grace_s),
+        )
+    });
     format!(
         "{tenants}\n{limits}\n[cluster]\ncluster_id = \"scale\"\nnode_id = \"node-{i}\"\n\
          gossip_listen = \"127.0.0.1:{}\"\nrpc_listen = \"127.0.0.1:{}\"\n\
-         secret = \"{SECRET}\"\nseeds = [{}]\nmode = \"{mode}\"\ndead_node_grace = \"{}s\"\n",
+         secret = \"{SECRET}\"\nseeds = [{}]\nmode = \"{mode}\"\n{grace}",
         gossip_port(i),
         free_tcp_port(),
-        seeds.join(", "),
-        q.grace_s
+        seeds.join(", ")
     )
 }
 
@@ -264,13 +267,6 @@ struct Quiet {
 }
 
 impl Quiet {
-    /// The config's defaults (a minute's window, two minutes' idle timeout).
-    const DEFAULTS: Quiet = Quiet {
-        window_s: 60,
-        idle_s: 120,
-        grace_s: 60,
-    };
-
     fn rest(&self) -> Duration {
         Duration::from_secs(2 * self.window_s + self.idle_s + 12 + self.grace_s)
     }

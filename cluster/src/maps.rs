@@ -10,8 +10,15 @@ use std::hash::{BuildHasher, Hash};
 /// (and the table is not tiny). Amortised O(1) per removal: after a shrink, the
 /// next takes removing half of what is left.
 pub fn shrink_if_sparse<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
-    if map.capacity() > 32 && map.len() <= map.capacity() / 4 {
-        map.shrink_to(map.len() * 2);
+    let len = map.len();
+    shrink_to_need(map, len);
+}
+
+/// Shrinks `map` to twice `need` once its table holds over four times that (and
+/// is not tiny): for a map emptied every round, `need` is what a round put in.
+pub fn shrink_to_need<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>, need: usize) {
+    if map.capacity() > 4 * need.max(8) {
+        map.shrink_to(need * 2);
     }
 }
 

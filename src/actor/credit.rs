@@ -264,6 +264,14 @@ impl Credits {
 mod tests {
     use super::*;
 
+    fn recipe() -> Arc<CreditRecipe> {
+        Arc::new(CreditRecipe {
+            window: Window::try_new(1_000, 10).expect("window"),
+            policy: CutOffPolicy::Share,
+            wake: Arc::default(),
+        })
+    }
+
     fn binding(scope: &str, dimension: Dimension) -> Binding {
         Binding {
             key: format!("tenant:{scope}:{}", dimension.as_str()).into(),
@@ -277,11 +285,7 @@ mod tests {
 
     #[test]
     fn credits_are_made_at_their_scopes_first_use_and_only_then() {
-        let recipe = Arc::new(CreditRecipe {
-            window: Window::try_new(1_000, 10).expect("window"),
-            policy: CutOffPolicy::Share,
-            wake: Arc::default(),
-        });
+        let recipe = recipe();
         let bindings: Arc<[Binding]> = Arc::from([
             binding("a", Dimension::Requests),
             binding("b", Dimension::Tokens),
@@ -311,11 +315,7 @@ mod tests {
 
     #[test]
     fn a_credit_at_rest_is_dropped_only_once_its_actor_has_stopped() {
-        let recipe = Arc::new(CreditRecipe {
-            window: Window::try_new(1_000, 10).expect("window"),
-            policy: CutOffPolicy::Share,
-            wake: Arc::default(),
-        });
+        let recipe = recipe();
         let table = CreditTable::new(recipe, Arc::from([binding("a", Dimension::Requests)]));
         let actors = table.credits_for(0);
         let holders = table.take_made();

@@ -156,6 +156,7 @@ async fn cluster_status(
         return e.into_response();
     };
     let snapshot = status.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let now_ms = state.registry.clock().now_ns() / 1_000_000;
     let allowances: serde_json::Map<String, serde_json::Value> = state
         .bindings
         .iter()
@@ -167,7 +168,6 @@ async fn cluster_status(
                 made.map_or_else(
                     || json!({"credit": 0, "used": 0, "cut_off": false}),
                     |c| {
-                        let now_ms = state.registry.clock().now_ns() / 1_000_000;
                         c.with(|budget| {
                             json!({
                                 "credit": budget.credit(now_ms),

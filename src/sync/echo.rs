@@ -22,7 +22,7 @@
 //! added nothing within the bound keep no entry.
 
 use std::collections::{HashMap, VecDeque};
-use tollgate_cluster::maps::shrink_if_sparse;
+use tollgate_cluster::maps::{shrink_if_sparse, shrink_to_need};
 
 /// At most this many additions are kept per key; older ones merge into the next
 /// (dated later, so counted unseen longer: the safe side). Rounds come every
@@ -88,9 +88,7 @@ impl OwnEcho {
         // Emptied every round: kept at this round's size (freeing it each time
         // made the next round grow it again from nothing, a review found), and
         // shrunk only once far larger than a round needs.
-        if self.pending.capacity() > 4 * drained.max(16) {
-            self.pending.shrink_to(drained);
-        }
+        shrink_to_need(&mut self.pending, drained);
     }
 
     /// What this node added to `key` that some peer may not have seen at `now_ms`.

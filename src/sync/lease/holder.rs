@@ -27,6 +27,12 @@ use tollgate_cluster::lease::rendezvous;
 /// The id the holder loop gives Redis as a key's owner (`redis-lease`).
 pub const REDIS_OWNER: &str = "redis";
 
+/// Redis as every key's owner (`redis-lease`; no RPC address).
+static REDIS: std::sync::LazyLock<MemberAddr> = std::sync::LazyLock::new(|| MemberAddr {
+    id: REDIS_OWNER.to_owned(),
+    rpc: String::new(),
+});
+
 /// Who owns the keys.
 pub enum Owners {
     /// `lease`: each key's owner among the live members (rendezvous hashing),
@@ -182,6 +188,21 @@ fn nothing_held(seq: u64, now_ms: u64) -> Snapshot {
     }
 }
 
+/// Adds `item` to `owner`'s batch (its id and address copied once per batch, not
+/// per key).
+fn add_to_batch(
+    batches: &mut BTreeMap<String, (MemberAddr, Items)>,
+    owner: &MemberAddr,
+    item: (usize, Snapshot),
+) {
+    match batches.get_mut(&owner.id) {
+        Some((_, items)) => items.push(item),
+        None => {
+            batches.insert(owner.id.clone(), (owner.clone(), vec![item]));
+        }
+    }
+}
+
 /// Most credit one holder holds for a key of capacity `capacity`.
 pub fn max_credit(capacity: u64, fraction: f64) -> u64 {
     ((capacity as f64 * fraction).floor() as u64).clamp(1, capacity.max(1))
@@ -288,10 +309,11 @@ impl Holder {
             let Some(owner) = self.owner_of(&view, &self.state.bindings[i as usize].key) else {
                 continue;
             };
-            (batches.entry(owner.id.clone()))
-                .or_insert_with(|| (owner, Vec::new()))
-                .1
-                .push((i as usize, nothing_held(nothing_held_seq, now_ms)));
+            add_to_batch(
+                &mut batches,
+                owner,
+                (i as usize, nothing_held(nothing_held_seq, now_ms)),
+            );
         }
         if !unused.is_empty() {
             self.nothing_held_seq = nothing_held_seq;
@@ -378,10 +400,7 @@ impl Holder {
                 b.snapshot(want, now_ms)
             });
             key.stated_ms = now_ms;
-            (batches.entry(owner.id.clone()))
-                .or_insert_with(|| (owner, Vec::new()))
-                .1
-                .push((i as usize, snapshot));
+            add_to_batch(&mut batches, owner, (i as usize, snapshot));
         }
         self.active = active;
         for i in resting {
@@ -423,13 +442,10 @@ impl Holder {
     }
 
     /// `key`'s owner in `view` (Redis for every key in `redis-lease`).
-    fn owner_of(&self, view: &View, key: &str) -> Option<MemberAddr> {
+    fn owner_of<'v>(&self, view: &'v View, key: &str) -> Option<&'v MemberAddr> {
         match &self.owners {
-            Owners::Peers(_) => view.owner(key).cloned(),
-            Owners::Redis { .. } => Some(MemberAddr {
-                id: REDIS_OWNER.to_owned(),
-                rpc: String::new(),
-            }),
+            Owners::Peers(_) => view.owner(key),
+            Owners::Redis { .. } => Some(&REDIS),
         }
     }
 
@@ -441,8 +457,7 @@ impl Holder {
         {
             return;
         }
-        let before: Vec<&str> = self.members.iter().map(String::as_str).collect();
-        let now: Vec<&str> = view.members.iter().map(|m| m.id.as_str()).collect();
+        let before = &self.members;
         // Before the first round every key is unsettled already.
         if !before.is_empty() {
             let bindings = self.state.bindings.iter().enumerate();
@@ -450,7 +465,8 @@ impl Holder {
                 bindings.filter(|(i, b)| b.leased && !self.active.contains_key(&(*i as u32)))
             {
                 let key = &*binding.key;
-                if rendezvous::owner(key, &before) != rendezvous::owner(key, &now) {
+                let was = rendezvous::owner(key, before).map(String::as_str);
+                if was != view.owner(key).map(|m| m.id.as_str()) {
                     self.unsettled.set(i as u32, true);
                 }
             }
@@ -943,22 +959,26 @@ upstreams = ["u"]
         assert_eq!(holder.unused_to_state(Round::Normal), moved[..1]);
     }
 
-    #[tokio::test]
-    async fn a_credit_made_after_its_owner_heard_nothing_held_starts_with_that_owner() {
-        let mut holder = holder(2);
+    /// A holder of `tenants` tenants on members a and b, whose key 0's owner
+    /// accepted "nothing held" (the others' have not yet): the view, that owner
+    /// and the node's credit table.
+    fn key_0_settled(tenants: usize) -> (Holder, Arc<View>, String, Arc<CreditTable>) {
+        let mut holder = holder(tenants);
         let two = view(&["a", "b"]);
         holder.mark_moved(&two);
-        // Key 0's owner accepted "nothing held"; key 1's has not yet.
         let owner0 = two.owner(&holder.state.bindings[0].key).unwrap().id.clone();
         answer(&mut holder, &owner0, &[0], None);
         let table = holder.state.credits.clone().expect("lease table");
+        (holder, two, owner0, table)
+    }
+
+    #[tokio::test]
+    async fn a_credit_made_after_its_owner_heard_nothing_held_starts_with_that_owner() {
+        let (mut holder, two, owner0, table) = key_0_settled(2);
         let (first, second) = (table.get_or_make(0), table.get_or_make(1));
         holder.take_new_credits(&two);
         let owner_of = |i: u32| holder.active[&i].owner.as_deref().map(str::to_owned);
-        assert_eq!(
-            owner_of(0),
-            Some(two.owner(&holder.state.bindings[0].key).unwrap().id.clone())
-        );
+        assert_eq!(owner_of(0), Some(owner0));
         assert_eq!(owner_of(1), None, "stated to its owner first");
         assert_eq!(
             holder.unused_to_state(Round::Normal),
@@ -987,12 +1007,7 @@ upstreams = ["u"]
 
     #[tokio::test]
     async fn a_used_key_at_rest_is_dropped_and_its_next_credit_states_above_it() {
-        let mut holder = holder(1);
-        let two = view(&["a", "b"]);
-        holder.mark_moved(&two);
-        let owner0 = two.owner(&holder.state.bindings[0].key).unwrap().id.clone();
-        answer(&mut holder, &owner0, &[0], None);
-        let table = holder.state.credits.clone().expect("lease table");
+        let (mut holder, two, owner0, table) = key_0_settled(1);
         let actor = table.get_or_make(0);
         holder.take_new_credits(&two);
         actor.with(|b| b.keep_seq_above(5_000));

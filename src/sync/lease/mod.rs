@@ -34,6 +34,13 @@ pub struct MemberAddr {
     pub rpc: String,
 }
 
+/// A member is found by its id (rendezvous hashing over the members themselves).
+impl AsRef<str> for MemberAddr {
+    fn as_ref(&self) -> &str {
+        &self.id
+    }
+}
+
 /// What the engine tells the lease side each round.
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -69,9 +76,7 @@ impl View {
 
     /// The owner of `key` among the live members.
     pub fn owner(&self, key: &str) -> Option<&MemberAddr> {
-        let ids: Vec<&str> = self.members.iter().map(|m| m.id.as_str()).collect();
-        let owner = rendezvous::owner(key, &ids)?;
-        self.members.iter().find(|m| m.id == *owner)
+        rendezvous::owner(key, &self.members)
     }
 
     /// Whether this node owns `key`.

@@ -341,9 +341,7 @@ impl OwnerBook {
             lines.open.remove(&id);
             lines.set_resting(id, true);
         }
-        if lines.open.capacity() > 4 * lines.open.len().max(16) {
-            lines.open.shrink_to_fit();
-        }
+        tollgate_cluster::maps::shrink_if_sparse(&mut lines.open);
         self.metrics.lease_owner(0, expired);
         drop(guard);
         let nudges: Nudges = nudges.into_iter().collect();
