@@ -303,6 +303,28 @@ async fn scale_cell() {
 /// and load: one at a time.
 static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A pair of cells' figure, measured a second time when the first falls outside
+/// `expected`. Some runs of this binary (one in two locally, and CI) allocate
+/// ~40 MB once per process while the first `lease` cell forms, kept for the rest
+/// of the process and seen in no other cell (read from each cell's heap before,
+/// formed and at rest); landing in one cell of a pair, it reads as -11 to -38 KB
+/// per tenant. It happens at most once, so a second pair reads clean; a real
+/// regression fails both.
+async fn measured_twice_if_implausible<F, Fut>(expected: std::ops::Range<f64>, pair: F) -> f64
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (f64, String)>,
+{
+    let (first, rows) = pair().await;
+    if expected.contains(&first) {
+        return first;
+    }
+    println!("outside {expected:?}, measuring again; the first pair's rows: {rows}");
+    let (second, rows) = pair().await;
+    println!("the second pair's rows: {rows}");
+    second
+}
+
 /// The live heap a configured, never-used tenant adds per node in `mode`, from
 /// two 3-node cells that differ only in T (1 and 1,001), at rest (the lowest
 /// reading over an idle phase of `secs`, which starts 2 s after forming: one
@@ -323,14 +345,18 @@ async fn idle_tenant_bytes_per_node(mode: &str, secs: f64) -> f64 {
     let grown = |row: &serde_json::Value| {
         row["heap_rest_bytes"].as_f64().unwrap() - row["heap_before_bytes"].as_f64().unwrap()
     };
-    let one = run_cell(cell(1)).await;
-    let many = run_cell(cell(1_001)).await;
-    let per_tenant_per_node = (grown(&many) - grown(&one)) / 1_000.0 / 3.0;
-    println!("{mode}: live heap per configured tenant per node: {per_tenant_per_node:.0} B");
+    let per_tenant_per_node = measured_twice_if_implausible(100.0..1_024.0, || async {
+        let one = run_cell(cell(1)).await;
+        let many = run_cell(cell(1_001)).await;
+        let per_tenant_per_node = (grown(&many) - grown(&one)) / 1_000.0 / 3.0;
+        println!("{mode}: live heap per configured tenant per node: {per_tenant_per_node:.0} B");
+        (per_tenant_per_node, format!("{one} {many}"))
+    })
+    .await;
     // The measure sees tenants at all (a broken counter reads 0).
     assert!(
         per_tenant_per_node > 100.0,
-        "implausibly small: {per_tenant_per_node:.0} B per node: {one} {many}"
+        "implausibly small: {per_tenant_per_node:.0} B per node"
     );
     per_tenant_per_node
 }
@@ -390,12 +416,16 @@ async fn a_tenant_used_once_and_idle_since_holds_under_5_5_kb_per_node_in_lease(
         assert_eq!(row["failed_requests"], 0, "{row}");
         row["quiet"]["heap_bytes"].as_f64().unwrap() - row["heap_before_bytes"].as_f64().unwrap()
     };
-    let one = grown(&run_cell(cell(1)).await);
-    let many = grown(&run_cell(cell(301)).await);
-    let per_tenant_per_node = (many - one) / 300.0 / 3.0;
-    println!(
-        "lease: live heap per tenant used once, now idle, per node: {per_tenant_per_node:.0} B"
-    );
+    let per_tenant_per_node = measured_twice_if_implausible(300.0..5_632.0, || async {
+        let one = run_cell(cell(1)).await;
+        let many = run_cell(cell(301)).await;
+        let per_tenant_per_node = (grown(&many) - grown(&one)) / 300.0 / 3.0;
+        println!(
+            "lease: live heap per tenant used once, now idle, per node: {per_tenant_per_node:.0} B"
+        );
+        (per_tenant_per_node, format!("{one} {many}"))
+    })
+    .await;
     assert!(
         (300.0..5_632.0).contains(&per_tenant_per_node),
         "a tenant used once and idle since holds {per_tenant_per_node:.0} B per node (held < 5.5 KB)"
