@@ -19,7 +19,7 @@ use crate::actor::scope::{Allowance, Blocked, ScopeStatus};
 use crate::actor::task::Refusal;
 use crate::actor::{Dimension, Permit, ScopeId, SettleWith};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -29,13 +29,18 @@ use tokio::time::Instant;
 /// buckets have left the window by then anyway).
 const MAX_BACKLOG_BUCKETS: usize = 4096;
 
+/// How soon a request held back because not every peer has confirmed it charges
+/// this node's loss looks again (confirmations come with the peers' sync rounds).
+const UNCONFIRMED_RETRY: Duration = Duration::from_millis(50);
+
 /// One scope's limits as Redis enforces them.
 #[derive(Debug, Clone)]
 struct ScopeLimits {
     keys: ScopeKeys,
     requests: Option<(String, u64)>,
     tokens: Option<(String, u64)>,
-    concurrency: u64,
+    /// The concurrency limit's key and slots (0: none).
+    concurrency: (String, u64),
 }
 
 /// Why Redis refused a request.
@@ -103,7 +108,11 @@ pub struct RedisGate {
     caps: RwLock<HashMap<String, u64>>,
     /// Each key's fallback (set each sync round).
     fallback: Mutex<HashMap<String, Fallback>>,
-    lost: AtomicBool,
+    /// The current loss's epoch (the unix ms it began; 0 while Redis answers).
+    lost_since: AtomicU64,
+    /// The loss epoch every peer has confirmed charging (the engine, each round):
+    /// local spending waits for it (`crate::sync::redis_loss`).
+    confirmed: AtomicU64,
     /// What was admitted locally while Redis was lost: Redis window key -> bucket
     /// -> cost.
     backlog: Mutex<HashMap<String, BTreeMap<u64, u64>>>,
@@ -134,12 +143,12 @@ impl RedisGate {
                 keys: ScopeKeys::new(prefix, &scope.to_string()),
                 requests: None,
                 tokens: None,
-                concurrency: 0,
+                concurrency: (String::new(), 0),
             });
             match dimension {
                 Dimension::Requests => entry.requests = Some((key.clone(), *capacity)),
                 Dimension::Tokens => entry.tokens = Some((key.clone(), *capacity)),
-                _ => entry.concurrency = *capacity,
+                _ => entry.concurrency = (key.clone(), *capacity),
             }
         }
         RedisGate {
@@ -150,7 +159,8 @@ impl RedisGate {
             scopes,
             caps: RwLock::new(HashMap::new()),
             fallback: Mutex::new(HashMap::new()),
-            lost: AtomicBool::new(false),
+            lost_since: AtomicU64::new(0),
+            confirmed: AtomicU64::new(0),
             backlog: Mutex::new(HashMap::new()),
             node,
             next_permit: AtomicU64::new(1),
@@ -159,7 +169,19 @@ impl RedisGate {
 
     /// Whether Redis is currently lost (this node is degraded).
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Relaxed)
+        self.lost_since() > 0
+    }
+
+    /// The current loss's epoch (the unix ms it began), 0 while Redis answers: what
+    /// the node announces as `redis:lost`.
+    pub fn lost_since(&self) -> u64 {
+        self.lost_since.load(Ordering::Relaxed)
+    }
+
+    /// The engine, each round: the loss epoch every peer confirmed charging (0:
+    /// none), which local spending waits for.
+    pub fn set_confirmed(&self, epoch: u64) {
+        self.confirmed.store(epoch, Ordering::Relaxed);
     }
 
     /// The engine, each round: effective capacities per key (L minus the shares of
@@ -175,7 +197,11 @@ impl RedisGate {
 
     /// Redis stopped answering: degrade at once (allowances to the shares).
     pub fn on_lost(&self, error: &str) {
-        if !self.lost.swap(true, Ordering::Relaxed) {
+        let epoch = unix_ms().max(1);
+        let began = (self.lost_since)
+            .compare_exchange(0, epoch, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        if began {
             tracing::warn!(%error, "redis lost: admitting locally within this node's share, announcing it over gossip");
             for fallback in lock(&self.fallback).values() {
                 fallback.allowance.set(fallback.own);
@@ -214,7 +240,7 @@ impl RedisGate {
                 }
                 // Cleared under the backlog's lock: no local admission slips in
                 // after it unrecorded.
-                self.lost.store(false, Ordering::Relaxed);
+                self.lost_since.store(0, Ordering::Relaxed);
                 std::mem::take(&mut *backlog)
             };
             {
@@ -255,19 +281,23 @@ impl RedisGate {
         Ok(())
     }
 
+    /// What is asked of Redis for `(key, capacity)`: the capacity less the shares
+    /// of peers that lost Redis.
+    fn cap(&self, (key, capacity): &(String, u64)) -> u64 {
+        let caps = self.caps.read().unwrap_or_else(|p| p.into_inner());
+        caps.get(key).copied().unwrap_or(*capacity).min(*capacity)
+    }
+
     fn dim(&self, limit: &Option<(String, u64)>) -> DimSpec {
         match limit {
             None => DimSpec::NONE,
-            Some((key, capacity)) => {
-                let caps = self.caps.read().unwrap_or_else(|p| p.into_inner());
-                DimSpec {
-                    algorithm: Algorithm::Window {
-                        bucket_ms: self.bucket_ms,
-                    },
-                    capacity: caps.get(key).copied().unwrap_or(*capacity),
-                    window_ms: self.window_ms,
-                }
-            }
+            Some(limit) => DimSpec {
+                algorithm: Algorithm::Window {
+                    bucket_ms: self.bucket_ms,
+                },
+                capacity: self.cap(limit),
+                window_ms: self.window_ms,
+            },
         }
     }
 
@@ -282,8 +312,17 @@ impl RedisGate {
         let oldest = (now.saturating_sub(self.window_ms)) / self.bucket_ms;
         let fallback = lock(&self.fallback);
         let mut backlog = lock(&self.backlog);
-        if !self.is_lost() {
+        let epoch = self.lost_since();
+        if epoch == 0 {
             return Ok(false);
+        }
+        // Peers that have not heard of this loss still ask Redis for all of L:
+        // nothing is spent here until every one of them charges this node's share.
+        if self.confirmed.load(Ordering::Relaxed) != epoch {
+            return Err(RemoteRefusal {
+                dimension: "requests".to_owned(),
+                retry_after: Some(UNCONFIRMED_RETRY),
+            });
         }
         let dims = [
             ("requests", &limits.requests, &limits.keys.requests, 1),
@@ -353,12 +392,29 @@ impl RedisGate {
                 }
             }
         }
+        // Slots peers that lost Redis are charged (their equal shares) are not
+        // asked of Redis; with every slot charged, none is free here (0 would ask
+        // Redis for no concurrency limit at all).
+        let slots = loop {
+            let slots = self.cap(&limits.concurrency);
+            if limits.concurrency.1 == 0 || slots > 0 {
+                break slots;
+            }
+            if Instant::now() + UNCONFIRMED_RETRY > wait_until {
+                permit.settle(SettleWith::Cancel);
+                return Err(RemoteRefusal {
+                    dimension: "concurrency".to_owned(),
+                    retry_after: Some(UNCONFIRMED_RETRY),
+                });
+            }
+            tokio::time::sleep(UNCONFIRMED_RETRY).await;
+        };
         let id = self.next_permit.fetch_add(1, Ordering::Relaxed);
         let reservation = Reservation {
             requests: self.dim(&limits.requests),
             tokens: self.dim(&limits.tokens),
             token_cost: tokens,
-            concurrency: limits.concurrency,
+            concurrency: slots,
             permit_id: format!("{}:{id}", self.node),
             slot_ttl_ms: self.slot_ttl_ms,
         };

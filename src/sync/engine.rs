@@ -8,6 +8,7 @@ use super::echo::OwnEcho;
 use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
+use super::redis_loss::{Announced, REDIS_CHARGING_KEY, RedisLosses};
 use super::status::{ClusterStatus, MemberStatus};
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
@@ -25,8 +26,9 @@ use tollgate_cluster::membership::{Member, MemberId, Membership, StateSize};
 /// readers can tell how stale their view of each member is (convergence lag).
 pub const ROUND_AT_KEY: &str = "sync:at";
 
-/// The key a node sets to `1` while it cannot reach Redis (`redis-lease`), so peers
-/// that still reach Redis charge its share there.
+/// The key a node sets while it cannot reach Redis, so peers that still reach
+/// Redis charge its share there: `1` in `redis-lease`; in `redis` the loss's epoch
+/// (`super::redis_loss`). `0` when healthy.
 pub const REDIS_LOST_KEY: &str = "redis:lost";
 
 /// Published once, `1`, by a node leaving gracefully (after its last requests were
@@ -116,6 +118,8 @@ pub struct Engine {
     last_fresh: HashMap<String, u64>,
     /// Members (this one included) that announced they cannot reach Redis.
     redis_lost: Vec<String>,
+    /// `redis`: who lost Redis, who charges whom (`super::redis_loss`).
+    redis_losses: RedisLosses,
     /// Members that announced a graceful leave ([`LEFT_KEY`]): departed, never
     /// treated as unreachable (no floor, no frozen share).
     left: BTreeSet<String>,
@@ -196,6 +200,7 @@ impl Engine {
             last_fresh: HashMap::new(),
             demand_lag_ms,
             redis_lost: Vec::new(),
+            redis_losses: RedisLosses::default(),
             left: BTreeSet::new(),
             joined_ms: None,
             settled: false,
@@ -298,7 +303,12 @@ impl Engine {
             .flat_map(|key| tollgate_cluster::counter::codec::all_keys(key, &window))
             .collect();
         published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
-        if self.mode.uses_redis() {
+        if let Some(gate) = &self.redis_gate {
+            // `redis`: the loss's epoch, and the peers' losses this node charges.
+            published.push((REDIS_LOST_KEY.to_owned(), gate.lost_since().to_string()));
+            let charging = self.redis_losses.charging_value();
+            published.push((REDIS_CHARGING_KEY.to_owned(), charging));
+        } else if self.mode.uses_redis() {
             let lost = self.redis_lost_here();
             published.push((REDIS_LOST_KEY.to_owned(), u8::from(lost).to_string()));
         }
@@ -485,13 +495,26 @@ impl Engine {
         let values = self.membership.values("").await;
         let (members, departed) = (values.live, values.departed);
         let mut usage = lock(&self.usage);
+        let mut announced = Vec::new();
         for (member, values) in members {
             let node = member.to_string();
+            let mut redis = Announced {
+                id: member,
+                live: true,
+                lost: None,
+                charging: None,
+            };
             for (key, value) in &values {
                 if key == REDIS_LOST_KEY {
-                    if value == "1" {
+                    // `1` (`redis-lease`) or the loss's epoch (`redis`).
+                    if value != "0" {
                         redis_lost.push(node.clone());
                     }
+                    redis.lost = Some(value.clone());
+                    continue;
+                }
+                if key == REDIS_CHARGING_KEY {
+                    redis.charging = Some(value.clone());
                     continue;
                 }
                 if key == LEFT_KEY {
@@ -526,6 +549,7 @@ impl Engine {
                 }
             }
             live.insert(node);
+            announced.push(redis);
         }
         live.insert(self.self_id.clone());
         // Departed members (dead, or a restarted node's previous incarnation): their
@@ -536,7 +560,23 @@ impl Engine {
         let mut known = live.clone();
         for (member, values) in departed {
             let node = member.to_string();
+            let mut redis = Announced {
+                id: member,
+                live: false,
+                lost: None,
+                charging: None,
+            };
             for (key, value) in &values {
+                // A departed member's last word on Redis stands until it is
+                // collected: it may be cut off and still spending locally.
+                if key == REDIS_LOST_KEY {
+                    redis.lost = Some(value.clone());
+                    continue;
+                }
+                if key == REDIS_CHARGING_KEY {
+                    redis.charging = Some(value.clone());
+                    continue;
+                }
                 // Its last round's stamp bounds its clock's lag even if this node
                 // never saw it live (a restarted node's previous incarnation, read
                 // by the new one): it ran no later than now.
@@ -556,6 +596,7 @@ impl Engine {
                 let _ = usage.apply(&node, key, value);
             }
             known.insert(node);
+            announced.push(redis);
         }
         usage.retain_nodes(&live);
         // Registers that read 0 carry nothing (a ring its owner deleted keeps its
@@ -581,6 +622,9 @@ impl Engine {
         self.last_fresh.retain(|n, _| keep(n));
         redis_lost.sort();
         self.redis_lost = redis_lost;
+        if self.redis_gate.is_some() {
+            self.redis_losses = RedisLosses::read(self.membership.self_id(), &announced, &left);
+        }
         self.left = left;
         (refused, received, lag)
     }
@@ -659,8 +703,9 @@ impl Engine {
                 // while Redis is lost. Peers that lost Redis are charged an equal
                 // share each by lowering the capacity asked of Redis (equal: every
                 // node derives the same figure).
+                let losses = &self.redis_losses;
                 let equal: Vec<(String, u64)> =
-                    demands.iter().map(|(n, _)| (n.clone(), 1)).collect();
+                    (losses.counted().iter()).map(|n| (n.clone(), 1)).collect();
                 let shares: BTreeMap<String, u64> =
                     tollgate_cluster::share::shares(binding.capacity, &equal)
                         .into_iter()
@@ -691,8 +736,7 @@ impl Engine {
                     CutOff::FailClosed => 0,
                     CutOff::FailOpen => u64::MAX,
                 };
-                let lost: u64 = (self.redis_lost.iter())
-                    .filter(|m| **m != self.self_id)
+                let lost: u64 = (losses.charged())
                     .map(|m| shares.get(m).copied().unwrap_or(0))
                     .sum();
                 redis_caps.insert(
@@ -704,7 +748,7 @@ impl Engine {
                     Fallback {
                         allowance: allowance.clone(),
                         own,
-                        charged: shares.get(&self.self_id).copied().unwrap_or(0),
+                        charged: binding.capacity / losses.divisor(),
                     },
                 );
                 if allowance.set(if gate.is_lost() { own } else { u64::MAX }) {
@@ -793,6 +837,9 @@ impl Engine {
         if let Some(gate) = &self.redis_gate {
             gate.set_caps(redis_caps);
             gate.set_fallback(redis_fallback);
+            let epoch = gate.lost_since();
+            let confirmed = self.redis_losses.confirmed(epoch);
+            gate.set_confirmed(if confirmed { epoch } else { 0 });
         }
         if let Some(feed) = &self.lease {
             lease_view.idle_terms = idle_terms;

@@ -11,6 +11,7 @@
 //! - [`echo`]: this node's usage as its peers have surely seen it (`gossip`).
 //! - [`engine`]: one round: export, publish, read, recompute.
 //! - [`lease`]: `lease` mode: the owner book, the internal RPC, the holder loop.
+//! - [`redis_loss`]: `redis` mode: who charges whom while a node cannot reach Redis.
 //! - [`status`]: what `/admin/cluster` shows.
 
 pub mod allowance;
@@ -19,6 +20,7 @@ pub mod echo;
 pub mod engine;
 pub mod history;
 pub mod lease;
+pub mod redis_loss;
 pub mod status;
 
 use crate::config::{ClusterConfig, SyncMode};

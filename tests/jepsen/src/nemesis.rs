@@ -31,6 +31,7 @@ pub const NAMES: &[&str] = &[
     "none",
     "partition",
     "isolate",
+    "island",
     "bridge",
     "kill",
     "pause",
@@ -48,6 +49,12 @@ pub enum Action {
     Cut(Vec<(usize, usize)>),
     /// Undo those cuts.
     Uncut(Vec<(usize, usize)>),
+    /// Cut a node from every other node and from Redis (it still reaches its
+    /// clients and the upstream): in `redis` mode, a node that loses Redis where
+    /// no peer can hear it say so.
+    Island(usize),
+    /// Undo that.
+    Unisland(usize),
     /// Drop [`LOSS_PERCENT`] of the packets between each pair.
     Lossy(Vec<(usize, usize)>),
     /// Undo that loss.
@@ -126,6 +133,7 @@ pub fn schedule(nemeses: &[String], nodes: usize, seed: u64) -> anyhow::Result<V
                 let cut = pairs(&[victim], &rest);
                 (Action::Cut(cut.clone()), Action::Uncut(cut))
             }
+            "island" => (Action::Island(victim), Action::Unisland(victim)),
             // Two sides that cannot talk, and one node (the bridge) that sees both:
             // each side believes a different majority is up.
             "bridge" => {
@@ -185,6 +193,8 @@ pub struct Targets<'a> {
     pub nodes: &'a mut [Proc],
     /// Redis, in the Redis modes.
     pub redis: Option<&'a mut Proc>,
+    /// Redis's host, in the Redis modes.
+    pub redis_host: Option<&'a Host>,
 }
 
 impl Targets<'_> {
@@ -208,6 +218,27 @@ impl Targets<'_> {
                     self.net.uncut(&self.hosts[*a], &self.hosts[*b])?;
                 }
                 format!("heal {}", names(links))
+            }
+            Action::Island(n) | Action::Unisland(n) => {
+                let on = matches!(action, Action::Island(_));
+                let victim = &self.hosts[*n];
+                let mut cut = Vec::new();
+                for (i, other) in self.hosts.iter().enumerate().filter(|(i, _)| i != n) {
+                    cut.push(format!("n{i}"));
+                    match on {
+                        true => self.net.cut(victim, other)?,
+                        false => self.net.uncut(victim, other)?,
+                    }
+                }
+                if let Some(redis) = self.redis_host {
+                    cut.push("redis".to_owned());
+                    match on {
+                        true => self.net.cut(victim, redis)?,
+                        false => self.net.uncut(victim, redis)?,
+                    }
+                }
+                let verb = if on { "island" } else { "heal island" };
+                format!("{verb} n{n} from {}", cut.join(" "))
             }
             Action::Lossy(links) => {
                 for (a, b) in links {

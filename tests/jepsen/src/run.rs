@@ -362,6 +362,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         hosts: &node_hosts,
         nodes: &mut nodes,
         redis: redis.as_mut(),
+        redis_host: uses_redis.then(|| &net.hosts[1]),
     };
     for step in &schedule {
         tokio::time::sleep_until(started + spec.duration.mul_f64(step.at)).await;
@@ -674,6 +675,10 @@ fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
     for (i, e) in events.iter().enumerate() {
         let sides = match &e.step.action {
             Action::Cut(_) => nemesis::sides(&e.step.action, nodes).unwrap_or_default(),
+            // The island may rightly serve nothing: in `redis` a node that can
+            // neither reach Redis nor hear its peers confirm they charge its loss
+            // fails closed. The rest must keep serving.
+            Action::Island(n) => vec![others(*n)],
             Action::Kill(n) | Action::Stop(n) => vec![others(*n)],
             Action::Skew(_) => vec![everyone.clone()],
             Action::Lossy(_) | Action::KillRedis | Action::Slow => vec![everyone.clone()],
@@ -682,7 +687,7 @@ fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
         let to_ms = (events[i + 1..].iter())
             .find(|later| later.step.nemesis == e.step.nemesis)
             .map_or(run_ms, |later| later.at_ms);
-        let healed = matches!(e.step.action, Action::Cut(_)) && to_ms < run_ms;
+        let healed = matches!(e.step.action, Action::Cut(_) | Action::Island(_)) && to_ms < run_ms;
         let down = match e.step.action {
             Action::Kill(n) | Action::Stop(n) => Some(n),
             _ => None,

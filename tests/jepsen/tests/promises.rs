@@ -1,7 +1,8 @@
 //! The CI suite: real processes in network namespaces, short runs (20 s, W = 5 s,
 //! L = 40, 3 nodes, seed 7). Every mode whose promise is <= L (or <= L x 1.2) is
 //! run through a partition into halves, a kill -9 and a SIGSTOP of a node, the
-//! Redis modes also through Redis killed and restarted; two combinations (a bridge
+//! Redis modes also through Redis killed and restarted and through a node cut from
+//! its peers and Redis at once (`island`); two combinations (a bridge
 //! partition with a node restart, an isolated node with 30% packet loss); three
 //! tenants under one upstream limit; a node restarted with its clock 2 s behind
 //! (`lease`, `redis-lease`; and in `lease` together with another node killed
@@ -107,6 +108,11 @@ promises! {
     redis_lease_kill: "redis-lease", "kill", 54;
     redis_lease_pause: "redis-lease", "pause", 55;
     redis_lease_redis_kill: "redis-lease", "redis-kill", 56;
+    // A node cut from its peers and from Redis at once: in `redis` it must not
+    // spend a share nobody charges (it did: 47-59 of L = 40 before the peers'
+    // confirmation of a loss was required, src/sync/redis_loss.rs).
+    redis_island: "redis", "island", 68;
+    redis_lease_island: "redis-lease", "island", 69;
     lease_bridge_restart: "lease", "bridge,restart", 57;
     lease_isolate_loss: "lease", "isolate,loss", 58;
     lease_skew: "lease", "skew", 60;
