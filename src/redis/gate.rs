@@ -29,9 +29,29 @@ use tokio::time::Instant;
 /// buckets have left the window by then anyway).
 const MAX_BACKLOG_BUCKETS: usize = 4096;
 
+/// Most slots kept for release once Redis answers again (beyond it, their ttl
+/// frees them).
+const MAX_ORPHANED_SLOTS: usize = 4096;
+
 /// How soon a request held back because not every peer has confirmed it charges
 /// this node's loss looks again (confirmations come with the peers' sync rounds).
 const UNCONFIRMED_RETRY: Duration = Duration::from_millis(50);
+
+/// How soon a request refused for good under caps lowered by peers' losses looks
+/// again (it fits the configured capacity; the peers may be back by then).
+const LOWERED_RETRY: Duration = Duration::from_secs(1);
+
+/// Sleeps out `refusal`'s retry-after if it ends before `wait_until`; else hands
+/// the refusal back (the caller cancels its permit).
+async fn wait_out(refusal: RemoteRefusal, wait_until: Instant) -> Result<(), RemoteRefusal> {
+    match refusal.retry_after {
+        Some(wait) if Instant::now() + wait <= wait_until => {
+            tokio::time::sleep(wait).await;
+            Ok(())
+        }
+        _ => Err(refusal),
+    }
+}
 
 /// One scope's limits as Redis enforces them.
 #[derive(Debug, Clone)]
@@ -41,6 +61,18 @@ struct ScopeLimits {
     tokens: Option<(String, u64)>,
     /// The concurrency limit's key and slots (0: none).
     concurrency: (String, u64),
+}
+
+impl ScopeLimits {
+    /// The name of the first dimension the scope limits (what a refusal of the
+    /// whole request names).
+    fn first_dimension(&self) -> &'static str {
+        match (&self.requests, &self.tokens) {
+            (Some(_), _) => "requests",
+            (None, Some(_)) => "tokens",
+            (None, None) => "concurrency",
+        }
+    }
 }
 
 /// Why Redis refused a request.
@@ -113,6 +145,14 @@ pub struct RedisGate {
     /// The loss epoch every peer has confirmed charging (the engine, each round):
     /// local spending waits for it (`crate::sync::redis_loss`).
     confirmed: AtomicU64,
+    /// The latest loss's epoch (kept after it ends).
+    last_epoch: AtomicU64,
+    /// Slots a call that got no answer may have taken or left held (a reserve that
+    /// timed out, a settlement that failed): `(semaphore key, permit id)`, released
+    /// once Redis answers, instead of staying ghosts for a slot ttl (the harness
+    /// saw a survivor's slots back 6.4 s after a kill, ttl 2 s, held by its own
+    /// timed-out calls).
+    orphaned_slots: Mutex<Vec<(String, String)>>,
     /// What was admitted locally while Redis was lost: Redis window key -> bucket
     /// -> cost.
     backlog: Mutex<HashMap<String, BTreeMap<u64, u64>>>,
@@ -161,6 +201,8 @@ impl RedisGate {
             fallback: Mutex::new(HashMap::new()),
             lost_since: AtomicU64::new(0),
             confirmed: AtomicU64::new(0),
+            last_epoch: AtomicU64::new(0),
+            orphaned_slots: Mutex::new(Vec::new()),
             backlog: Mutex::new(HashMap::new()),
             node,
             next_permit: AtomicU64::new(1),
@@ -197,12 +239,17 @@ impl RedisGate {
 
     /// Redis stopped answering: degrade at once (allowances to the shares).
     pub fn on_lost(&self, error: &str) {
-        let epoch = unix_ms().max(1);
+        // Never an earlier loss's epoch again, even after a clock step back: a
+        // confirmation of that loss must not count for this one.
+        let epoch = unix_ms().max(self.last_epoch.load(Ordering::Relaxed) + 1);
         let began = (self.lost_since)
             .compare_exchange(0, epoch, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
         if began {
-            tracing::warn!(%error, "redis lost: admitting locally within this node's share, announcing it over gossip");
+            self.last_epoch.store(epoch, Ordering::Relaxed);
+        }
+        if began {
+            tracing::warn!(%error, "redis lost: announcing it over gossip; admitting locally within this node's share once every peer confirms it charges that share");
             for fallback in lock(&self.fallback).values() {
                 fallback.allowance.set(fallback.own);
             }
@@ -254,6 +301,41 @@ impl RedisGate {
         false
     }
 
+    /// Remembers a slot a call without an answer may have left held.
+    fn orphan_slot(&self, key: &str, permit_id: &str) {
+        let mut orphans = lock(&self.orphaned_slots);
+        if orphans.len() < MAX_ORPHANED_SLOTS {
+            orphans.push((key.to_owned(), permit_id.to_owned()));
+        }
+    }
+
+    /// The engine, each round while Redis answers: releases the slots calls
+    /// without an answer may have left held (idempotent: a slot never taken is
+    /// not there). Stops at the first failure and keeps the rest for next round.
+    pub async fn release_orphaned_slots(&self) {
+        let orphans = std::mem::take(&mut *lock(&self.orphaned_slots));
+        let mut held = 0;
+        for (i, (key, id)) in orphans.iter().enumerate() {
+            let released = self.store.semaphore(key, "release", id, 0, 0).await;
+            held += u64::from(matches!(released, Ok(1)));
+            if held > 0 && i + 1 == orphans.len() {
+                tracing::info!(
+                    held,
+                    "released slots that calls without an answer had left held in redis"
+                );
+            }
+            if released.is_err() {
+                let mut kept = lock(&self.orphaned_slots);
+                for orphan in orphans.into_iter().skip(i) {
+                    if kept.len() < MAX_ORPHANED_SLOTS {
+                        kept.push(orphan);
+                    }
+                }
+                return;
+            }
+        }
+    }
+
     /// Adds `done` into Redis and takes it out of the backlog, key by key (a key
     /// added stays added if a later one fails).
     async fn reconcile(
@@ -279,6 +361,36 @@ impl RedisGate {
             }
         }
         Ok(())
+    }
+
+    /// One attempt's reservation at the current caps; `None` when the scope has a
+    /// concurrency limit and every slot is charged to peers that lost Redis (0
+    /// slots would ask Redis for no concurrency limit at all).
+    fn reservation(
+        &self,
+        limits: &ScopeLimits,
+        tokens: u64,
+        permit_id: &str,
+    ) -> Option<Reservation> {
+        let slots = self.cap(&limits.concurrency);
+        if limits.concurrency.1 > 0 && slots == 0 {
+            return None;
+        }
+        Some(Reservation {
+            requests: self.dim(&limits.requests),
+            tokens: self.dim(&limits.tokens),
+            token_cost: tokens,
+            concurrency: slots,
+            permit_id: permit_id.to_owned(),
+            slot_ttl_ms: self.slot_ttl_ms,
+        })
+    }
+
+    /// Whether peers' losses lower any of the scope's caps now.
+    fn lowered(&self, limits: &ScopeLimits) -> bool {
+        let windows = [&limits.requests, &limits.tokens];
+        (windows.into_iter().flatten()).any(|limit| self.cap(limit) < limit.1)
+            || self.cap(&limits.concurrency) < limits.concurrency.1
     }
 
     /// What is asked of Redis for `(key, capacity)`: the capacity less the shares
@@ -320,7 +432,7 @@ impl RedisGate {
         // nothing is spent here until every one of them charges this node's share.
         if self.confirmed.load(Ordering::Relaxed) != epoch {
             return Err(RemoteRefusal {
-                dimension: "requests".to_owned(),
+                dimension: limits.first_dimension().to_owned(),
                 retry_after: Some(UNCONFIRMED_RETRY),
             });
         }
@@ -382,43 +494,30 @@ impl RedisGate {
                 Ok(false) => break,
                 Err(refusal) => refusal,
             };
-            match refusal.retry_after {
-                Some(wait) if Instant::now() + wait <= wait_until => {
-                    tokio::time::sleep(wait).await;
-                }
-                _ => {
-                    permit.settle(SettleWith::Cancel);
-                    return Err(refusal);
-                }
+            if let Err(refusal) = wait_out(refusal, wait_until).await {
+                permit.settle(SettleWith::Cancel);
+                return Err(refusal);
             }
         }
-        // Slots peers that lost Redis are charged (their equal shares) are not
-        // asked of Redis; with every slot charged, none is free here (0 would ask
-        // Redis for no concurrency limit at all).
-        let slots = loop {
-            let slots = self.cap(&limits.concurrency);
-            if limits.concurrency.1 == 0 || slots > 0 {
-                break slots;
-            }
-            if Instant::now() + UNCONFIRMED_RETRY > wait_until {
-                permit.settle(SettleWith::Cancel);
-                return Err(RemoteRefusal {
+        let id = self.next_permit.fetch_add(1, Ordering::Relaxed);
+        let permit_id = format!("{}:{id}", self.node);
+        loop {
+            // Built for each attempt: a peer's loss lowers the caps within a sync
+            // round, and a request waiting out a refusal must ask for the lowered
+            // figures (the lost node spends its share once its peers confirm).
+            let Some(reservation) = self.reservation(limits, tokens, &permit_id) else {
+                let refusal = RemoteRefusal {
                     dimension: "concurrency".to_owned(),
                     retry_after: Some(UNCONFIRMED_RETRY),
-                });
-            }
-            tokio::time::sleep(UNCONFIRMED_RETRY).await;
-        };
-        let id = self.next_permit.fetch_add(1, Ordering::Relaxed);
-        let reservation = Reservation {
-            requests: self.dim(&limits.requests),
-            tokens: self.dim(&limits.tokens),
-            token_cost: tokens,
-            concurrency: slots,
-            permit_id: format!("{}:{id}", self.node),
-            slot_ttl_ms: self.slot_ttl_ms,
-        };
-        loop {
+                };
+                match wait_out(refusal, wait_until).await {
+                    Ok(()) => continue,
+                    Err(refusal) => {
+                        permit.settle(SettleWith::Cancel);
+                        return Err(refusal);
+                    }
+                }
+            };
             match self.store.reserve(&limits.keys, &reservation).await {
                 Ok(Reserved::Admitted {
                     requests_ref,
@@ -432,24 +531,30 @@ impl RedisGate {
                     dimension,
                     retry_after_ms,
                 }) => {
-                    let retry = retry_after_ms.map(Duration::from_millis);
-                    match retry {
-                        Some(wait) if Instant::now() + wait <= wait_until => {
-                            tokio::time::sleep(wait).await;
-                        }
-                        _ => {
-                            permit.settle(SettleWith::Cancel);
-                            return Err(RemoteRefusal {
-                                dimension,
-                                retry_after: retry,
-                            });
-                        }
+                    // "Never" (the request alone is above a cap) holds only for the
+                    // configured capacities: under caps lowered by peers' losses it
+                    // fits again once they are back.
+                    let retry = match retry_after_ms {
+                        Some(ms) => Some(Duration::from_millis(ms)),
+                        None => self.lowered(limits).then_some(LOWERED_RETRY),
+                    };
+                    let refusal = RemoteRefusal {
+                        dimension,
+                        retry_after: retry,
+                    };
+                    if let Err(refusal) = wait_out(refusal, wait_until).await {
+                        permit.settle(SettleWith::Cancel);
+                        return Err(refusal);
                     }
                 }
                 Err(e) => {
                     // Admitted locally under the healthy allowance, which no longer
                     // holds: cancel and let the caller admit it again under the
                     // fallback (a request admitted on both would be an overshoot).
+                    // Redis may have taken the slot all the same.
+                    if reservation.concurrency > 0 {
+                        self.orphan_slot(&limits.keys.concurrency, &permit_id);
+                    }
                     self.on_lost(&e.to_string());
                     permit.settle(SettleWith::Cancel);
                     return Err(RemoteRefusal {
@@ -564,10 +669,122 @@ impl RemoteCharge for Charge {
                 )
                 .await;
             if let Err(e) = settled {
-                // The slot expires with its ttl; a lost refund only makes Redis
-                // more conservative; a lost debt is bounded by this request.
+                // The slot is released once Redis answers (or expires with its
+                // ttl); a lost refund only makes Redis more conservative; a lost
+                // debt is bounded by this request.
                 tracing::warn!(error = %e, "settling a reservation in redis failed");
+                if reservation.concurrency > 0 {
+                    gate.orphan_slot(&keys.concurrency, &reservation.permit_id);
+                }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gate over one tenant limiting requests (12 per window) and slots (3), its
+    /// store pointing nowhere (lazy: nothing connects in these tests; it needs a
+    /// runtime to exist).
+    fn gate() -> (RedisGate, ScopeId) {
+        let store =
+            RedisStore::single("redis://127.0.0.1:1/", Duration::from_millis(5), None).unwrap();
+        let scope = ScopeId::tenant("acme");
+        let limits = [
+            (scope.clone(), Dimension::Requests, "t:r".to_owned(), 12),
+            (scope.clone(), Dimension::Concurrency, "t:c".to_owned(), 3),
+        ];
+        let gate = RedisGate::new(
+            store,
+            "tg",
+            &limits,
+            60_000,
+            1_000,
+            Duration::from_secs(10),
+            "n1".into(),
+        );
+        (gate, scope)
+    }
+
+    fn fallback(charged: u64) -> HashMap<String, Fallback> {
+        let entry = |own| Fallback {
+            allowance: Allowance::new(u64::MAX),
+            own,
+            charged,
+        };
+        [
+            ("t:r".to_owned(), entry(charged)),
+            ("t:c".to_owned(), entry(1)),
+        ]
+        .into()
+    }
+
+    #[tokio::test]
+    async fn a_lost_node_spends_nothing_until_its_loss_is_confirmed_then_its_share() {
+        let (gate, scope) = gate();
+        let limits = &gate.scopes[&scope];
+        gate.set_fallback(fallback(4));
+        assert_eq!(
+            gate.record_local(limits, 1),
+            Ok(false),
+            "healthy: not local"
+        );
+        gate.on_lost("test");
+        let epoch = gate.lost_since();
+        assert!(epoch > 0);
+        let unconfirmed = gate.record_local(limits, 1).unwrap_err();
+        assert_eq!(unconfirmed.retry_after, Some(UNCONFIRMED_RETRY));
+        // A confirmation of another loss does not count.
+        gate.set_confirmed(epoch - 1);
+        assert!(gate.record_local(limits, 1).is_err());
+        gate.set_confirmed(epoch);
+        for _ in 0..4 {
+            assert_eq!(gate.record_local(limits, 1), Ok(true));
+        }
+        let full = gate.record_local(limits, 1).unwrap_err();
+        assert_eq!(full.dimension, "requests");
+        assert!(
+            full.retry_after.unwrap() > UNCONFIRMED_RETRY,
+            "until it leaves the window"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_loss_never_reuses_an_earlier_epoch() {
+        let (gate, _) = gate();
+        gate.on_lost("first");
+        let first = gate.lost_since();
+        gate.on_lost("again, same loss");
+        assert_eq!(gate.lost_since(), first);
+        // Back (as the probe does), then lost again within the same millisecond
+        // or after a clock step back.
+        gate.lost_since.store(0, Ordering::Relaxed);
+        gate.last_epoch.store(u64::MAX / 2, Ordering::Relaxed);
+        gate.on_lost("second");
+        assert_eq!(gate.lost_since(), u64::MAX / 2 + 1);
+    }
+
+    #[tokio::test]
+    async fn reservations_ask_for_the_caps_peers_losses_lowered() {
+        let (gate, scope) = gate();
+        let limits = &gate.scopes[&scope];
+        let full = gate.reservation(limits, 10, "p").unwrap();
+        assert_eq!((full.requests.capacity, full.concurrency), (12, 3));
+        assert!(!gate.lowered(limits));
+        gate.set_caps([("t:r".to_owned(), 8), ("t:c".to_owned(), 2)].into());
+        let lowered = gate.reservation(limits, 10, "p").unwrap();
+        assert_eq!((lowered.requests.capacity, lowered.concurrency), (8, 2));
+        assert!(gate.lowered(limits));
+        // Every slot charged to lost peers: no reservation (0 would mean no limit).
+        gate.set_caps([("t:c".to_owned(), 0)].into());
+        assert!(gate.reservation(limits, 10, "p").is_none());
+        // A cap is never raised above the configured capacity.
+        gate.set_caps([("t:r".to_owned(), 99)].into());
+        assert_eq!(
+            gate.reservation(limits, 1, "p").unwrap().requests.capacity,
+            12
+        );
     }
 }

@@ -8,7 +8,7 @@ use super::echo::OwnEcho;
 use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
-use super::redis_loss::{Announced, REDIS_CHARGING_KEY, RedisLosses};
+use super::redis_loss::{Announced, Loss, REDIS_CHARGING_KEY, RedisLosses};
 use super::status::{ClusterStatus, MemberStatus};
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
@@ -120,6 +120,11 @@ pub struct Engine {
     redis_lost: Vec<String>,
     /// `redis`: who lost Redis, who charges whom (`super::redis_loss`).
     redis_losses: RedisLosses,
+    /// `redis`: this node's current loss, its divisor fixed when it began.
+    redis_loss: Option<Loss>,
+    /// A departed member's confirmation of a loss counts while it was heard from
+    /// within half of this (it forgets a dead member this long after).
+    dead_node_grace_ms: u64,
     /// Members that announced a graceful leave ([`LEFT_KEY`]): departed, never
     /// treated as unreachable (no floor, no frozen share).
     left: BTreeSet<String>,
@@ -201,6 +206,8 @@ impl Engine {
             demand_lag_ms,
             redis_lost: Vec::new(),
             redis_losses: RedisLosses::default(),
+            redis_loss: None,
+            dead_node_grace_ms: config.dead_node_grace.as_millis() as u64,
             left: BTreeSet::new(),
             joined_ms: None,
             settled: false,
@@ -278,11 +285,13 @@ impl Engine {
     /// One round: publish, read, recompute.
     pub async fn tick(&mut self) {
         let started = tokio::time::Instant::now();
-        if let Some(gate) = &self.redis_gate
-            && gate.is_lost()
-            && gate.probe().await
-        {
-            // Back: the allowances go back to unbounded in this round's recompute.
+        if let Some(gate) = &self.redis_gate {
+            if gate.is_lost() && gate.probe().await {
+                // Back: the allowances go back to unbounded in this round's recompute.
+            }
+            if !gate.is_lost() {
+                gate.release_orphaned_slots().await;
+            }
         }
         let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
         // What peers may not have seen yet: at least two gossip intervals and a
@@ -303,9 +312,12 @@ impl Engine {
             .flat_map(|key| tollgate_cluster::counter::codec::all_keys(key, &window))
             .collect();
         published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
-        if let Some(gate) = &self.redis_gate {
-            // `redis`: the loss's epoch, and the peers' losses this node charges.
-            published.push((REDIS_LOST_KEY.to_owned(), gate.lost_since().to_string()));
+        if self.redis_gate.is_some() {
+            // `redis`: this node's loss, and the peers' losses it charges.
+            let lost = self
+                .own_redis_loss()
+                .map_or_else(|| "0".to_owned(), |l| l.value());
+            published.push((REDIS_LOST_KEY.to_owned(), lost));
             let charging = self.redis_losses.charging_value();
             published.push((REDIS_CHARGING_KEY.to_owned(), charging));
         } else if self.mode.uses_redis() {
@@ -501,6 +513,7 @@ impl Engine {
             let mut redis = Announced {
                 id: member,
                 live: true,
+                stale: false,
                 lost: None,
                 charging: None,
             };
@@ -560,9 +573,11 @@ impl Engine {
         let mut known = live.clone();
         for (member, values) in departed {
             let node = member.to_string();
+            let heard_ms = self.last_fresh.get(&node).copied().unwrap_or(0);
             let mut redis = Announced {
                 id: member,
                 live: false,
+                stale: now_ms.saturating_sub(heard_ms) >= self.dead_node_grace_ms / 2,
                 lost: None,
                 charging: None,
             };
@@ -638,6 +653,10 @@ impl Engine {
     ) {
         let state = Arc::clone(&self.state);
         let horizon_ms = self.horizon_ms(now_ms);
+        // `redis`: what this node divides each capacity by when it spends locally:
+        // its loss's fixed divisor, or what a loss beginning now would use.
+        let redis_divisor = (self.own_redis_loss())
+            .map_or_else(|| self.redis_losses.known_members(), |l| l.divisor);
         let mut views = std::collections::BTreeMap::new();
         let usage_guard = Arc::clone(&self.usage);
         let usage = lock(&usage_guard);
@@ -700,23 +719,16 @@ impl Engine {
             }
             if let (Some(gate), Some(allowance)) = (&self.redis_gate, &binding.allowance) {
                 // `redis`: Redis is the bound; the allowance is only the fallback
-                // while Redis is lost. Peers that lost Redis are charged an equal
-                // share each by lowering the capacity asked of Redis (equal: every
-                // node derives the same figure).
-                let losses = &self.redis_losses;
-                let equal: Vec<(String, u64)> =
-                    (losses.counted().iter()).map(|n| (n.clone(), 1)).collect();
-                let shares: BTreeMap<String, u64> =
-                    tollgate_cluster::share::shares(binding.capacity, &equal)
-                        .into_iter()
-                        .collect();
+                // while Redis is lost. Peers that lost Redis are charged what each
+                // announced it may spend, `capacity / its divisor`, by lowering the
+                // capacity asked of Redis (`super::redis_loss`).
                 // The fallback (policy `share`): windows fall back to gossip mode's
                 // rule, this node's demand-weighted share of the headroom the
                 // counters show (what others already spent through Redis counts:
                 // a plain share of L would add to it; the harness measured 5%);
                 // concurrency to an equal share of the slots.
                 let share = match binding.dimension {
-                    Dimension::Concurrency => shares.get(&self.self_id).copied().unwrap_or(0),
+                    Dimension::Concurrency => binding.capacity / redis_divisor,
                     _ => {
                         let figures = KeyFigures {
                             capacity: binding.capacity,
@@ -736,8 +748,8 @@ impl Engine {
                     CutOff::FailClosed => 0,
                     CutOff::FailOpen => u64::MAX,
                 };
-                let lost: u64 = (losses.charged())
-                    .map(|m| shares.get(m).copied().unwrap_or(0))
+                let lost: u64 = (self.redis_losses.charged())
+                    .map(|loss| loss.share_of(binding.capacity))
                     .sum();
                 redis_caps.insert(
                     binding.key.to_string(),
@@ -748,7 +760,10 @@ impl Engine {
                     Fallback {
                         allowance: allowance.clone(),
                         own,
-                        charged: binding.capacity / losses.divisor(),
+                        charged: match self.cut_off {
+                            CutOff::FailOpen => u64::MAX,
+                            _ => binding.capacity / redis_divisor,
+                        },
                     },
                 );
                 if allowance.set(if gate.is_lost() { own } else { u64::MAX }) {
@@ -838,7 +853,9 @@ impl Engine {
             gate.set_caps(redis_caps);
             gate.set_fallback(redis_fallback);
             let epoch = gate.lost_since();
-            let confirmed = self.redis_losses.confirmed(epoch);
+            let alone_by_design = self.membership.seeds_configured() == 0;
+            let confirmed = self.cut_off == CutOff::FailOpen
+                || self.redis_losses.confirmed(epoch, alone_by_design);
             gate.set_confirmed(if confirmed { epoch } else { 0 });
         }
         if let Some(feed) = &self.lease {
@@ -856,6 +873,19 @@ impl Engine {
 }
 
 impl Engine {
+    /// `redis`: this node's current loss (none while Redis answers), its divisor
+    /// fixed the first time it is asked for: the largest member count known then.
+    fn own_redis_loss(&mut self) -> Option<Loss> {
+        let epoch = self.redis_gate.as_ref()?.lost_since();
+        if epoch == 0 {
+            self.redis_loss = None;
+        } else if self.redis_loss.is_none_or(|l| l.epoch != epoch) {
+            let divisor = self.redis_losses.known_members();
+            self.redis_loss = Some(Loss { epoch, divisor });
+        }
+        self.redis_loss
+    }
+
     /// Whether this node currently cannot reach Redis.
     fn redis_lost_here(&self) -> bool {
         if let Some(gate) = &self.redis_gate {
