@@ -879,6 +879,10 @@ impl Engine {
         let epoch = self.redis_gate.as_ref()?.lost_since();
         if epoch == 0 {
             self.redis_loss = None;
+        } else if !self.redis_losses.is_read() {
+            // Lost before the first reading of the members: no divisor yet (1
+            // would let it spend all of L); announced, and confirmable, next round.
+            return None;
         } else if self.redis_loss.is_none_or(|l| l.epoch != epoch) {
             let divisor = self.redis_losses.known_members();
             self.redis_loss = Some(Loss { epoch, divisor });

@@ -149,6 +149,12 @@ impl RedisLosses {
         out
     }
 
+    /// Whether the members were read at all (a node lost before its first round
+    /// knows no divisor yet).
+    pub fn is_read(&self) -> bool {
+        !self.counted.is_empty()
+    }
+
     /// The other members' losses this node charges.
     pub fn charged(&self) -> impl Iterator<Item = &Loss> {
         self.lost.values()
@@ -249,6 +255,8 @@ mod tests {
         assert!(!alone.confirmed(9, false));
         assert!(alone.confirmed(9, true), "a cluster of one by design");
         assert_eq!(alone.known_members(), 1);
+        assert!(alone.is_read());
+        assert!(!RedisLosses::default().is_read(), "before the first round");
     }
 
     #[test]
