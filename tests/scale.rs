@@ -304,12 +304,16 @@ async fn scale_cell() {
 static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A pair of cells' figure, measured a second time when the first falls outside
-/// `expected`. Some runs of this binary (one in two locally, and CI) allocate
-/// ~40 MB once per process while the first `lease` cell forms, kept for the rest
-/// of the process and seen in no other cell (read from each cell's heap before,
-/// formed and at rest); landing in one cell of a pair, it reads as -11 to -38 KB
-/// per tenant. It happens at most once, so a second pair reads clean; a real
-/// regression fails both.
+/// `expected`. Some runs of this binary (one in two locally, and CI) allocated
+/// ~40 MB once per process while the first `lease` cell formed, kept for the rest
+/// of the process; landing in one cell of a pair, it read as -11 to -38 KB per
+/// tenant. Its cause (found in the fourteenth session): a panic's backtrace,
+/// whose symbolication keeps the binary's debug info in memory. The earlier
+/// test's crashed nodes left their sync tasks running detached, and one polled
+/// its timer while that test's runtime shut down and panicked; `SyncHandle` now
+/// aborts them when dropped (no such panic in three runs since). Any other panic
+/// in the process (a failed assertion) does the same, so this stays: a one-off
+/// allocation reads clean the second time, and a real regression fails both.
 async fn measured_twice_if_implausible<F, Fut>(expected: std::ops::Range<f64>, pair: F) -> f64
 where
     F: Fn() -> Fut,
@@ -543,7 +547,8 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     // run's cell read 1.7 MB less at its start than the cell before it at rest):
     // the lowest reading over half a second, until it stops falling, for 15 s at
     // most. The negative figures that prompted this were a one-time ~40 MB
-    // allocation, not slow freeing: see `measured_twice_if_implausible`.
+    // allocation (a panic's backtrace), not slow freeing: see
+    // `measured_twice_if_implausible`.
     let mut heap_before = lowest_heap_over(Duration::from_millis(500)).await;
     for _ in 0..30 {
         let next = lowest_heap_over(Duration::from_millis(500)).await;
