@@ -247,8 +247,6 @@ impl RedisGate {
             .is_ok();
         if began {
             self.last_epoch.store(epoch, Ordering::Relaxed);
-        }
-        if began {
             tracing::warn!(%error, "redis lost: announcing it over gossip; admitting locally within this node's share once every peer confirms it charges that share");
             for fallback in lock(&self.fallback).values() {
                 fallback.allowance.set(fallback.own);
@@ -313,26 +311,24 @@ impl RedisGate {
     /// without an answer may have left held (idempotent: a slot never taken is
     /// not there). Stops at the first failure and keeps the rest for next round.
     pub async fn release_orphaned_slots(&self) {
-        let orphans = std::mem::take(&mut *lock(&self.orphaned_slots));
+        let mut orphans = std::mem::take(&mut *lock(&self.orphaned_slots)).into_iter();
         let mut held = 0;
-        for (i, (key, id)) in orphans.iter().enumerate() {
-            let released = self.store.semaphore(key, "release", id, 0, 0).await;
-            held += u64::from(matches!(released, Ok(1)));
-            if held > 0 && i + 1 == orphans.len() {
-                tracing::info!(
-                    held,
-                    "released slots that calls without an answer had left held in redis"
-                );
-            }
-            if released.is_err() {
-                let mut kept = lock(&self.orphaned_slots);
-                for orphan in orphans.into_iter().skip(i) {
-                    if kept.len() < MAX_ORPHANED_SLOTS {
-                        kept.push(orphan);
-                    }
+        while let Some((key, id)) = orphans.next() {
+            match self.store.semaphore(&key, "release", &id, 0, 0).await {
+                Ok(released) => held += u64::from(released == 1),
+                Err(_) => {
+                    let mut kept = lock(&self.orphaned_slots);
+                    let room = MAX_ORPHANED_SLOTS.saturating_sub(kept.len());
+                    kept.extend([(key, id)].into_iter().chain(orphans).take(room));
+                    break;
                 }
-                return;
             }
+        }
+        if held > 0 {
+            tracing::info!(
+                held,
+                "released slots that calls without an answer had left held in redis"
+            );
         }
     }
 
@@ -363,51 +359,59 @@ impl RedisGate {
         Ok(())
     }
 
-    /// One attempt's reservation at the current caps; `None` when the scope has a
-    /// concurrency limit and every slot is charged to peers that lost Redis (0
-    /// slots would ask Redis for no concurrency limit at all).
-    fn reservation(
-        &self,
-        limits: &ScopeLimits,
-        tokens: u64,
-        permit_id: &str,
-    ) -> Option<Reservation> {
-        let slots = self.cap(&limits.concurrency);
-        if limits.concurrency.1 > 0 && slots == 0 {
-            return None;
-        }
-        Some(Reservation {
+    /// A request's reservation at the configured capacities
+    /// ([`RedisGate::at_current_caps`] lowers them before each attempt).
+    fn reservation(&self, limits: &ScopeLimits, tokens: u64, permit_id: String) -> Reservation {
+        Reservation {
             requests: self.dim(&limits.requests),
             tokens: self.dim(&limits.tokens),
             token_cost: tokens,
-            concurrency: slots,
-            permit_id: permit_id.to_owned(),
+            concurrency: limits.concurrency.1,
+            permit_id,
             slot_ttl_ms: self.slot_ttl_ms,
-        })
+        }
     }
 
-    /// Whether peers' losses lower any of the scope's caps now.
-    fn lowered(&self, limits: &ScopeLimits) -> bool {
-        let windows = [&limits.requests, &limits.tokens];
-        (windows.into_iter().flatten()).any(|limit| self.cap(limit) < limit.1)
-            || self.cap(&limits.concurrency) < limits.concurrency.1
-    }
-
-    /// What is asked of Redis for `(key, capacity)`: the capacity less the shares
-    /// of peers that lost Redis.
-    fn cap(&self, (key, capacity): &(String, u64)) -> u64 {
+    /// Sets `reservation`'s capacities to what is asked of Redis now: each less
+    /// the shares of peers that lost Redis (one read of the caps). `false` when
+    /// the scope has a concurrency limit and every slot is charged to them (0
+    /// slots would ask Redis for no concurrency limit at all).
+    fn at_current_caps(&self, limits: &ScopeLimits, reservation: &mut Reservation) -> bool {
         let caps = self.caps.read().unwrap_or_else(|p| p.into_inner());
-        caps.get(key).copied().unwrap_or(*capacity).min(*capacity)
+        let cap = |(key, capacity): &(String, u64)| {
+            caps.get(key).copied().unwrap_or(*capacity).min(*capacity)
+        };
+        if let Some(limit) = &limits.requests {
+            reservation.requests.capacity = cap(limit);
+        }
+        if let Some(limit) = &limits.tokens {
+            reservation.tokens.capacity = cap(limit);
+        }
+        reservation.concurrency = cap(&limits.concurrency);
+        limits.concurrency.1 == 0 || reservation.concurrency > 0
+    }
+
+    /// Whether `reservation` asks for less than the scope's configured capacities
+    /// (peers' losses lowered a cap).
+    fn lowered(limits: &ScopeLimits, reservation: &Reservation) -> bool {
+        let below = |limit: &Option<(String, u64)>, asked: u64| {
+            limit
+                .as_ref()
+                .is_some_and(|(_, capacity)| asked < *capacity)
+        };
+        below(&limits.requests, reservation.requests.capacity)
+            || below(&limits.tokens, reservation.tokens.capacity)
+            || reservation.concurrency < limits.concurrency.1
     }
 
     fn dim(&self, limit: &Option<(String, u64)>) -> DimSpec {
         match limit {
             None => DimSpec::NONE,
-            Some(limit) => DimSpec {
+            Some((_, capacity)) => DimSpec {
                 algorithm: Algorithm::Window {
                     bucket_ms: self.bucket_ms,
                 },
-                capacity: self.cap(limit),
+                capacity: *capacity,
                 window_ms: self.window_ms,
             },
         }
@@ -500,24 +504,22 @@ impl RedisGate {
             }
         }
         let id = self.next_permit.fetch_add(1, Ordering::Relaxed);
-        let permit_id = format!("{}:{id}", self.node);
+        let mut reservation = self.reservation(limits, tokens, format!("{}:{id}", self.node));
         loop {
-            // Built for each attempt: a peer's loss lowers the caps within a sync
+            // At the caps of each attempt: a peer's loss lowers them within a sync
             // round, and a request waiting out a refusal must ask for the lowered
             // figures (the lost node spends its share once its peers confirm).
-            let Some(reservation) = self.reservation(limits, tokens, &permit_id) else {
+            if !self.at_current_caps(limits, &mut reservation) {
                 let refusal = RemoteRefusal {
                     dimension: "concurrency".to_owned(),
                     retry_after: Some(UNCONFIRMED_RETRY),
                 };
-                match wait_out(refusal, wait_until).await {
-                    Ok(()) => continue,
-                    Err(refusal) => {
-                        permit.settle(SettleWith::Cancel);
-                        return Err(refusal);
-                    }
+                if let Err(refusal) = wait_out(refusal, wait_until).await {
+                    permit.settle(SettleWith::Cancel);
+                    return Err(refusal);
                 }
-            };
+                continue;
+            }
             match self.store.reserve(&limits.keys, &reservation).await {
                 Ok(Reserved::Admitted {
                     requests_ref,
@@ -536,7 +538,7 @@ impl RedisGate {
                     // fits again once they are back.
                     let retry = match retry_after_ms {
                         Some(ms) => Some(Duration::from_millis(ms)),
-                        None => self.lowered(limits).then_some(LOWERED_RETRY),
+                        None => Self::lowered(limits, &reservation).then_some(LOWERED_RETRY),
                     };
                     let refusal = RemoteRefusal {
                         dimension,
@@ -553,7 +555,7 @@ impl RedisGate {
                     // fallback (a request admitted on both would be an overshoot).
                     // Redis may have taken the slot all the same.
                     if reservation.concurrency > 0 {
-                        self.orphan_slot(&limits.keys.concurrency, &permit_id);
+                        self.orphan_slot(&limits.keys.concurrency, &reservation.permit_id);
                     }
                     self.on_lost(&e.to_string());
                     permit.settle(SettleWith::Cancel);
@@ -770,21 +772,30 @@ mod tests {
     async fn reservations_ask_for_the_caps_peers_losses_lowered() {
         let (gate, scope) = gate();
         let limits = &gate.scopes[&scope];
-        let full = gate.reservation(limits, 10, "p").unwrap();
-        assert_eq!((full.requests.capacity, full.concurrency), (12, 3));
-        assert!(!gate.lowered(limits));
-        gate.set_caps([("t:r".to_owned(), 8), ("t:c".to_owned(), 2)].into());
-        let lowered = gate.reservation(limits, 10, "p").unwrap();
-        assert_eq!((lowered.requests.capacity, lowered.concurrency), (8, 2));
-        assert!(gate.lowered(limits));
-        // Every slot charged to lost peers: no reservation (0 would mean no limit).
-        gate.set_caps([("t:c".to_owned(), 0)].into());
-        assert!(gate.reservation(limits, 10, "p").is_none());
-        // A cap is never raised above the configured capacity.
-        gate.set_caps([("t:r".to_owned(), 99)].into());
+        let mut reservation = gate.reservation(limits, 10, "p".into());
+        assert!(gate.at_current_caps(limits, &mut reservation));
         assert_eq!(
-            gate.reservation(limits, 1, "p").unwrap().requests.capacity,
-            12
+            (reservation.requests.capacity, reservation.concurrency),
+            (12, 3)
+        );
+        assert!(!RedisGate::lowered(limits, &reservation));
+        // The same reservation, asked again after peers' losses lowered the caps.
+        gate.set_caps([("t:r".to_owned(), 8), ("t:c".to_owned(), 2)].into());
+        assert!(gate.at_current_caps(limits, &mut reservation));
+        assert_eq!(
+            (reservation.requests.capacity, reservation.concurrency),
+            (8, 2)
+        );
+        assert!(RedisGate::lowered(limits, &reservation));
+        // Every slot charged to lost peers: not asked (0 would mean no limit).
+        gate.set_caps([("t:c".to_owned(), 0)].into());
+        assert!(!gate.at_current_caps(limits, &mut reservation));
+        // A cap is never raised above the configured capacity; back to it.
+        gate.set_caps([("t:r".to_owned(), 99)].into());
+        assert!(gate.at_current_caps(limits, &mut reservation));
+        assert_eq!(
+            (reservation.requests.capacity, reservation.concurrency),
+            (12, 3)
         );
     }
 }

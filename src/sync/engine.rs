@@ -562,7 +562,9 @@ impl Engine {
                 }
             }
             live.insert(node);
-            announced.push(redis);
+            if self.redis_gate.is_some() {
+                announced.push(redis);
+            }
         }
         live.insert(self.self_id.clone());
         // Departed members (dead, or a restarted node's previous incarnation): their
@@ -611,7 +613,9 @@ impl Engine {
                 let _ = usage.apply(&node, key, value);
             }
             known.insert(node);
-            announced.push(redis);
+            if self.redis_gate.is_some() {
+                announced.push(redis);
+            }
         }
         usage.retain_nodes(&live);
         // Registers that read 0 carry nothing (a ring its owner deleted keeps its
