@@ -102,8 +102,8 @@ fn parse_charging(value: &str, member: &str) -> Confirmation {
 /// One round's reading of who lost Redis and who charges it.
 #[derive(Debug, Clone, Default)]
 pub struct RedisLosses {
-    /// Every member counted, this one included (sorted).
-    counted: Vec<String>,
+    /// How many members are counted, this one included (0: not read yet).
+    members: u64,
     /// Other members' losses this node charges.
     lost: BTreeMap<String, Loss>,
     /// Members whose confirmation a loss here needs (a stale one confirms nothing).
@@ -122,7 +122,7 @@ impl RedisLosses {
             *entry = (*entry).max(id.generation);
         }
         let mut out = RedisLosses {
-            counted: vec![self_id.clone()],
+            members: 1,
             ..RedisLosses::default()
         };
         for member in announced {
@@ -133,7 +133,7 @@ impl RedisLosses {
             if let Some(loss) = member.lost.as_deref().and_then(Loss::parse) {
                 out.lost.insert(id.clone(), loss);
             }
-            out.counted.push(id.clone());
+            out.members += 1;
             let superseded =
                 (newest.get(member.id.node_id.as_str())).is_some_and(|g| *g > member.id.generation);
             if !superseded {
@@ -144,15 +144,13 @@ impl RedisLosses {
                 out.confirmers.insert(id, confirmation);
             }
         }
-        out.counted.sort();
-        out.counted.dedup();
         out
     }
 
     /// Whether the members were read at all (a node lost before its first round
     /// knows no divisor yet).
     pub fn is_read(&self) -> bool {
-        !self.counted.is_empty()
+        self.members > 0
     }
 
     /// The other members' losses this node charges.
@@ -163,7 +161,7 @@ impl RedisLosses {
     /// This node's `redis:charging` value: its member count, then each loss it
     /// charges.
     pub fn charging_value(&self) -> String {
-        let mut value = self.counted.len().to_string();
+        let mut value = self.members.to_string();
         for (member, loss) in &self.lost {
             value.push_str(&format!("\n{} {member}", loss.epoch));
         }
@@ -182,9 +180,7 @@ impl RedisLosses {
     /// A loss beginning now divides by it.
     pub fn known_members(&self) -> u64 {
         (self.confirmers.values().map(|c| c.members))
-            .chain([self.counted.len() as u64])
-            .max()
-            .unwrap_or(1)
+            .fold(self.members, u64::max)
             .max(1)
     }
 }
