@@ -35,7 +35,10 @@ done
 if [[ ${1:-} == once ]]; then
   # Every tenant on every node at least once: 3,000-5,000 pairs at 1,000 req/s
   # send one request each within the 5 s active phase.
+  # As many senders in the T = 1 cells as in the T = 1,000 ones, so that both
+  # keep about as many requests in flight (tests/scale.rs, `drive`).
   export SCALE_QUIET=1 SCALE_WINDOW_SECS=5 SCALE_IDLE_SECS=5 SCALE_RATE=1000 SCALE_ACTIVE=1000000
+  export SCALE_SENDERS=1000
   # Past the deleted rings' tombstones (dead_node_grace, 60 s by default).
   export SCALE_GRACE_SECS=${SCALE_GRACE_SECS:-10}
 fi
@@ -69,8 +72,8 @@ if sys.argv[2] == "crash":
               f'{c["handed_over_s"]} | {c["failed_requests"]} | {l["p50"]} / {l["p99"]} / {l["max"]} |')
     sys.exit(0)
 if sys.argv[2] == "once":
-    print("| mode | nodes | tenants | live heap per tenant per node: configured (2 s after forming) / configured, at rest / used (active) / used once, now idle | resident per tenant per node: configured / now idle | published B/s per node: active / now idle | degraded nodes |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | nodes | tenants | live heap per tenant per node: configured (2 s after forming) / configured, at rest / used (active) / used once, now idle | resident per tenant per node: configured / now idle | published B/s per node: active / now idle | per-key entries held now idle (all nodes) | degraded nodes |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         q = r["quiet"]
         b = base.get((r["mode"], r["nodes"]))
@@ -83,6 +86,7 @@ if sys.argv[2] == "once":
               f'{per(r, "heap_rest_mb")} / {per(r, "heap_active_mb")} / {idle_heap} | {per(r, "rss_formed_mb")} / {idle_rss} | '
               f'{r["active_phase"]["published_bytes_per_s_per_node"]:.0f} / '
               f'{q["phase"]["published_bytes_per_s_per_node"]:.0f} | '
+              f'{sum(n for h in q["held"] for n in h.values())} | '
               f'{max(r["idle"]["degraded_nodes"], q["phase"]["degraded_nodes"])} |')
     print(f"\n{len(rows)} cells; rested {rows[0]['quiet']['rested_s']} s after use" if rows else "no cells ran")
     sys.exit(0)

@@ -20,6 +20,8 @@ pub mod defaults {
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
     /// Overall deadline of one request (queueing, retries and upstream time).
     pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+    /// How long an idle upstream connection is kept for reuse (reqwest's default).
+    pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
     /// Limit window.
     pub const WINDOW: Duration = Duration::from_secs(60);
     /// Buckets per sliding window.
@@ -302,6 +304,11 @@ pub struct ServerConfig {
     /// Overall deadline for one request: queueing, retries and upstream time.
     #[serde(with = "super::duration")]
     pub request_timeout: Duration,
+    /// How long an idle connection to an upstream is kept for reuse (0: none is
+    /// kept). Below the provider's own keep-alive timeout, a reused connection is
+    /// never one the provider is closing; each one kept holds its buffers.
+    #[serde(with = "super::duration")]
+    pub upstream_idle_timeout: Duration,
     /// Log format: `text` or `json`.
     pub log_format: LogFormat,
     /// Add a `tenant` label to metrics (off by default: unbounded label sets).
@@ -320,6 +327,7 @@ impl Default for ServerConfig {
             max_in_flight: defaults::MAX_IN_FLIGHT,
             shutdown_grace: defaults::SHUTDOWN_GRACE,
             request_timeout: defaults::REQUEST_TIMEOUT,
+            upstream_idle_timeout: defaults::UPSTREAM_IDLE_TIMEOUT,
             log_format: LogFormat::Text,
             metrics_tenant_labels: false,
         }

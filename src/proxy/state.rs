@@ -335,13 +335,14 @@ impl AppState {
         // following it would send the body and the key somewhere the config never
         // named) and no hidden retries (the attempt loop in dispatch.rs is the only
         // one, so every send is charged and bounded by `retry.max_attempts`).
+        let idle = config.server.upstream_idle_timeout;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .retry(reqwest::retry::never())
             .referer(false)
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
+            .pool_idle_timeout(idle)
+            .pool_max_idle_per_host(if idle.is_zero() { 0 } else { 1024 })
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| ApiError::bad_gateway(format!("cannot build HTTP client: {e}")))?;

@@ -13,6 +13,19 @@ struct Track {
     history: VecDeque<(u64, u64)>,
 }
 
+impl Track {
+    /// Drops the records that left the window starting at `cutoff_ms`, all but
+    /// the last one before it (the baseline), and returns the demand since that
+    /// baseline: 0 once every record has left, the last one holding the total.
+    fn within(&mut self, cutoff_ms: u64) -> u64 {
+        while self.history.len() > 1 && self.history.get(1).is_some_and(|(t, _)| *t < cutoff_ms) {
+            self.history.pop_front();
+        }
+        let oldest = (self.history.front()).map_or(self.total, |(_, total)| *total);
+        self.total - oldest
+    }
+}
+
 /// Demand trackers for every key.
 #[derive(Debug)]
 pub struct Demand {
@@ -44,15 +57,14 @@ impl Demand {
         track.last_cumulative = cumulative;
         track.total = track.total.saturating_add(increment);
         track.history.push_back((now_ms, track.total));
-        let cutoff = now_ms.saturating_sub(self.window_ms);
-        while track.history.len() > 1 && track.history.get(1).is_some_and(|(t, _)| *t < cutoff) {
-            track.history.pop_front();
-        }
-        let oldest = track
-            .history
-            .front()
-            .map_or(track.total, |(_, total)| *total);
-        track.total - oldest
+        track.within(now_ms.saturating_sub(self.window_ms))
+    }
+
+    /// The last window's demand for `key` at `now_ms` when its actor has
+    /// retired (nothing to observe): what it asked for leaves the window as time
+    /// passes, as if it were observed asking for nothing more. 0 if unseen.
+    pub fn decay(&mut self, key: &str, now_ms: u64) -> u64 {
+        (self.keys.get_mut(key)).map_or(0, |t| t.within(now_ms.saturating_sub(self.window_ms)))
     }
 
     /// Forgets the keys last observed more than a window before `now_ms`: their
@@ -104,6 +116,23 @@ mod tests {
         assert_eq!(d.observe("k", 5, 1_300), 25);
         assert_eq!(d.current("k"), 25);
         assert_eq!(d.current("unseen"), 0);
+    }
+
+    #[test]
+    fn a_retired_actors_demand_leaves_the_window_as_time_passes() {
+        let mut d = Demand::new(1_000);
+        assert_eq!(d.observe("k", 10, 0), 10);
+        assert_eq!(d.observe("k", 30, 400), 30);
+        // Retired: nothing more is observed, and the figure decays by time alone.
+        assert_eq!(d.decay("k", 900), 30);
+        assert_eq!(d.decay("k", 1_200), 20, "the first 10 left at 1,000");
+        assert_eq!(d.current("k"), 20);
+        assert_eq!(d.decay("k", 1_500), 0, "the rest left at 1,400");
+        assert_eq!(d.decay("unseen", 1_500), 0);
+        // Decaying is not observing: the key is still forgotten a window after
+        // its last observation.
+        d.forget_retired(1_500);
+        assert!(d.is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
 use super::redis_loss::{Announced, Loss, REDIS_CHARGING_KEY, RedisLosses};
-use super::status::{ClusterStatus, MemberStatus};
+use super::status::{ClusterStatus, HeldKeys, MemberStatus};
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
@@ -414,6 +414,13 @@ impl Engine {
         status.keys_retired_total = self.keys_retired_total;
         status.unreachable_owners = cut_off;
         status.convergence_lag_ms = lag_ms;
+        status.held = HeldKeys {
+            counters: self.counters.len(),
+            demand: self.demand.len(),
+            history: self.history.len(),
+            echo: self.echo.len(),
+            replicas: lock(&self.usage).key_count(),
+        };
         if status.degraded.is_none() != degraded.is_none() {
             match &degraded {
                 Some(reason) => tracing::warn!(%reason, "cluster sync degraded"),
@@ -490,6 +497,23 @@ impl Engine {
                     demand,
                 },
             );
+        }
+        // Keys whose actor has retired: nothing of theirs is in flight here, and
+        // what they asked for leaves the window with time. Their last exported
+        // figures stayed published for good when an actor retired with demand
+        // still in its window (an idle timeout equal to the window allows it):
+        // a ghost demand that held peers' shares of the key down, and the key's
+        // ring, replicas and demand records on every member, never collected
+        // (docs/BENCHMARKS.md, "Used once, now idle: the census").
+        let retired: Vec<String> = (self.counters.keys())
+            .filter(|key| !own.contains_key(*key))
+            .cloned()
+            .collect();
+        for key in retired {
+            let _ = self.counters.set_in_flight(&key, 0);
+            let _ = self
+                .counters
+                .set_demand(&key, self.demand.decay(&key, now_ms));
         }
         self.echo.forget_seen(now_ms);
         self.demand.forget_retired(now_ms);

@@ -62,6 +62,19 @@ impl DemandHistory {
         }
     }
 
+    /// Keys with records (the largest of own, vector and last-seen records; every
+    /// key that is not quiet has all three).
+    pub fn len(&self) -> usize {
+        (self.own.len())
+            .max(self.vectors.len())
+            .max(self.last_seen.len())
+    }
+
+    /// Whether no key has records.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Once per round, before the keys: the members live (`live`, this node
     /// included) or awaiting GC (`dead`).
     pub fn set_members(&mut self, live: &[String], dead: &[String]) {

@@ -78,6 +78,26 @@ pub struct ClusterStatus {
     /// This node's view of each key's global usage (its own plus the live members'
     /// published usage), for convergence checks; keys with none are absent (0).
     pub global_usage: std::collections::BTreeMap<String, u64>,
+    /// The per-key state this node holds, entries per structure.
+    pub held: HeldKeys,
+}
+
+/// The per-key state a node holds, limit keys per structure, as of its last
+/// round. Each is bounded by the keys used within a window or so: once a
+/// tenant has been idle for the rest described in docs/design/scale.md
+/// ("Used once, now idle"), none of them counts its keys.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct HeldKeys {
+    /// This node's own counters (its rings).
+    pub counters: usize,
+    /// Demand trackers.
+    pub demand: usize,
+    /// Demand records (the largest of own, vector and last-seen records).
+    pub history: usize,
+    /// Own additions peers may not have seen yet.
+    pub echo: usize,
+    /// Peers' registers replicated here, summed over the members.
+    pub replicas: usize,
 }
 
 impl ClusterStatus {
@@ -102,6 +122,7 @@ impl ClusterStatus {
             duplicate_ids_seen: 0,
             degraded: None,
             global_usage: Default::default(),
+            held: HeldKeys::default(),
         }
     }
 }

@@ -141,6 +141,11 @@ impl LocalCounters {
         self.keys.is_empty()
     }
 
+    /// The limit keys tracked now, in no order.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.keys.keys()
+    }
+
     /// Adds `delta` cost units to bucket `bucket_index` of `limit_key`: positive for a
     /// reservation or a debt, negative for a refund. The bucket is the reservation's
     /// (`window.bucket_index(reserved_at_ms)`), not now's. The count is clamped to

@@ -368,6 +368,11 @@ impl ClusterUsage {
         })
     }
 
+    /// Limit keys replicated here, summed over the nodes.
+    pub fn key_count(&self) -> usize {
+        self.nodes.values().map(|r| r.keys.len()).sum()
+    }
+
     /// Live nodes, sorted.
     pub fn live_nodes(&self) -> Vec<String> {
         let mut nodes: Vec<String> = (self.nodes.iter())
