@@ -13,18 +13,39 @@ use common::*;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-fn redis_toml(i: usize, ports: &[u16], mode: &str, redis_url: &str, rpm: u64) -> String {
+fn redis_toml(
+    i: usize,
+    ports: &[u16],
+    (mode, cut_off): (&str, &str),
+    redis_url: &str,
+    rpm: u64,
+) -> String {
     format!(
         "{}\n[redis]\nurl = \"{redis_url}\"\ntimeout = \"50ms\"\n",
         cluster_toml(i, ports, mode, "full")
             .replace(&format!("rpm = {LIMIT}\n"), &format!("rpm = {rpm}\n"))
-            .replace("max_wait = \"0s\"", "max_wait = \"300ms\""),
+            .replace("max_wait = \"0s\"", "max_wait = \"300ms\"")
+            .replace(
+                "[cluster.lease]\n",
+                &format!("[cluster.lease]\ncut_off = \"{cut_off}\"\n")
+            ),
     )
 }
 
-/// Three nodes in `mode`, node i reaching Redis at `redis_url(i)`.
+/// Three nodes in `mode` with the `share` cut-off policy, node i reaching Redis
+/// at `redis_url(i)`.
 async fn redis_cluster(
     mode: &str,
+    redis_url: impl Fn(usize) -> String,
+    rpm: u64,
+    upstream: &tollgate::mock::MockHandle,
+) -> Vec<Arc<Node>> {
+    redis_cluster_cut_off((mode, "share"), redis_url, rpm, upstream).await
+}
+
+/// Three nodes in `(mode, cut_off policy)`, node i reaching Redis at `redis_url(i)`.
+async fn redis_cluster_cut_off(
+    mode: (&str, &str),
     redis_url: impl Fn(usize) -> String,
     rpm: u64,
     upstream: &tollgate::mock::MockHandle,
@@ -164,4 +185,84 @@ async fn redis_lost_by_one_node_only_its_share_is_charged_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lease_lost_by_one_node_only_its_share_is_charged_in_redis() {
     partial_loss("redis-lease").await;
+}
+
+/// The other cut-off policies in `redis`, for a node that alone lost Redis
+/// (docs/config.md, `cut_off`): `fail-closed` admits nothing until Redis is
+/// back; `fail-open` admits all it is sent up to the whole limit on its own
+/// (its actors' own windows), neither waiting for its peers' confirmation nor
+/// held to a share (unsafe, and said so). Its peers keep serving through Redis
+/// either way. Returns what node 3 admitted before the cut, and was sent and
+/// admitted while cut off, and what the upstream admitted in all.
+async fn cut_off_policy(policy: &str) -> (u64, u64, u64, u64) {
+    const L: u64 = 300;
+    let redis = RedisServer::start();
+    let relay = common::redis::TcpRelay::start(redis.port).await;
+    let upstream = mock(|_| {}).await;
+    let url = |i: usize| if i == 2 { relay.url() } else { redis.url() };
+    let nodes = redis_cluster_cut_off(("redis", policy), url, L, &upstream).await;
+    let before = load(urls(&nodes), &[10, 10, 10], 1.0).await[2];
+    relay.cut();
+    // Node 3 is sent one request after another for 3 s, more than its share
+    // (~L/3) of what is left.
+    let others = load(urls(&nodes[..2]), &[20, 20], 3.0);
+    let cut_off = async {
+        let (mut sent, mut admitted) = (0, 0);
+        let end = Instant::now() + std::time::Duration::from_secs(3);
+        while Instant::now() < end {
+            let response = post(&nodes[2], "/chat/completions", chat_body("hi", 5), &[]).await;
+            sent += 1;
+            admitted += u64::from(response.status() == 200);
+        }
+        (sent, admitted)
+    };
+    let (others, (sent, admitted)) = tokio::join!(others, cut_off);
+    let body = admin(&nodes[2], "/admin/cluster").await;
+    assert!(
+        (body["cluster"]["degraded"].as_str()).is_some_and(|d| d.starts_with("redis_unreachable")),
+        "{body}"
+    );
+    relay.heal();
+    let truth = upstream.stats().admitted;
+    println!(
+        "redis, {policy}, node 3 cut off from Redis: it admitted {before} before, {admitted} of {sent} after, the others {others:?}; upstream admitted {truth} of L = {L}"
+    );
+    assert!(
+        others.iter().all(|n| *n > 0),
+        "the others stopped serving: {others:?}"
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+    (before, sent, admitted, truth)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_fail_closed_admits_nothing_on_a_node_that_lost_redis() {
+    const L: u64 = 300;
+    let (_, sent, admitted, truth) = cut_off_policy("fail-closed").await;
+    assert!(sent > 0);
+    assert_eq!(
+        admitted, 0,
+        "the cut-off node admitted {admitted} of {sent}"
+    );
+    assert!(truth <= L, "admitted {truth} > L = {L}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_fail_open_admits_everything_on_a_node_that_lost_redis() {
+    const L: u64 = 300;
+    let (before, sent, admitted, _) = cut_off_policy("fail-open").await;
+    // Everything, up to what its own windows allow (all of L on this node
+    // alone, within a request or two of the window's edge), and beyond any
+    // share (`share` holds it to about L/3, `partial_loss`).
+    assert!(before + admitted <= L, "{before} + {admitted} > L = {L}");
+    let all = sent.min(L - before);
+    assert!(
+        admitted + 2 >= all,
+        "the cut-off node admitted {admitted} of {sent}: too few"
+    );
+    assert!(
+        admitted > L / 3 + 20,
+        "admitted only {admitted}: too few sent to tell a share from none"
+    );
 }

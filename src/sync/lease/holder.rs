@@ -9,6 +9,7 @@
 
 use super::bits::Bits;
 use super::owner::OwnerBook;
+use super::reservations::Reservations;
 use super::rpc::{self, CallError};
 use super::wire::{self, Entry};
 use super::{MemberAddr, View};
@@ -16,7 +17,7 @@ use crate::actor::Dimension;
 use crate::actor::credit::{Credit, CreditTable};
 use crate::proxy::AppState;
 use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -92,9 +93,9 @@ pub struct Holder {
     /// statements come after it).
     nothing_held_seq: u64,
     unreachable: HashSet<String>,
-    /// `redis-lease`: the reservation Redis last confirmed per key, and until when
-    /// (local ms) Redis keeps it without hearing from this node: the cut-off share.
-    reserved: Mutex<HashMap<String, (u64, u64)>>,
+    /// `redis-lease`: the reservation Redis last confirmed per key: the cut-off
+    /// share.
+    reserved: Mutex<Reservations>,
     /// Owners this node cannot reach now (for `/admin/cluster` and metrics).
     pub cut_off: Arc<RwLock<Vec<String>>>,
 }
@@ -654,9 +655,7 @@ impl Holder {
             let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
             for ((i, _), (reserve, _)) in items.iter().zip(&asks) {
                 let ask = reserve.map_or(0, |r| r.share);
-                if let Some(entry) = reserved.get_mut(&*self.state.bindings[*i].key) {
-                    entry.0 = entry.0.min(ask);
-                }
+                reserved.lower_to(&self.state.bindings[*i].key, ask);
             }
         }
         let calls = items
@@ -687,13 +686,14 @@ impl Holder {
         let mut out = Vec::with_capacity(items.len());
         let mut unreachable = None;
         let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        reserved.drop_lapsed(self.now_ms());
         // Every confirmed reservation is recorded, even when another key's call
         // failed (its figure may be smaller than the one held here).
         for (key, result) in results {
             match result {
                 Ok(Ok(leased)) => {
                     let until = sent_ms.saturating_add(self.ttl_ms());
-                    reserved.insert(key.to_string(), (leased.reserved, until));
+                    reserved.confirm(&key, leased.reserved, until);
                     out.push(Ok(leased.reply));
                 }
                 Ok(Err(code)) => out.push(Err(code)),
@@ -709,10 +709,7 @@ impl Holder {
     /// The reservation Redis keeps for this node on `key` now (`redis-lease`).
     fn reservation(&self, key: &str) -> u64 {
         let reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-        match reserved.get(key) {
-            Some(&(share, until)) if until > self.now_ms() => share,
-            _ => 0,
-        }
+        reserved.at(key, self.now_ms())
     }
 
     /// Marks `key` cut off from its owner. What it may then use per window, credit

@@ -17,6 +17,7 @@ pub mod audit;
 mod bits;
 pub mod holder;
 pub mod owner;
+mod reservations;
 pub mod rpc;
 pub mod wire;
 
