@@ -62,9 +62,20 @@ impl Demand {
 
     /// The last window's demand for `key` at `now_ms` when its actor has
     /// retired (nothing to observe): what it asked for leaves the window as time
-    /// passes, as if it were observed asking for nothing more. 0 if unseen.
+    /// passes, as if it were observed asking for nothing more. 0 if unseen. A
+    /// successor actor's cumulative figure starts from 0 and counts whole, even
+    /// at or above its predecessor's last figure (read as a restart only below
+    /// it, it was under-counted by that figure for a window).
     pub fn decay(&mut self, key: &str, now_ms: u64) -> u64 {
-        (self.keys.get_mut(key)).map_or(0, |t| t.within(now_ms.saturating_sub(self.window_ms)))
+        (self.keys.get_mut(key)).map_or(0, |t| {
+            t.last_cumulative = 0;
+            t.within(now_ms.saturating_sub(self.window_ms))
+        })
+    }
+
+    /// The keys tracked, in no order.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.keys.keys()
     }
 
     /// Forgets the keys last observed more than a window before `now_ms`: their
@@ -129,9 +140,13 @@ mod tests {
         assert_eq!(d.current("k"), 20);
         assert_eq!(d.decay("k", 1_500), 0, "the rest left at 1,400");
         assert_eq!(d.decay("unseen", 1_500), 0);
+        // A successor actor within the window counts from 0, whatever its
+        // predecessor's last figure (30).
+        assert_eq!(d.observe("k", 40, 1_600), 40);
         // Decaying is not observing: the key is still forgotten a window after
         // its last observation.
-        d.forget_retired(1_500);
+        d.decay("k", 2_700);
+        d.forget_retired(2_700);
         assert!(d.is_empty());
     }
 

@@ -505,10 +505,14 @@ impl Engine {
         // a ghost demand that held peers' shares of the key down, and the key's
         // ring, replicas and demand records on every member, never collected
         // (docs/BENCHMARKS.md, "Used once, now idle: the census").
-        let retired: Vec<String> = (self.counters.keys())
+        // The demand trackers' keys too: a key the counters refused (at their
+        // cap) still has one.
+        let mut retired: Vec<String> = (self.counters.keys().chain(self.demand.keys()))
             .filter(|key| !own.contains_key(*key))
             .cloned()
             .collect();
+        retired.sort_unstable();
+        retired.dedup();
         for key in retired {
             let _ = self.counters.set_in_flight(&key, 0);
             let _ = self
