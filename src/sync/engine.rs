@@ -399,6 +399,14 @@ impl Engine {
             )),
             (None, true, true) => None,
         };
+        // Read before the status lock: no lock is taken inside it.
+        let held = HeldKeys {
+            counters: self.counters.len(),
+            demand: self.demand.len(),
+            history: self.history.len(),
+            echo: self.echo.len(),
+            replicas: lock(&self.usage).key_count(),
+        };
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         status.self_id.clone_from(&self.self_id);
         status.members = members.iter().map(MemberStatus::from).collect();
@@ -414,13 +422,7 @@ impl Engine {
         status.keys_retired_total = self.keys_retired_total;
         status.unreachable_owners = cut_off;
         status.convergence_lag_ms = lag_ms;
-        status.held = HeldKeys {
-            counters: self.counters.len(),
-            demand: self.demand.len(),
-            history: self.history.len(),
-            echo: self.echo.len(),
-            replicas: lock(&self.usage).key_count(),
-        };
+        status.held = held;
         if status.degraded.is_none() != degraded.is_none() {
             match &degraded {
                 Some(reason) => tracing::warn!(%reason, "cluster sync degraded"),
