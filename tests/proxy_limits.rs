@@ -539,3 +539,34 @@ async fn a_request_still_unanswered_keeps_counting() {
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// `server.upstream_idle_timeout`: an idle upstream connection is reused within
+/// it (90 s by default), and with `"0s"` none is kept, each request opening its
+/// own (counted by a TCP relay in front of the mock).
+#[tokio::test]
+async fn idle_upstream_connections_are_reused_or_not_kept_as_configured() {
+    let upstream = mock(|_| {}).await;
+    let mock_port: u16 = (upstream.base_url())
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches("/v1")
+        .parse()
+        .unwrap();
+    for (idle, connections) in [(None, 1), (Some("0s"), 3)] {
+        let relay = common::redis::TcpRelay::start(mock_port).await;
+        let server = idle.map_or_else(String::new, |d| {
+            format!("upstream_idle_timeout = \"{d}\"\n")
+        });
+        let toml = server
+            + &single("rpm = 100")
+                .replace("{MOCK}", &format!("http://127.0.0.1:{}/v1", relay.port));
+        let node = node(&toml, &[&upstream]).await;
+        for _ in 0..3 {
+            let r = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+            assert_eq!(r.status(), 200);
+        }
+        let opened = relay.accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(opened, connections, "upstream_idle_timeout {idle:?}");
+        node.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}

@@ -186,9 +186,10 @@ impl RedisCluster {
 
 /// A TCP relay in front of a Redis, to cut one node off it while the others still
 /// reach it (a partial Redis loss): `cut` drops every connection and refuses new
-/// ones until `heal`.
+/// ones until `heal`. It also counts the connections it accepted.
 pub struct TcpRelay {
     pub port: u16,
+    pub accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -201,11 +202,14 @@ impl TcpRelay {
         let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (c, g) = (cut.clone(), generation.clone());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = accepted.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else {
                     return;
                 };
+                counted.fetch_add(1, Ordering::SeqCst);
                 if c.load(Ordering::SeqCst) {
                     drop(inbound);
                     continue;
@@ -233,6 +237,7 @@ impl TcpRelay {
         });
         TcpRelay {
             port,
+            accepted,
             cut,
             generation,
         }
