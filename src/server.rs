@@ -99,9 +99,9 @@ pub async fn run_with_transport(
         (Some(mock_listener), Some(mock_config)) => {
             let addr = mock_listener.local_addr()?;
             let mock_config = crate::mock::MockConfig {
-                rpm: mock_config.quota.rpm.unwrap_or(0),
-                tpm: mock_config.quota.tpm.unwrap_or(0),
-                concurrency: mock_config.quota.concurrency.unwrap_or(0),
+                rpm: mock_config.rpm.unwrap_or(0),
+                tpm: mock_config.tpm.unwrap_or(0),
+                concurrency: mock_config.concurrency.unwrap_or(0),
                 latency_ms: mock_config.latency_ms,
                 ..crate::mock::MockConfig::default()
             };

@@ -94,9 +94,9 @@ pub async fn up(
     let (stop_tx, stop_rx) = watch::channel(false);
     let (mock_stop_tx, mock_stop_rx) = watch::channel(false);
     let mock_config = crate::mock::MockConfig {
-        rpm: mock_limits.quota.rpm.unwrap_or(0),
-        tpm: mock_limits.quota.tpm.unwrap_or(0),
-        concurrency: mock_limits.quota.concurrency.unwrap_or(0),
+        rpm: mock_limits.rpm.unwrap_or(0),
+        tpm: mock_limits.tpm.unwrap_or(0),
+        concurrency: mock_limits.concurrency.unwrap_or(0),
         latency_ms: mock_limits.latency_ms,
         ..crate::mock::MockConfig::default()
     };

@@ -50,10 +50,21 @@ async fn redis_cluster_cut_off(
     rpm: u64,
     upstream: &tollgate::mock::MockHandle,
 ) -> Vec<Arc<Node>> {
+    redis_cluster_edited(mode, redis_url, rpm, upstream, |toml| toml).await
+}
+
+/// As `redis_cluster_cut_off`, each node's config passed through `edit` first.
+async fn redis_cluster_edited(
+    mode: (&str, &str),
+    redis_url: impl Fn(usize) -> String,
+    rpm: u64,
+    upstream: &tollgate::mock::MockHandle,
+    edit: impl Fn(String) -> String,
+) -> Vec<Arc<Node>> {
     let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
     let mut nodes = Vec::new();
     for i in 0..3 {
-        let toml = redis_toml(i, &ports, mode, &redis_url(i), rpm);
+        let toml = edit(redis_toml(i, &ports, mode, &redis_url(i), rpm));
         nodes.push(Arc::new(node(&toml, &[upstream]).await));
     }
     for n in &nodes {
@@ -268,4 +279,173 @@ async fn redis_fail_open_admits_everything_on_a_node_that_lost_redis() {
         admitted > L / 3 + 20,
         "admitted only {admitted}: too few sent to tell a share from none"
     );
+}
+
+/// The concurrency slots held in `redis`: members of every semaphore key.
+async fn slots_held(redis: &RedisServer) -> u64 {
+    let store = tollgate::redis::store::RedisStore::single(
+        &redis.url(),
+        std::time::Duration::from_secs(2),
+        None,
+    )
+    .unwrap();
+    let keys: Vec<String> = store
+        .command(::redis::cmd("KEYS").arg("*:c"))
+        .await
+        .unwrap();
+    let mut held = 0;
+    for key in keys {
+        held += store
+            .command::<u64>(::redis::cmd("ZCARD").arg(&key))
+            .await
+            .unwrap();
+    }
+    held
+}
+
+/// Three `redis` nodes limiting the tenant to 8 slots (ttl 60 s), their Redis
+/// calls timing out after `timeout`, warmed up through Redis: each request took
+/// a slot and its settlement freed it.
+async fn slot_cluster(
+    redis: &RedisServer,
+    upstream: &tollgate::mock::MockHandle,
+    timeout: &str,
+) -> Vec<Arc<Node>> {
+    let nodes = redis_cluster_edited(
+        ("redis", "share"),
+        |_| redis.url(),
+        300,
+        upstream,
+        |toml| {
+            toml.replace("rpm = 300\n", "rpm = 300\nconcurrency = 8\n")
+                .replace(
+                    "timeout = \"50ms\"\n",
+                    &format!("timeout = \"{timeout}\"\nslot_ttl = \"60s\"\n"),
+                )
+        },
+    )
+    .await;
+    let served = load(urls(&nodes), &[10, 10, 10], 0.5).await;
+    assert!(served.iter().all(|n| *n > 0), "{served:?}");
+    let deadline = Instant::now() + std::time::Duration::from_secs(3);
+    while slots_held(redis).await > 0 {
+        assert!(Instant::now() < deadline, "settled slots still held");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    nodes
+}
+
+/// Redis stalls (SIGSTOP) under a request: its reservation times out at the
+/// node, which goes on without it, but Redis runs it when it resumes and takes
+/// the request's concurrency slot, which nothing would settle. The node
+/// remembers such slots and releases them in its next sync round in which
+/// Redis answers, seconds later, not a slot ttl (60 s here) later
+/// (docs/design/redis.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_taken_by_a_reservation_that_timed_out_is_released_once_redis_answers() {
+    const RELEASED: &str = "tollgate_redis_orphaned_slots_released_total";
+    let redis = RedisServer::start();
+    let upstream = mock(|_| {}).await;
+    let nodes = slot_cluster(&redis, &upstream, "50ms").await;
+
+    redis.pause(true);
+    let stalled = {
+        let node = nodes[0].clone();
+        tokio::spawn(async move {
+            post(&node, "/chat/completions", chat_body("hi", 5), &[])
+                .await
+                .status()
+        })
+    };
+    // Well past the 50 ms timeout: the node has given up on the reservation.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    redis.pause(false);
+    let status = stalled.await.unwrap();
+
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    let (released, held) = loop {
+        let released = tollgate::ops::metrics::sample(&metrics(&nodes[0]).await, RELEASED);
+        let held = slots_held(&redis).await;
+        if released.is_some_and(|n| n >= 1.0) && held == 0 || Instant::now() > deadline {
+            break (released, held);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    println!(
+        "the stalled request ended {status}; node 1 released {released:?} slots; {held} held in redis"
+    );
+    // The release found the slot taken (it counts only slots that were there).
+    assert!(
+        released.is_some_and(|n| n >= 1.0),
+        "no slot released: {released:?}"
+    );
+    assert_eq!(held, 0, "a slot is still held in redis");
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// The tenant's requests in the current window as Redis counts them (the window
+/// HASH's running sum).
+async fn requests_in_redis(redis: &RedisServer) -> u64 {
+    let store = tollgate::redis::store::RedisStore::single(
+        &redis.url(),
+        std::time::Duration::from_secs(2),
+        None,
+    )
+    .unwrap();
+    let sum: Option<u64> = store
+        .command(::redis::cmd("HGET").arg("tg:{tenant:t}:r").arg("s"))
+        .await
+        .unwrap();
+    sum.unwrap_or(0)
+}
+
+/// A client that leaves while its reservation is on its way to Redis: Redis,
+/// stalled for 300 ms, still admits it within the node's 1 s timeout, after the
+/// request is gone. The node cancels that admission (the request and its slot),
+/// instead of leaving the slot held for a slot ttl (60 s here) and the request
+/// counted for a window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_whose_client_left_mid_call_is_cancelled_in_redis() {
+    let redis = RedisServer::start();
+    let upstream = mock(|_| {}).await;
+    let nodes = slot_cluster(&redis, &upstream, "1s").await;
+    let before = requests_in_redis(&redis).await;
+    assert!(before > 0);
+
+    redis.pause(true);
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{}/chat/completions", nodes[0].url()))
+        .bearer_auth(KEY)
+        .json(&chat_body("hi", 5))
+        .send()
+        .await;
+    assert!(gone.unwrap_err().is_timeout());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    redis.pause(false);
+
+    let deadline = Instant::now() + std::time::Duration::from_secs(3);
+    let (held, requests) = loop {
+        let (held, requests) = (slots_held(&redis).await, requests_in_redis(&redis).await);
+        if held == 0 && requests == before || Instant::now() > deadline {
+            break (held, requests);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    println!(
+        "after the client left: {held} slots held, {requests} requests counted (before: {before})"
+    );
+    assert_eq!(held, 0, "the abandoned admission's slot is held");
+    assert_eq!(requests, before, "the abandoned admission is counted");
+    assert_eq!(
+        upstream.stats().admitted,
+        before,
+        "the abandoned request was sent"
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
 }

@@ -158,6 +158,21 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
         json(response).await["error"]["type"],
         "invalid_request_error"
     );
+    // A known path, the wrong method: 405 in the caller's shape, with `allow`.
+    let wrong = reqwest::Client::new()
+        .get(format!("{}/chat/completions", node.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.headers()["allow"], "POST");
+    expect_error(wrong, 405).await;
+    let wrong = reqwest::Client::new()
+        .get(format!("{}/messages", node.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 405);
+    assert_eq!(json(wrong).await["type"], "error", "Anthropic's shape");
     // Nothing was charged or held by any of it, and the node still serves.
     let status = node.key("tenant:t").await;
     assert_eq!(
@@ -174,6 +189,47 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
         200
     );
     assert_eq!(upstream.stats().admitted, 1);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// A client that sends its headers and then trickles its body (or stops) gets a
+/// 408 in the OpenAI shape at `server.request_timeout` (1 s here), instead of
+/// holding one of the node's in-flight slots for as long as it likes.
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_gets_a_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = mock(|_| {}).await;
+    let toml = format!(
+        "request_timeout = \"1s\"\n{}",
+        single("rpm = 100\nmax_wait = \"0s\"")
+    );
+    let node = node(&toml, &[&upstream]).await;
+    let mut socket = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"model\""
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("}}") {
+        let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf))
+            .await
+            .expect("no answer within 5 s")
+            .unwrap();
+        assert!(n > 0, "closed without an answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("\"type\":\"invalid_request_error\""),
+        "{answer}"
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    assert_eq!(upstream.stats().admitted, 0);
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }

@@ -386,6 +386,110 @@ async fn client_disconnect_mid_stream_frees_the_slot() {
     upstream.shutdown().await.unwrap();
 }
 
+/// An upstream whose streamed completion never ends: 16 KB events, as fast as
+/// they are taken.
+async fn endless_stream_upstream() -> String {
+    use axum::routing::post as axum_post;
+    let event = format!(
+        "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "x".repeat(16 * 1024)
+    );
+    let event = bytes::Bytes::from(event);
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum_post(move || {
+            let event = event.clone();
+            async move {
+                let events = futures_util::stream::repeat_with(move || {
+                    Ok::<_, std::io::Error>(event.clone())
+                });
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from_stream(events))
+                    .unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/v1")
+}
+
+/// A client that stops reading a stream but keeps its connection open: once it
+/// has taken nothing for the upstream's `stream_idle_timeout` (1 s here), the
+/// stream is cut and its slot released (hyper no longer polls a body nobody
+/// reads, so before, the slot was held for as long as the client liked).
+#[tokio::test]
+async fn a_stream_the_client_stopped_reading_is_cut_after_the_idle_timeout() {
+    let upstream = mock(|_| {}).await;
+    let toml = single("concurrency = 1\nmax_wait = \"0s\"")
+        .replace(
+            "kind = \"openai\"\nbase_url = \"{MOCK}\"",
+            "kind = \"openai\"\nbase_url = \"{MOCK}\"\nstream_idle_timeout = \"1s\"",
+        )
+        .replace("{MOCK}", &endless_stream_upstream().await);
+    let node = node(&toml, &[&upstream]).await;
+    let mut body = chat_body("stream please", 100);
+    body["stream"] = json!(true);
+    let mut response = post(&node, "/chat/completions", body, &[]).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.chunk().await.unwrap().is_some());
+    // No end to come: the sockets' buffers fill and the node's writes stall.
+    let stalled = Instant::now();
+    let status = node.wait_idle("t").await;
+    assert_eq!(status["concurrency"]["in_flight"], 0);
+    println!(
+        "slot released {:?} after the client stopped reading",
+        stalled.elapsed()
+    );
+    // What the client still reads ends in an error, not as if complete.
+    let mut ended = None;
+    while ended.is_none() {
+        match response.chunk().await {
+            Ok(Some(_)) => {}
+            Ok(None) => ended = Some(Ok(())),
+            Err(e) => ended = Some(Err(e)),
+        }
+    }
+    assert!(ended.unwrap().is_err(), "a cut stream read as complete");
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// A stream still running at the request's deadline (`server.request_timeout`,
+/// 2 s here) is cut there, with an error, and its slot released.
+#[tokio::test]
+async fn a_stream_is_cut_at_the_requests_deadline() {
+    let upstream = mock(|m| {
+        m.inter_token_ms = 50;
+        m.completion_min_tokens = 100;
+        m.completion_max_tokens = 100;
+    })
+    .await;
+    // Lines before the first table land in the helper's `[server]`.
+    let toml = format!(
+        "request_timeout = \"2s\"\n{}",
+        single("concurrency = 1\nmax_wait = \"0s\"")
+    );
+    let node = node(&toml, &[&upstream]).await;
+    let mut body = chat_body("stream please", 100);
+    body["stream"] = json!(true);
+    let started = Instant::now();
+    let response = post(&node, "/chat/completions", body, &[]).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.bytes().await.is_err(), "5 s of stream read whole");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    let status = node.wait_idle("t").await;
+    assert_eq!(status["concurrency"]["in_flight"], 0);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn anthropic_messages_stream_and_not_settle_from_reported_usage() {
     let upstream = mock(|_| {}).await;
@@ -471,6 +575,52 @@ async fn nothing_is_charged_to_the_tenant_when_the_upstream_refuses() {
     assert_eq!(
         status["requests"]["used"], 1,
         "the refused request was not charged to the tenant"
+    );
+    assert_eq!(upstream.stats().admitted, 1);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// A client that gives up while its request waits for the upstream (admitted by
+/// its tenant, never sent) is charged nothing: the dropped request cancels its
+/// permits. One sent and then abandoned keeps its charge (the provider may have
+/// counted it).
+#[tokio::test]
+async fn a_client_that_leaves_before_its_request_is_sent_is_charged_nothing() {
+    let upstream = mock(|m| m.latency_ms = 1_500).await;
+    let toml = single("rpm = 100\nconcurrency = 10\nmax_wait = \"10s\"").replace(
+        "kind = \"openai\"\nbase_url = \"{MOCK}\"",
+        "kind = \"openai\"\nbase_url = \"{MOCK}\"\nconcurrency = 1",
+    );
+    let node = node(&toml, &[&upstream]).await;
+    let client = |timeout_ms| {
+        reqwest::Client::builder()
+            .timeout(Duration::from_millis(timeout_ms))
+            .build()
+            .unwrap()
+    };
+    let send = |client: reqwest::Client| {
+        let url = format!("{}/chat/completions", node.url());
+        async move {
+            client
+                .post(url)
+                .bearer_auth(KEY)
+                .json(&chat_body("hi", 5))
+                .send()
+                .await
+        }
+    };
+    // The first holds the upstream's only slot (the mock answers in 1.5 s) and
+    // is abandoned at 1 s, once sent; the second waits for that slot from 0.1 s
+    // and is abandoned at 0.4 s, before it could be sent.
+    let first = tokio::spawn(send(client(1_000)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(send(client(300)).await.unwrap_err().is_timeout());
+    assert!(first.await.unwrap().unwrap_err().is_timeout());
+    let status = node.wait_idle("t").await;
+    assert_eq!(
+        status["requests"]["used"], 1,
+        "only the request that reached the upstream is charged: {status}"
     );
     assert_eq!(upstream.stats().admitted, 1);
     node.stop().await;

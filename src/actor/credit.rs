@@ -97,6 +97,12 @@ impl CreditTable {
         credit
     }
 
+    /// How many credits are made and not dropped at rest (`/admin/cluster`'s
+    /// `held`).
+    pub fn made_count(&self) -> usize {
+        self.made().by_binding.len()
+    }
+
     /// The credit of binding `index` if it was made (`None`: never used here,
     /// nothing held).
     pub fn get(&self, index: u32) -> Option<Credit> {

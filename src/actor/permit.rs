@@ -1,7 +1,12 @@
 //! A permit: what a request holds on one scope while in flight. It is released and
 //! settled exactly once: by [`Permit::settle`], or, if the request path never gets
-//! there (client disconnect mid-stream, upstream error, timeout, panic), by `Drop`,
-//! which keeps the reservation (usage unknown, so the conservative choice).
+//! there (client disconnect, upstream error, timeout, panic), by `Drop`. Dropped
+//! before the request was handed to the upstream ([`Permit::sending`]), nothing
+//! reached the provider: the permit is cancelled (a client that gave up while
+//! queued is charged nothing). Dropped after, the provider may have counted it and
+//! its usage is unknown: the reservation is kept (the conservative choice), unless
+//! the path said otherwise ([`Permit::drop_as`]: between retries, after answers
+//! that did no work, the request counts and its tokens do not).
 
 use super::registry::ActorHandle;
 use super::task::{Grant, Release};
@@ -31,6 +36,8 @@ pub struct Permit {
     remote: Option<Box<dyn RemoteCharge>>,
     /// When the upstream last answered: the settlement moves the charge there.
     answered_at: Option<Instant>,
+    /// How `Drop` settles: `Cancel` until [`Self::sending`], `KeepReserved` after.
+    on_drop: SettleWith,
 }
 
 impl Permit {
@@ -42,7 +49,21 @@ impl Permit {
             settled: false,
             remote: None,
             answered_at: None,
+            on_drop: SettleWith::Cancel,
         }
+    }
+
+    /// The request is about to be handed to the upstream: from now on the
+    /// provider may count it, so a permit dropped unsettled keeps its reservation.
+    pub fn sending(&mut self) {
+        self.on_drop = SettleWith::KeepReserved;
+    }
+
+    /// How a permit dropped unsettled from now on settles: e.g. `RefundTokens`
+    /// between attempts, after an upstream answered without doing the work (the
+    /// settlement the request would get if it ended there).
+    pub fn drop_as(&mut self, how: SettleWith) {
+        self.on_drop = how;
     }
 
     /// The same permit, also holding `remote` (settled with it).
@@ -103,6 +124,6 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.send(SettleWith::KeepReserved);
+        self.send(self.on_drop);
     }
 }

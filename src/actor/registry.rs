@@ -503,9 +503,10 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_secs(45)).await;
         assert_eq!(registry.live_actors(), 0);
         // And comes back fresh, with nothing lost (the state it dropped was at rest).
-        assert!(acquire(&registry, &scope).await.is_ok());
+        let again = acquire(&registry, &scope).await.unwrap();
         let status = registry.status(&scope).await.unwrap();
         assert_eq!(status.requests.unwrap().used, 1);
+        drop(again);
     }
 
     #[tokio::test(start_paused = true)]
@@ -621,13 +622,29 @@ mod tests {
             refused.blocked.dimension,
             crate::actor::Dimension::Concurrency
         );
+        let mut a = a;
+        a.sending();
         drop(a); // e.g. the client went away mid-stream
         b.settle(SettleWith::Cancel);
         let status = registry.status(&scope).await.unwrap();
         assert_eq!(status.in_flight, 0);
-        // The dropped permit kept its reservation (1 request, 20 tokens); the
-        // cancelled one gave everything back, including its request.
+        // The dropped permit, sent, kept its reservation (1 request, 20 tokens);
+        // the cancelled one gave everything back, including its request.
         assert_eq!(status.tokens.unwrap().used, 20);
         assert_eq!(status.requests.unwrap().used, 1);
+        // Dropped before it was sent (the client left while it queued): nothing.
+        drop(acquire(&registry, &scope).await.unwrap());
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!(status.in_flight, 0);
+        assert_eq!(status.requests.unwrap().used, 1);
+        // Sent and answered with no work done, then dropped between attempts:
+        // the request counts, its tokens do not.
+        let mut c = acquire(&registry, &scope).await.unwrap();
+        c.sending();
+        c.drop_as(SettleWith::RefundTokens);
+        drop(c);
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!(status.tokens.unwrap().used, 20);
+        assert_eq!(status.requests.unwrap().used, 2);
     }
 }

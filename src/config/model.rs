@@ -550,10 +550,30 @@ pub struct RouteConfig {
 pub struct BuiltinMockConfig {
     /// Where the mock listens; upstreams point their base_url at it.
     pub listen: SocketAddr,
-    /// The mock's own limits (its "provider quota").
-    #[serde(flatten)]
-    pub quota: Quota,
+    /// The mock's own requests per minute (its "provider quota"; absent: none).
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// Its tokens per minute.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Its requests in flight at once.
+    #[serde(default)]
+    pub concurrency: Option<u64>,
     /// Time to first byte, in milliseconds.
     #[serde(default)]
     pub latency_ms: u64,
+}
+
+impl BuiltinMockConfig {
+    /// Its limits as a quota. (The mock's limits are exact and fixed per minute:
+    /// a gateway scope's `algorithm` and `burst` do not apply, so they are not
+    /// fields here and a config setting them is refused.)
+    pub fn quota(&self) -> Quota {
+        Quota {
+            rpm: self.rpm,
+            tpm: self.tpm,
+            concurrency: self.concurrency,
+            ..Quota::default()
+        }
+    }
 }

@@ -87,6 +87,37 @@ fn impossible_combinations_name_the_field() {
 }
 
 #[test]
+fn settings_that_would_silently_do_nothing_are_refused() {
+    // The adaptive p95 is read from the last 128 completions: a minimum above
+    // that would never be reached.
+    let (field, reason) = invalid(&format!(
+        "{MINIMAL}\n[estimation]\nadaptive_min_samples = 129\n"
+    ));
+    assert_eq!(field, "estimation.adaptive_min_samples");
+    assert!(reason.contains("1..=128"), "{reason}");
+    let ok = format!("{MINIMAL}\n[estimation]\nadaptive_min_samples = 128\n");
+    assert!(Config::from_toml(&ok, "test.toml").is_ok());
+
+    // The default max_wait (30 s) is held to the request timeout too.
+    let short = format!("{MINIMAL}\n[server]\nrequest_timeout = \"10s\"\n");
+    let (field, reason) = invalid(&short);
+    assert_eq!(field, "tenants[0].max_wait");
+    assert!(reason.contains("unset"), "{reason}");
+    let set = short.replace("tpm = 100", "tpm = 100\nmax_wait = \"5s\"");
+    assert!(Config::from_toml(&set, "test.toml").is_ok());
+
+    // The built-in mock's limits are exact: a scope's algorithm does not apply.
+    let mock = format!("{MINIMAL}\n[builtin_mock]\nlisten = \"127.0.0.1:0\"\nrpm = 5\n");
+    let config = Config::from_toml(&mock, "test.toml").unwrap();
+    assert_eq!(config.builtin_mock.unwrap().quota().rpm, Some(5));
+    let with_algorithm = format!("{mock}algorithm = \"token-bucket\"\n");
+    let message = Config::from_toml(&with_algorithm, "test.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("algorithm"), "{message}");
+}
+
+#[test]
 fn bad_duration_is_explained() {
     let text = format!("{MINIMAL}\n[limits]\nwindow = \"60\"\n");
     let message = Config::from_toml(&text, "test.toml")

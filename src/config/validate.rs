@@ -31,7 +31,7 @@ pub fn validate(config: &Config) -> Result<(), Violation> {
     validate_upstreams(config)?;
     validate_routes(config)?;
     if let Some(mock) = &config.builtin_mock {
-        validate_quota("builtin_mock", &mock.quota)?;
+        validate_quota("builtin_mock", &mock.quota())?;
     }
     validate_cluster(config)
 }
@@ -250,8 +250,14 @@ fn validate_estimation(config: &Config) -> Result<(), Violation> {
     if !(est.adaptive_headroom >= 1.0 && est.adaptive_headroom <= 10.0) {
         return fail("estimation.adaptive_headroom", "must be in [1.0, 10.0]");
     }
-    if est.adaptive_min_samples == 0 || est.adaptive_min_samples > 1000 {
-        return fail("estimation.adaptive_min_samples", "must be in 1..=1000");
+    // The p95 is read from the last SAMPLES completions: a larger minimum would
+    // never be reached and `adaptive` would silently stay at max_tokens.
+    let most = crate::actor::estimate::SAMPLES;
+    if est.adaptive_min_samples == 0 || est.adaptive_min_samples > most {
+        return fail(
+            "estimation.adaptive_min_samples",
+            format!("must be in 1..={most} (the p95 is read from the last {most} completions)"),
+        );
     }
     Encoding::parse(&est.default_encoding)
         .map(|_| ())
@@ -317,14 +323,18 @@ fn validate_tenants(config: &Config) -> Result<(), Violation> {
             }
         }
         validate_quota(&path, &tenant.quota)?;
-        if tenant
-            .max_wait
-            .is_some_and(|w| w > config.server.request_timeout)
-        {
-            return fail(
-                format!("{path}.max_wait"),
-                "must not exceed server.request_timeout",
-            );
+        // The default too: otherwise a request could wait in the queue past its
+        // own deadline instead of getting a 429 with retry-after in time.
+        let max_wait = tenant.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT);
+        if max_wait > config.server.request_timeout {
+            let why = match tenant.max_wait {
+                Some(_) => "must not exceed server.request_timeout".to_owned(),
+                None => format!(
+                    "unset, it is {}s, above server.request_timeout: set it (or raise the timeout)",
+                    crate::config::defaults::MAX_WAIT.as_secs()
+                ),
+            };
+            return fail(format!("{path}.max_wait"), why);
         }
     }
     Ok(())

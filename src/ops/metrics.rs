@@ -66,6 +66,7 @@ pub struct Metrics {
     rpc_refused: Family<Static<1>, Counter>,
     redis_latency: HistogramFamily<Static<1>>,
     redis_errors: Family<Static<2>, Counter>,
+    redis_orphans_released: Counter,
     tenant_labels: bool,
 }
 
@@ -218,6 +219,7 @@ impl Metrics {
             rpc_refused: Family::default(),
             redis_latency: Family::new_with_constructor(micros_histogram),
             redis_errors: Family::default(),
+            redis_orphans_released: Counter::default(),
             tenant_labels,
         };
         let r = &mut m.registry;
@@ -355,6 +357,11 @@ impl Metrics {
             m.redis_errors.clone(),
         );
         r.register(
+            "redis_orphaned_slots_released",
+            "Concurrency slots in Redis that calls without an answer had taken or left held, released once Redis answered",
+            m.redis_orphans_released.clone(),
+        );
+        r.register(
             "internal_rpc_refused",
             "Internal RPCs refused, by reason (wrong secret, other cluster, bad input)",
             m.rpc_refused.clone(),
@@ -453,6 +460,11 @@ impl Metrics {
                 .get_or_create(&[("script", script), ("kind", kind)])
                 .inc();
         }
+    }
+
+    /// Slots that calls without an answer had left held in Redis, now released.
+    pub fn redis_orphans_released(&self, slots: u64) {
+        self.redis_orphans_released.inc_by(slots);
     }
 
     /// An internal RPC refused for `reason`.

@@ -8,7 +8,7 @@ use super::error::ApiError;
 use super::request::{Api, Parsed};
 use super::select::{UpstreamDemand, choose};
 use super::state::{AppState, Upstream};
-use super::stream::{Held, metered};
+use super::stream::{Held, StreamLimits, metered};
 use super::usage;
 use crate::actor::{Permit, SettleWith};
 use axum::body::Body;
@@ -57,10 +57,12 @@ enum Attempt {
 }
 
 /// Settles the upstream's permit and hands the tenant's back for another attempt.
-fn retry(held: Held, upstream: SettleWith, error: ApiError, backoff: bool) -> Attempt {
+fn retry(mut held: Held, upstream: SettleWith, error: ApiError, backoff: bool) -> Attempt {
     // The tenant's charge lives on through the next attempts: moved now, not at
-    // its settlement, however long they take.
+    // its settlement, however long they take. If the client leaves before the
+    // next one is sent, it settles as it would if the request ended here.
     held.tenant.redate_now();
+    held.tenant.drop_as(SettleWith::RefundTokens);
     held.upstream.settle(upstream);
     Attempt::Retry {
         error,
@@ -86,6 +88,11 @@ pub async fn dispatch(
     let mut sent = false;
     let mut last_error = None;
     for attempt in 0..retry.max_attempts {
+        // After an upstream's 429 there is no backoff: the deadline is checked
+        // here, so no attempt starts that could only time out at once.
+        if attempt > 0 && Instant::now() >= req.deadline {
+            break;
+        }
         let (upstream, permit) = match choose(state, req.candidates, &req.demand).await {
             Ok(chosen) => chosen,
             Err(error) => {
@@ -93,6 +100,15 @@ pub async fn dispatch(
                 break;
             }
         };
+        if Instant::now() >= req.deadline {
+            // Never sent: the upstream's permit is cancelled (dropped before
+            // `sending`), the tenant's settled below.
+            drop(permit);
+            last_error.get_or_insert_with(|| {
+                ApiError::gateway_timeout("the request's deadline passed before it could be sent")
+            });
+            break;
+        }
         sent = true;
         let (Some(tenant_permit), Some(held_guard)) = (tenant.take(), guard.take()) else {
             break;
@@ -254,6 +270,10 @@ async fn attempt_once(
             Duration::from_millis(1),
         ));
     }
+    // From here the provider may count it: a permit dropped unsettled (the client
+    // gone mid-call) keeps its reservation instead of being cancelled.
+    held.tenant.sending();
+    held.upstream.sending();
     let headers_by = req.deadline.min(started + upstream.timeout);
     let send = tokio::time::timeout_at(headers_by, upstream_request(state, req, upstream).send());
     tokio::pin!(send);
@@ -355,12 +375,16 @@ fn stream_response(
 ) -> Response {
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let limits = StreamLimits {
+        idle_timeout: upstream.stream_idle_timeout,
+        deadline: req.deadline,
+    };
     let body = metered(
         response,
         held,
         req.api,
         req.parsed.strip_usage_chunk,
-        upstream.stream_idle_timeout,
+        limits,
     );
     let mut out = Response::new(Body::from_stream(body));
     *out.status_mut() = status;

@@ -116,6 +116,26 @@ impl ApiError {
         )
     }
 
+    /// 408: the client did not send its whole body in time.
+    pub fn request_timeout(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            Source::Client,
+            message,
+        )
+    }
+
+    /// 405: the path exists, not for this method.
+    pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            Source::Client,
+            message,
+        )
+    }
+
     /// 429 from the gateway's limits.
     pub fn rate_limited(
         message: impl Into<String>,

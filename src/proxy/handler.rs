@@ -95,10 +95,14 @@ fn max_wait(headers: &HeaderMap, cap: Duration) -> Result<Duration, ApiError> {
     }
 }
 
+/// Reads the body, within `max_body_bytes` and by `deadline`: a client trickling
+/// its body would otherwise hold one of the node's in-flight slots for as long
+/// as it liked.
 async fn read_body(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
+    deadline: Instant,
 ) -> Result<bytes::Bytes, ApiError> {
     let limit = state.config.server.max_body_bytes;
     let too_large =
@@ -112,9 +116,13 @@ async fn read_body(
     }
     // The only ways to fail here are the limit and a client that went away; the
     // latter never reads this answer.
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())
+    match tokio::time::timeout_at(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(read) => read.map_err(|_| too_large()),
+        Err(_) => Err(ApiError::request_timeout(format!(
+            "The request body did not arrive within {} s (server.request_timeout).",
+            state.config.server.request_timeout.as_secs_f64()
+        ))),
+    }
 }
 
 fn tenant_refusal(refusal: &Refusal) -> ApiError {
@@ -161,7 +169,8 @@ async fn serve(
     *tenant_id = Some(tenant.id.clone());
     let lane = lane(headers)?;
     let max_wait = max_wait(headers, tenant.max_wait)?;
-    let bytes = read_body(state, headers, body).await?;
+    let deadline = started + state.config.server.request_timeout;
+    let bytes = read_body(state, headers, body, deadline).await?;
     let route_cell: Cell<Option<&Route>> = Cell::new(None);
     let settings = ParseSettings {
         default_max_tokens: state.config.estimation.default_max_tokens,
@@ -184,19 +193,19 @@ async fn serve(
         .cloned()
         .collect();
     let model: Arc<str> = parsed.model.as_str().into();
-    let deadline = started + state.config.server.request_timeout;
     let wait_until = (started + max_wait).min(deadline);
-    let max_wait_ns = u64::try_from(
-        wait_until
-            .saturating_duration_since(Instant::now())
-            .as_nanos(),
-    )
-    .unwrap_or(0);
     // At most twice: a request whose Redis call found Redis lost is re-admitted
-    // under the fallback allowance the loss just set (never on the old one).
+    // under the fallback allowance the loss just set (never on the old one),
+    // within what is left of the same wait.
     let mut attempts = 0;
     let (grant, permit) = loop {
         attempts += 1;
+        let max_wait_ns = u64::try_from(
+            wait_until
+                .saturating_duration_since(Instant::now())
+                .as_nanos(),
+        )
+        .unwrap_or(0);
         let (answer, handle) = state
             .registry
             .acquire(&tenant.scope, |reply| AcquireRequest {

@@ -48,6 +48,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .merge(crate::ops::admin::routes())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -62,6 +63,29 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tollgate"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// A known path, another method (`GET /v1/chat/completions`): in the caller's
+/// error shape, with an `allow` header, not axum's empty 405.
+async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let (allow, error) = if path.starts_with("/v1/") && path != "/v1/models" {
+        let e = error::ApiError::method_not_allowed(format!("{path} takes POST."));
+        let flavor = match path {
+            "/v1/messages" => error::Flavor::Anthropic,
+            _ => error::Flavor::OpenAi,
+        };
+        ("POST", e.with_flavor(flavor))
+    } else {
+        let e = error::ApiError::method_not_allowed(format!("{path} takes GET."));
+        ("GET", e)
+    };
+    let mut response = error.into_response();
+    response.headers_mut().insert(
+        axum::http::header::ALLOW,
+        axum::http::HeaderValue::from_static(allow),
+    );
+    response
 }
 
 async fn not_found() -> Response {

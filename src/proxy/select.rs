@@ -31,13 +31,16 @@ pub struct UpstreamDemand {
     pub wait_until: Instant,
 }
 
+/// Asks `upstream`'s actor (and, in `redis` mode, Redis) for a permit, waiting
+/// until `wait_until` at most, both steps together (now: not at all).
 async fn try_one(
     state: &AppState,
     upstream: &Upstream,
     demand: &UpstreamDemand,
-    wait: Duration,
+    wait_until: Instant,
     busy_above: Option<Ceiling>,
 ) -> Result<Result<Permit, Refusal>, ApiError> {
+    let wait = wait_until.saturating_duration_since(Instant::now());
     let (answer, handle) = state
         .registry
         .acquire(&upstream.scope, |reply| AcquireRequest {
@@ -60,14 +63,14 @@ async fn try_one(
     let Some(gate) = state.redis_gate.get() else {
         return Ok(Ok(permit));
     };
-    // `redis` mode: the upstream's cluster-wide limit is reserved in Redis too. A
-    // request that found Redis lost is re-admitted under the fallback allowance.
-    let wait_until = Instant::now() + wait;
+    // `redis` mode: the upstream's cluster-wide limit is reserved in Redis too,
+    // within what is left of the same wait. A request that found Redis lost is
+    // re-admitted under the fallback allowance.
     let admitted = gate.admit(&upstream.scope, permit, grant.tokens_reserved, wait_until);
     match admitted.await {
         Ok(permit) => Ok(Ok(permit)),
         Err(r) if r.is_redis_lost() => {
-            Box::pin(try_one(state, upstream, demand, wait, busy_above)).await
+            Box::pin(try_one(state, upstream, demand, wait_until, busy_above)).await
         }
         Err(r) => Ok(Err(r.into_refusal(grant.status))),
     }
@@ -82,14 +85,14 @@ pub async fn choose(
     if candidates.len() > 1 {
         let busy = Some(Ceiling::from_share(BUSY_SHARE));
         for upstream in candidates {
-            if let Ok(permit) = try_one(state, upstream, demand, Duration::ZERO, busy).await? {
+            if let Ok(permit) = try_one(state, upstream, demand, Instant::now(), busy).await? {
                 return Ok((upstream.clone(), permit));
             }
         }
     }
     let mut soonest: Option<(&Arc<Upstream>, Refusal)> = None;
     for upstream in candidates {
-        match try_one(state, upstream, demand, Duration::ZERO, None).await? {
+        match try_one(state, upstream, demand, Instant::now(), None).await? {
             Ok(permit) => return Ok((upstream.clone(), permit)),
             Err(refusal) if refusal.blocked.never => {}
             Err(refusal) => {
@@ -108,12 +111,11 @@ pub async fn choose(
             demand.prompt_tokens + demand.completion_tokens
         )));
     };
-    let budget = demand.wait_until.saturating_duration_since(Instant::now());
     let retry = Duration::from_nanos(refusal.blocked.retry_after_ns);
-    if budget.is_zero() {
+    if demand.wait_until <= Instant::now() {
         return Err(upstream_busy(&refusal, retry));
     }
-    match try_one(state, upstream, demand, budget, None).await? {
+    match try_one(state, upstream, demand, demand.wait_until, None).await? {
         Ok(permit) => Ok((upstream.clone(), permit)),
         Err(refusal) => Err(upstream_busy(
             &refusal,

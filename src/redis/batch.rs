@@ -14,7 +14,10 @@
 //! Bounded: one waiting list per scope with a call in flight, each entry a
 //! request that is itself waiting (the actors bound those); each call has the
 //! store's timeout, and a request waits behind at most ceil(queued / 64) calls.
-//! Waiters whose caller is gone are dropped before their batch goes out. The
+//! Waiters whose caller is gone are dropped before their batch goes out. (The
+//! gate's reservations wait here from a task of their own, which stays until the
+//! answer, so that an admission whose client left can be cancelled: theirs go
+//! out, and are cancelled right after, `RedisGate::reserve_to_the_end`.) The
 //! exact log (O(entries) per decision) is never batched.
 
 use super::ScopeKeys;

@@ -13,7 +13,7 @@
 //! (`charge.lua`) before using it again. Recovery is probed every sync round.
 
 use super::keys::ScopeKeys;
-use super::store::{Algorithm, DimSpec, RedisStore, Reservation, Reserved};
+use super::store::{Algorithm, DimSpec, RedisStore, Reservation, Reserved, StoreError};
 use crate::actor::permit::RemoteCharge;
 use crate::actor::scope::{Allowance, Blocked, ScopeStatus};
 use crate::actor::task::Refusal;
@@ -325,6 +325,9 @@ impl RedisGate {
             }
         }
         if held > 0 {
+            if let Some(m) = self.store.metrics() {
+                m.redis_orphans_released(held);
+            }
             tracing::info!(
                 held,
                 "released slots that calls without an answer had left held in redis"
@@ -445,7 +448,7 @@ impl RedisGate {
             ("tokens", &limits.tokens, &limits.keys.tokens, tokens),
         ];
         for (name, limit, redis_key, cost) in dims {
-            let Some((key, _)) = limit else {
+            let Some((key, capacity)) = limit else {
                 continue;
             };
             let Some(charged) = fallback.get(key).map(|f| f.charged) else {
@@ -460,8 +463,16 @@ impl RedisGate {
             if in_window.saturating_add(cost) > charged {
                 let first = buckets.keys().next().copied().unwrap_or(bucket);
                 let leaves = (first + 1) * self.bucket_ms + self.window_ms;
-                let retry_after = (cost <= charged)
-                    .then(|| Duration::from_millis(leaves.saturating_sub(now).max(1)));
+                // Above this node's share but within the configured capacity,
+                // the request fits again once Redis is back: not "never" (which
+                // the client would be told as a 413).
+                let retry_after = match cost {
+                    _ if cost <= charged => {
+                        Some(Duration::from_millis(leaves.saturating_sub(now).max(1)))
+                    }
+                    _ if cost <= *capacity => Some(LOWERED_RETRY),
+                    _ => None,
+                };
                 return Err(RemoteRefusal {
                     dimension: name.to_owned(),
                     retry_after,
@@ -520,7 +531,7 @@ impl RedisGate {
                 }
                 continue;
             }
-            match self.store.reserve(&limits.keys, &reservation).await {
+            match self.reserve_to_the_end(&limits.keys, &reservation).await {
                 Ok(Reserved::Admitted {
                     requests_ref,
                     tokens_ref,
@@ -568,6 +579,75 @@ impl RedisGate {
         }
     }
 
+    /// `store.reserve`, carried to its end even if the caller goes away (a client
+    /// that disconnects drops its request's future mid-call): Redis may then
+    /// admit a reservation nobody waits for any more, and nobody would settle it
+    /// (its requests, tokens and slot charged for a window, or a slot ttl). The
+    /// call runs in a task of its own; an answer its caller did not take, sent
+    /// too late or left in the channel, is [`Self::abandoned`].
+    async fn reserve_to_the_end(
+        self: &Arc<Self>,
+        keys: &ScopeKeys,
+        reservation: &Reservation,
+    ) -> Result<Reserved, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let call = Arc::new((keys.clone(), reservation.clone()));
+        let (gate, task_call) = (Arc::clone(self), Arc::clone(&call));
+        tokio::spawn(async move {
+            let (keys, reservation) = &*task_call;
+            let answered = gate.store.reserve(keys, reservation).await;
+            if let Err(answered) = reply.send(answered) {
+                gate.abandoned(keys, reservation, answered).await;
+            }
+        });
+        let mut waiting = Waiting {
+            answer,
+            taken: false,
+            gate: Arc::clone(self),
+            call,
+        };
+        let answered = (&mut waiting.answer).await;
+        waiting.taken = true;
+        answered.unwrap_or_else(|_| {
+            Err(StoreError::Unexpected {
+                script: "reserve",
+                detail: "the reservation's task ended unanswered".to_owned(),
+            })
+        })
+    }
+
+    /// Undoes what a reservation whose caller went away may have taken: an
+    /// admission is cancelled (requests, tokens and slot given back); a call
+    /// without an answer, or a cancellation that failed, leaves its slot to be
+    /// released once Redis answers.
+    async fn abandoned(
+        &self,
+        keys: &ScopeKeys,
+        reservation: &Reservation,
+        answered: Result<Reserved, StoreError>,
+    ) {
+        let slot = reservation.concurrency > 0;
+        let cancelled = match answered {
+            Ok(Reserved::Refused { .. }) => return,
+            Ok(Reserved::Admitted {
+                requests_ref,
+                tokens_ref,
+                ..
+            }) => {
+                let refs = (requests_ref.as_str(), tokens_ref.as_str());
+                (self
+                    .store
+                    .settle(keys, reservation, refs, (0, 0), None)
+                    .await)
+                    .is_ok()
+            }
+            Err(_) => false,
+        };
+        if !cancelled && slot {
+            self.orphan_slot(&keys.concurrency, &reservation.permit_id);
+        }
+    }
+
     fn charge(
         self: &Arc<Self>,
         limits: &ScopeLimits,
@@ -601,6 +681,38 @@ impl RedisGate {
             refs: (requests_ref, tokens_ref),
             heartbeat,
             answered: Mutex::new(None),
+        }
+    }
+}
+
+/// A caller waiting for its reservation's answer. Dropped while waiting (the
+/// client went away), it takes an answer already sent and hands it to
+/// [`RedisGate::abandoned`]: the task sees the caller gone only if it answers
+/// after this.
+struct Waiting {
+    answer: oneshot::Receiver<Result<Reserved, StoreError>>,
+    /// The caller took the answer.
+    taken: bool,
+    gate: Arc<RedisGate>,
+    call: Arc<(ScopeKeys, Reservation)>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        let Ok(answered) = self.answer.try_recv() else {
+            return;
+        };
+        // Outside a runtime (only while one shuts down) the slot expires with
+        // its ttl and the charge with its window.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (gate, call) = (Arc::clone(&self.gate), Arc::clone(&self.call));
+            runtime.spawn(async move {
+                let (keys, reservation) = &*call;
+                gate.abandoned(keys, reservation, answered).await;
+            });
         }
     }
 }
@@ -691,13 +803,22 @@ mod tests {
     /// store pointing nowhere (lazy: nothing connects in these tests; it needs a
     /// runtime to exist).
     fn gate() -> (RedisGate, ScopeId) {
+        gate_over(&[
+            (Dimension::Requests, "t:r", 12),
+            (Dimension::Concurrency, "t:c", 3),
+        ])
+    }
+
+    /// A gate over tenant `acme` with `limits` (dimension, key, capacity).
+    fn gate_over(limits: &[(Dimension, &str, u64)]) -> (RedisGate, ScopeId) {
         let store =
             RedisStore::single("redis://127.0.0.1:1/", Duration::from_millis(5), None).unwrap();
         let scope = ScopeId::tenant("acme");
-        let limits = [
-            (scope.clone(), Dimension::Requests, "t:r".to_owned(), 12),
-            (scope.clone(), Dimension::Concurrency, "t:c".to_owned(), 3),
-        ];
+        let limits: Vec<_> = (limits.iter())
+            .map(|(dimension, key, capacity)| {
+                (scope.clone(), *dimension, key.to_string(), *capacity)
+            })
+            .collect();
         let gate = RedisGate::new(
             store,
             "tg",
@@ -751,6 +872,31 @@ mod tests {
             full.retry_after.unwrap() > UNCONFIRMED_RETRY,
             "until it leaves the window"
         );
+    }
+
+    #[tokio::test]
+    async fn a_request_above_the_lost_nodes_share_but_within_the_limit_is_told_to_retry() {
+        let (gate, scope) = gate_over(&[(Dimension::Tokens, "t:t", 100)]);
+        let limits = &gate.scopes[&scope];
+        let share = Fallback {
+            allowance: Allowance::new(u64::MAX),
+            own: 30,
+            charged: 30,
+        };
+        gate.set_fallback([("t:t".to_owned(), share)].into());
+        gate.on_lost("test");
+        gate.set_confirmed(gate.lost_since());
+        // 50 tokens: more than the 30 this node may spend while Redis is lost,
+        // within the tenant's 100 once it is back. (Told "never", the client got a
+        // 413 for a request that fits.)
+        let above_share = gate.record_local(limits, 50).unwrap_err();
+        assert_eq!(above_share.retry_after, Some(LOWERED_RETRY));
+        // 150: above the limit itself, never.
+        assert_eq!(
+            gate.record_local(limits, 150).unwrap_err().retry_after,
+            None
+        );
+        assert_eq!(gate.record_local(limits, 30), Ok(true));
     }
 
     #[tokio::test]

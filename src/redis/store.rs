@@ -236,6 +236,11 @@ impl RedisStore {
         self.timeout
     }
 
+    /// The node's metrics, if the store records into them.
+    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.metrics.as_ref()
+    }
+
     async fn run<T: FromRedisValue>(
         &self,
         script: &'static str,

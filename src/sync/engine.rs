@@ -16,6 +16,7 @@ use crate::config::{ClusterConfig, CutOff, SyncMode};
 use crate::proxy::AppState;
 use crate::redis::gate::{Fallback, RedisGate};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
@@ -49,6 +50,8 @@ pub struct LeaseFeed {
     pub max_borrow: f64,
     /// Owners the holder loop cannot reach (degraded while any).
     pub cut_off: Arc<RwLock<Vec<String>>>,
+    /// What the holder loop keeps per key (for `held`).
+    pub holder_held: Arc<super::lease::holder::HolderHeld>,
     /// Lenders are provably live while every member's last published round is at
     /// most this old here: borrowing is allowed only then.
     pub fresh_within_ms: u64,
@@ -400,13 +403,7 @@ impl Engine {
             (None, true, true) => None,
         };
         // Read before the status lock: no lock is taken inside it.
-        let held = HeldKeys {
-            counters: self.counters.len(),
-            demand: self.demand.len(),
-            history: self.history.len(),
-            echo: self.echo.len(),
-            replicas: lock(&self.usage).key_count(),
-        };
+        let held = self.held_keys();
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         status.self_id.clone_from(&self.self_id);
         status.members = members.iter().map(MemberStatus::from).collect();
@@ -524,6 +521,32 @@ impl Engine {
         self.echo.forget_seen(now_ms);
         self.demand.forget_retired(now_ms);
         own
+    }
+
+    /// The per-key entries this node holds, structure by structure.
+    fn held_keys(&self) -> HeldKeys {
+        let lease = self.lease.as_ref();
+        let holder = |count: fn(&super::lease::holder::HolderHeld) -> &AtomicUsize| {
+            lease.map_or(0, |f| count(&f.holder_held).load(Ordering::Relaxed))
+        };
+        // One lock at a time, each released before the next is taken: a guard
+        // made inside the struct literal would live to its end, and the owner
+        // book takes the usage lock inside its own (a deadlock the scale tests
+        // hit when this held the usage lock while asking the book).
+        let replicas = lock(&self.usage).key_count();
+        let owner_lines = (lease.and_then(|f| f.book.as_ref())).map_or(0, |b| b.open_lines());
+        let credits = (self.state.credits.as_ref()).map_or(0, |t| t.made_count());
+        HeldKeys {
+            counters: self.counters.len(),
+            demand: self.demand.len(),
+            history: self.history.len(),
+            echo: self.echo.len(),
+            replicas,
+            credits,
+            holder_keys: holder(|h| &h.active),
+            reservations: holder(|h| &h.reservations),
+            owner_lines,
+        }
     }
 
     /// Applies every live member's published values; returns how many were refused,

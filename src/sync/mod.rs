@@ -254,12 +254,14 @@ async fn start_lease(
     };
     let holder = lease::holder::Holder::new(state.clone(), owners, view.clone(), settings);
     let holder_cut_off = holder.cut_off.clone();
+    let holder_held = holder.held.clone();
     tasks.push(tokio::spawn(holder.run(stopped.clone())));
     let feed = LeaseFeed {
         view,
         book,
         max_borrow: lease.max_borrow,
         cut_off: holder_cut_off,
+        holder_held,
         fresh_within_ms: 2 * (config.sync_interval + config.gossip_interval).as_millis() as u64,
     };
     Ok((feed, tasks))

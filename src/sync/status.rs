@@ -98,6 +98,14 @@ pub struct HeldKeys {
     pub echo: usize,
     /// Peers' registers replicated here, summed over the members.
     pub replicas: usize,
+    /// `lease`, `redis-lease`: credits made here and not dropped at rest.
+    pub credits: usize,
+    /// `lease`, `redis-lease`: keys the holder loop keeps (used, not at rest).
+    pub holder_keys: usize,
+    /// `redis-lease`: keys whose reservation Redis still keeps for this node.
+    pub reservations: usize,
+    /// `lease`: open lines this node owns (a line at rest is dropped).
+    pub owner_lines: usize,
 }
 
 impl ClusterStatus {

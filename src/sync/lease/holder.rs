@@ -18,6 +18,7 @@ use crate::actor::credit::{Credit, CreditTable};
 use crate::proxy::AppState;
 use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -98,6 +99,18 @@ pub struct Holder {
     reserved: Mutex<Reservations>,
     /// Owners this node cannot reach now (for `/admin/cluster` and metrics).
     pub cut_off: Arc<RwLock<Vec<String>>>,
+    /// What this holder keeps per key, as of its last round (for
+    /// `/admin/cluster`'s `held`).
+    pub held: Arc<HolderHeld>,
+}
+
+/// The per-key entries a holder keeps, counted each round.
+#[derive(Debug, Default)]
+pub struct HolderHeld {
+    /// Keys used here whose credit is not dropped at rest yet.
+    pub active: AtomicUsize,
+    /// `redis-lease`: keys whose reservation Redis still keeps for this node.
+    pub reservations: AtomicUsize,
 }
 
 /// What the holder remembers of a key used here, between rounds. (Four maps
@@ -235,6 +248,7 @@ impl Holder {
             unreachable: HashSet::new(),
             reserved: Mutex::default(),
             cut_off: Arc::default(),
+            held: Arc::default(),
         }
     }
 
@@ -407,6 +421,7 @@ impl Holder {
         for i in resting {
             self.drop_at_rest(i, now_ms);
         }
+        self.count_held(now_ms);
         if batches.is_empty() {
             return;
         }
@@ -519,6 +534,16 @@ impl Holder {
             self.active.remove(&i);
             self.nothing_held_seq = self.nothing_held_seq.max(last_seq);
         }
+    }
+
+    /// Counts what this holder keeps per key for `/admin/cluster`. Lapsed
+    /// `redis-lease` reservations are dropped first: with no statement going
+    /// out (every key idle), one would otherwise stay until the next statement.
+    fn count_held(&self, now_ms: u64) {
+        let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        reserved.drop_lapsed(now_ms);
+        (self.held.active).store(self.active.len(), Ordering::Relaxed);
+        (self.held.reservations).store(reserved.len(), Ordering::Relaxed);
     }
 
     /// The keys never used here to state "nothing held" for this round: those

@@ -177,6 +177,12 @@ impl OwnerBook {
         }
     }
 
+    /// How many lines are open here (`/admin/cluster`'s `held`): a key at rest
+    /// keeps only its resting bit.
+    pub fn open_lines(&self) -> usize {
+        self.lines().open.len()
+    }
+
     fn lines(&self) -> MutexGuard<'_, Lines> {
         self.lines.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -49,7 +49,6 @@ impl Reservations {
     }
 
     /// Keys held.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_key.len()
     }

@@ -212,10 +212,7 @@ pub async fn call(
         .await
         .map_err(|e| CallError::Unreachable(e.to_string()))?;
     let status = response.status();
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|e| CallError::Unreachable(e.to_string()))?;
+    let bytes = read_capped(response).await?;
     if !status.is_success() {
         let body = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
         return Err(CallError::Refused {
@@ -233,6 +230,25 @@ pub async fn call(
         )));
     }
     Ok(answers.entries)
+}
+
+/// Reads an owner's answer, at most `wire::MAX_BODY_BYTES`, as much as a
+/// statement may be: a peer shares the secret, but a bug in one must not make
+/// this node buffer without bound.
+async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, CallError> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) =
+        (response.chunk().await).map_err(|e| CallError::Unreachable(e.to_string()))?
+    {
+        if bytes.len() + chunk.len() > wire::MAX_BODY_BYTES {
+            return Err(CallError::BadAnswer(format!(
+                "an answer over {} bytes",
+                wire::MAX_BODY_BYTES
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
 }
 
 /// POSTs a JSON `body` to `path` on the node at `rpc_addr`, with the secret.
