@@ -120,6 +120,7 @@ pub async fn run_with_transport(
     };
     let cluster = config.cluster.clone();
     let state = Arc::new(AppState::new(config).map_err(|e| ServeError::State(e.message))?);
+    tokio::spawn(state.stall_watch.clone().run());
     let proxy = listener.local_addr()?;
     let sync = match &cluster {
         Some(cluster) => Some(

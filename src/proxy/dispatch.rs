@@ -256,19 +256,23 @@ async fn attempt_once(
     first: bool,
 ) -> Attempt {
     let started = Instant::now();
-    // An admission is charged in the bucket it was made in. If this node stalled
-    // between admitting and sending (SIGSTOP, a frozen VM), sending now would reach
-    // the provider in a window the cluster no longer charges it to: cancel instead
-    // (nothing is charged; the client is told to retry). The jepsen harness
-    // measured 41 of L = 40 from such late sends after a 5 s SIGSTOP.
+    // If this node stalled between admitting and sending (SIGSTOP, a frozen VM),
+    // sending now would reach the provider in a window the cluster may no longer
+    // charge it to: cancel instead (nothing is charged; the client is told to
+    // retry). A request that only waited for an upstream is sent; its tenant's
+    // charge moves to now first, so it counts a window from the send
+    // (`super::stall` on telling the two apart).
     let limits = &state.config.limits;
-    let bucket = limits.window / limits.buckets.max(1);
-    if first && started.saturating_duration_since(req.admitted_at) > bucket {
+    if first && state.stall_watch.stalled_since(req.admitted_at) {
         held.settle(SettleWith::Cancel);
         return Attempt::Fatal(ApiError::unavailable(
             "This request's admission expired before it could be sent (the gateway was stalled); retry.",
             Duration::from_millis(1),
         ));
+    }
+    let bucket = limits.window / limits.buckets.max(1);
+    if first && started.saturating_duration_since(req.admitted_at) > bucket {
+        held.tenant.redate_now();
     }
     // From here the provider may count it: a permit dropped unsettled (the client
     // gone mid-call) keeps its reservation instead of being cancelled.

@@ -12,6 +12,7 @@ pub mod handler;
 pub mod headers;
 pub mod request;
 pub mod select;
+pub mod stall;
 pub mod state;
 pub mod stream;
 pub mod usage;

@@ -116,6 +116,9 @@ pub struct AppState {
     pub credit_wake: Arc<tokio::sync::Notify>,
     /// The cluster as this node sees it (`[cluster]` configured only).
     pub cluster_status: Option<Arc<std::sync::Mutex<crate::sync::status::ClusterStatus>>>,
+    /// Whether this process stalled since a request was admitted (its ticker is
+    /// started with the server).
+    pub stall_watch: Arc<super::stall::StallWatch>,
 }
 
 fn limit_spec(capacity: Option<u64>, quota: &Quota, config: &Config) -> Option<LimitSpec> {
@@ -349,7 +352,9 @@ impl AppState {
         let default_encoding =
             Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
         default_encoding.warm_up();
+        let bucket = config.limits.window / config.limits.buckets.max(1);
         Ok(AppState {
+            stall_watch: Arc::new(super::stall::StallWatch::new(bucket)),
             in_flight: Arc::new(Semaphore::new(config.server.max_in_flight)),
             config,
             tenants,
