@@ -263,7 +263,7 @@ async fn attempt_once(
     // charge moves to now first, so it counts a window from the send
     // (`super::stall` on telling the two apart).
     let limits = &state.config.limits;
-    if first && state.stall_watch.stalled_since(req.admitted_at, started) {
+    if first && state.stall_watch.stalled_since(req.admitted_at) {
         held.settle(SettleWith::Cancel);
         return Attempt::Fatal(ApiError::unavailable(
             "This request's admission expired before it could be sent (the gateway was stalled); retry.",
