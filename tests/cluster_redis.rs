@@ -281,14 +281,15 @@ async fn redis_fail_open_admits_everything_on_a_node_that_lost_redis() {
     );
 }
 
+/// A store straight to `redis`, for reading what the nodes left there.
+fn direct(redis: &RedisServer) -> tollgate::redis::store::RedisStore {
+    let timeout = std::time::Duration::from_secs(2);
+    tollgate::redis::store::RedisStore::single(&redis.url(), timeout, None).unwrap()
+}
+
 /// The concurrency slots held in `redis`: members of every semaphore key.
 async fn slots_held(redis: &RedisServer) -> u64 {
-    let store = tollgate::redis::store::RedisStore::single(
-        &redis.url(),
-        std::time::Duration::from_secs(2),
-        None,
-    )
-    .unwrap();
+    let store = direct(redis);
     let keys: Vec<String> = store
         .command(::redis::cmd("KEYS").arg("*:c"))
         .await
@@ -387,12 +388,7 @@ async fn a_slot_taken_by_a_reservation_that_timed_out_is_released_once_redis_ans
 /// The tenant's requests in the current window as Redis counts them (the window
 /// HASH's running sum).
 async fn requests_in_redis(redis: &RedisServer) -> u64 {
-    let store = tollgate::redis::store::RedisStore::single(
-        &redis.url(),
-        std::time::Duration::from_secs(2),
-        None,
-    )
-    .unwrap();
+    let store = direct(redis);
     let sum: Option<u64> = store
         .command(::redis::cmd("HGET").arg("tg:{tenant:t}:r").arg("s"))
         .await
