@@ -201,7 +201,7 @@ impl Worker {
         let (status, tokens, retry_after_ms) = match response {
             Ok(r) => {
                 let status = r.status().as_u16();
-                let retry = retry_after_ms(r.headers());
+                let retry = workload::retry_after_ms(r.headers());
                 match r.bytes().await {
                     Ok(body) => (status, workload::usage_tokens(&body), retry),
                     Err(_) => (0, None, None),
@@ -221,14 +221,6 @@ impl Worker {
             retry_after_ms,
         }
     }
-}
-
-/// `retry-after-ms` (the providers' precise form) or `retry-after` in seconds.
-fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
-    let read = |name: &str| headers.get(name)?.to_str().ok()?.trim().parse::<f64>().ok();
-    (read("retry-after-ms"))
-        .or_else(|| read("retry-after").map(|s| s * 1000.0))
-        .map(|ms| ms.max(0.0) as u64)
 }
 
 /// Tasks completed by `until_ms`, per window of `window_ms` (at a one-minute
@@ -272,14 +264,5 @@ mod tests {
         ];
         // Two done within 12 s = 2 windows of 6 s: one per window.
         assert_eq!(per_window(&tasks, 12_000, 6_000), 1.0);
-    }
-
-    #[test]
-    fn retry_after_ms_is_preferred_to_seconds() {
-        let mut h = reqwest::header::HeaderMap::new();
-        h.insert("retry-after", "2".parse().unwrap());
-        assert_eq!(retry_after_ms(&h), Some(2_000));
-        h.insert("retry-after-ms", "1250".parse().unwrap());
-        assert_eq!(retry_after_ms(&h), Some(1_250));
     }
 }

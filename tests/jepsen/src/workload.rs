@@ -234,10 +234,7 @@ impl Client {
         let (status, tokens, retry_after_ms) = match request.send().await {
             Ok(r) => {
                 let status = r.status().as_u16();
-                let retry = (r.headers().get("retry-after"))
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-                    .map(|s| (s * 1000.0) as u64);
+                let retry = retry_after_ms(r.headers());
                 match r.bytes().await {
                     Ok(body) => (status, usage_tokens(&body), retry),
                     // The connection broke mid-body (a node killed mid-stream).
@@ -258,6 +255,18 @@ impl Client {
             retry_after_ms,
         }
     }
+}
+
+/// The wait a response asks for, in ms: `retry-after-ms` when it parses (what
+/// the official OpenAI SDKs read first, and what tollgate and the mock send),
+/// else `retry-after` in seconds. Both clients of the harness read it so (the
+/// request loops read `retry-after` alone, in whole seconds, until the
+/// eighteenth session: every hint under a second became a second, which cost
+/// `lease` under `hot-tenant`, docs/BENCHMARKS.md).
+pub fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    tollgate::load::retry::parse(text("retry-after-ms"), text("retry-after"))
+        .map(|wait| wait.as_millis() as u64)
 }
 
 /// Total tokens from a response body: the `usage` object of a JSON response, or
@@ -287,5 +296,18 @@ mod tests {
         assert_eq!(usage_tokens(b"not json"), None);
         assert_eq!(tenant_of_model(&tenant_model(3)), Some(3));
         assert_eq!(tenant_of_model("gpt-4o"), None);
+    }
+
+    #[test]
+    fn retry_after_ms_is_preferred_to_seconds() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after_ms(&h), None);
+        h.insert("retry-after", "2".parse().unwrap());
+        assert_eq!(retry_after_ms(&h), Some(2_000));
+        h.insert("retry-after-ms", "1250".parse().unwrap());
+        assert_eq!(retry_after_ms(&h), Some(1_250));
+        // A garbled ms header falls back to the seconds.
+        h.insert("retry-after-ms", "soon".parse().unwrap());
+        assert_eq!(retry_after_ms(&h), Some(2_000));
     }
 }
