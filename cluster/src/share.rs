@@ -61,6 +61,71 @@ pub fn shares_with_floor<N: Ord + Clone>(
         .collect()
 }
 
+/// How far above its demand a member's fair share may reach before the others'
+/// equal level binds: a node may double its rate within a window before its share
+/// holds it back (at 1, a node just under the level got exactly what it had asked
+/// in the last window, no room at all, and such nodes' demands crossed the level
+/// and back from round to round: the jitter `fair_shares` exists to remove).
+pub const FAIR_GROWTH: u64 = 2;
+
+/// Max-min fair shares of `capacity` by demand (`lease` mode's shares), each
+/// member's claim being its demand x [`FAIR_GROWTH`]: while the claims together
+/// exceed the capacity, every member claiming less than the fair level gets its
+/// claim and the others the level, equal among them (so members that all claim
+/// more than an equal split get an equal split, whatever their demands say);
+/// when every claim fits, the capacity goes in proportion to demand, as
+/// [`shares`] (each member gets at least its claim). Integer,
+/// summing exactly to `capacity`, ties to the smaller node id, and a function of
+/// the set of `(node, demand)` pairs only, like [`shares`], so both sides of a cut
+/// compute the same shares from the same frozen demands.
+///
+/// Why not [`shares`] for lease: demand is cost asked over the last window,
+/// refused asks included, so near-equal demands jitter by a few requests from one
+/// sync round to the next, and proportional shares of a saturated key jittered
+/// with them. A node whose share fell below what it had spent in the window could
+/// spend nothing until its spending aged out, while the node whose share rose had
+/// no request waiting: under `hot-tenant` at 3 nodes, lease read 0.92-0.94 of L
+/// against 0.96-0.98 for a static equal split (docs/BENCHMARKS.md). A client's
+/// retries also raised its node's demand, and with it the share: max-min caps what
+/// asking more can win at the fair level.
+pub fn fair_shares<N: Ord + Clone>(capacity: u64, demands: &[(N, u64)]) -> Vec<(N, u64)> {
+    let members = merged(demands);
+    let asked: u128 = members.iter().map(|(_, d)| u128::from(*d)).sum();
+    if asked.saturating_mul(u128::from(FAIR_GROWTH)) <= u128::from(capacity) {
+        return shares(capacity, &members);
+    }
+    // Each member's claim: its demand with room to grow.
+    let members: Vec<(N, u64)> = (members.into_iter())
+        .map(|(node, d)| (node, d.saturating_mul(FAIR_GROWTH)))
+        .collect();
+    // Smallest claim first: each that fits under an equal split of what is left
+    // is met in full; the rest share what is left equally.
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    order.sort_by_key(|&i| members[i].1);
+    let mut fixed = vec![None; members.len()];
+    let (mut left, mut count) = (capacity, members.len() as u64);
+    for i in order {
+        let claim = members[i].1;
+        if u128::from(claim) * u128::from(count) > u128::from(left) {
+            break;
+        }
+        fixed[i] = Some(claim);
+        left -= claim;
+        count -= 1;
+    }
+    let weights = vec![1u128; members.len()];
+    let out = apportion(left, &weights, &fixed);
+    debug_assert_eq!(
+        out.iter().map(|&s| u128::from(s)).sum::<u128>(),
+        u128::from(capacity)
+    );
+    members
+        .into_iter()
+        .zip(out)
+        .map(|((node, _), s)| (node, s))
+        .collect()
+}
+
 /// Sorted by node id, duplicates merged: the input's order cannot matter.
 fn merged<N: Ord + Clone>(demands: &[(N, u64)]) -> Vec<(N, u64)> {
     let mut members = demands.to_vec();
@@ -181,6 +246,35 @@ mod tests {
         assert_eq!(huge, named(&[("a", u64::MAX / 2 + 1), ("b", u64::MAX / 2)]));
     }
 
+    #[test]
+    fn fair_shares_are_equal_among_those_asking_more() {
+        // Three nodes all asking more than a third: an equal split, however
+        // their demands differ (proportional gave 15 / 13 / 12).
+        let got = fair_shares(40, &named(&[("a", 61), ("b", 52), ("c", 48)]));
+        assert_eq!(got, named(&[("a", 14), ("b", 13), ("c", 13)]));
+        // ... and a node a little under the level still gets the level (its
+        // claim is twice its demand), so jitter around it changes nothing.
+        let got = fair_shares(40, &named(&[("a", 61), ("b", 12), ("c", 48)]));
+        assert_eq!(got, named(&[("a", 14), ("b", 13), ("c", 13)]));
+        // One asks well under the level: it gets its claim, the rest is equal.
+        let got = fair_shares(40, &named(&[("a", 100), ("b", 3), ("c", 30)]));
+        assert_eq!(got, named(&[("a", 17), ("b", 6), ("c", 17)]));
+        // Two small ones, met in turn as the level rises.
+        let got = fair_shares(100, &named(&[("a", 5), ("b", 15), ("c", 500), ("d", 400)]));
+        assert_eq!(got, named(&[("a", 10), ("b", 30), ("c", 30), ("d", 30)]));
+        // Every claim fits: proportional, as `shares`, each at least its claim.
+        let got = fair_shares(100, &named(&[("a", 30), ("b", 10)]));
+        assert_eq!(got, named(&[("a", 75), ("b", 25)]));
+        assert_eq!(got, shares(100, &named(&[("a", 30), ("b", 10)])));
+        assert_eq!(
+            fair_shares(10, &named(&[("a", 0), ("b", 0)])),
+            named(&[("a", 5), ("b", 5)])
+        );
+        assert!(fair_shares::<String>(10, &[]).is_empty());
+        let huge = fair_shares(u64::MAX, &named(&[("a", u64::MAX), ("b", u64::MAX)]));
+        assert_eq!(huge, named(&[("a", u64::MAX / 2 + 1), ("b", u64::MAX / 2)]));
+    }
+
     fn demands() -> impl Strategy<Value = Vec<(u8, u64)>> {
         prop::collection::vec(
             (0u8..20, prop_oneof![Just(0u64), 0u64..1_000, any::<u64>()]),
@@ -236,6 +330,44 @@ mod tests {
             for (i, j) in (0..got.len()).flat_map(|i| (0..got.len()).map(move |j| (i, j))) {
                 if members[i].1 > members[j].1 {
                     prop_assert!(got[i].1 >= got[j].1, "more demand never gets less");
+                }
+            }
+        }
+
+        #[test]
+        fn fair_shares_sum_to_capacity_and_are_max_min_fair(
+            capacity in prop_oneof![0u64..1_000, any::<u64>()],
+            demands in demands(),
+            seed in any::<u64>(),
+        ) {
+            let got = fair_shares(capacity, &demands);
+            let mut shuffled = demands.clone();
+            let len = shuffled.len().max(1);
+            shuffled.rotate_left((seed as usize) % len);
+            shuffled.reverse();
+            prop_assert_eq!(&got, &fair_shares(capacity, &shuffled), "order-free");
+            let members = merged(&demands);
+            prop_assert_eq!(got.len(), members.len());
+            if members.is_empty() {
+                return Ok(());
+            }
+            prop_assert_eq!(got.iter().map(|&(_, s)| u128::from(s)).sum::<u128>(), u128::from(capacity));
+            let claim = |d: u64| d.saturating_mul(FAIR_GROWTH);
+            let claimed: u128 = members.iter().map(|(_, d)| u128::from(*d) * u128::from(FAIR_GROWTH)).sum();
+            if claimed <= u128::from(capacity) {
+                prop_assert_eq!(&got, &shares(capacity, &members), "all fits: proportional");
+                prop_assert!(got.iter().zip(&members).all(|(s, m)| s.1 >= claim(m.1)), "each gets its claim");
+                return Ok(());
+            }
+            // Overloaded: nobody gets more than it claims, and a member short of its
+            // claim gets at least every other member's share, less one (rounding).
+            for ((_, share), (_, d)) in got.iter().zip(&members) {
+                prop_assert!(*share <= claim(*d), "{} above the claim of demand {}", share, d);
+            }
+            let top = got.iter().map(|s| s.1).max().unwrap_or(0);
+            for ((_, share), (_, d)) in got.iter().zip(&members) {
+                if *share < claim(*d) {
+                    prop_assert!(share.saturating_add(1) >= top, "short {} below the level {}", share, top);
                 }
             }
         }

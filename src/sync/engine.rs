@@ -1006,7 +1006,8 @@ struct Cut<'a> {
 
 /// A key's lease terms.
 ///
-/// Healthy: every member's share of L by gossiped demand; borrowing allowed.
+/// Healthy: every member's max-min fair share of L by gossiped demand
+/// (`share::fair_shares`); borrowing allowed.
 /// While members are unreachable (windowed keys): each is charged a floor, its
 /// share of L by the demands **frozen at the cut** (both sides froze the same
 /// figures, so they agree without talking) or its last published usage if more;
@@ -1025,8 +1026,11 @@ fn lease_terms(
     now_ms: u64,
 ) -> Terms<String> {
     let Cut { dead, frozen } = *cut;
-    use tollgate_cluster::share::shares;
-    let current: BTreeMap<String, u64> = shares(binding.capacity, demands).into_iter().collect();
+    // Max-min fair, not proportional: near-equal demands jitter, and proportional
+    // shares of a saturated key jittered with them (`fair_shares`' docs).
+    use tollgate_cluster::share::fair_shares;
+    let current: BTreeMap<String, u64> =
+        fair_shares(binding.capacity, demands).into_iter().collect();
     let windowed = binding.dimension != Dimension::Concurrency;
     if dead.is_empty() || !windowed {
         let borrow = if dead.is_empty() {
@@ -1041,7 +1045,7 @@ fn lease_terms(
         };
     }
     let basis = frozen.unwrap_or(demands);
-    let at_cut: BTreeMap<String, u64> = shares(binding.capacity, basis).into_iter().collect();
+    let at_cut: BTreeMap<String, u64> = fair_shares(binding.capacity, basis).into_iter().collect();
     let mut floors = BTreeMap::new();
     for node in dead {
         // +1: largest-remainder rounding of two sides' (nearly equal) vectors may
@@ -1051,7 +1055,7 @@ fn lease_terms(
         floors.insert(node.clone(), share.max(published).min(binding.capacity));
     }
     let charged: u64 = floors.values().sum();
-    let live = shares(binding.capacity.saturating_sub(charged), demands);
+    let live = fair_shares(binding.capacity.saturating_sub(charged), demands);
     Terms {
         shares: live.into_iter().collect(),
         borrow: 0,
