@@ -66,6 +66,12 @@ pub struct Budget {
     cut_off_told: bool,
     /// The cut-off share the current owner told with its last reply (0: none yet).
     told_share: u64,
+    /// A reply lowered the told share since the last statement: the owner keeps
+    /// charging the higher figure until a statement says this reply was adopted,
+    /// so one more statement is owed even if the key has gone idle (without it,
+    /// an idle holder that adopted a 0 stopped stating and its owner kept the old
+    /// figure, and the line, for good: `tests/scale.rs`' used-once census).
+    owes_statement: bool,
     /// Running total spent beyond the credit (windowed): what a reply to an earlier
     /// statement does not know of.
     cut_off_spent: u64,
@@ -87,6 +93,7 @@ impl Budget {
             cut_off: None,
             cut_off_told: false,
             told_share: 0,
+            owes_statement: false,
             cut_off_spent: 0,
             policy,
             last_seq: 0,
@@ -227,6 +234,7 @@ impl Budget {
     /// The statement for the owner at `now_ms`, asking `want` more. `seq` only grows.
     pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
         self.last_seq = now_ms.max(self.last_seq + 1);
+        self.owes_statement = false;
         self.end_credit_stated_over(now_ms);
         let mut want = want;
         let nothing_left = self.remaining_now(now_ms) == 0;
@@ -289,7 +297,16 @@ impl Budget {
         self.until_ms = snapshot.at_ms.saturating_add(reply.ttl_ms);
         self.end_credit_stated_over(now_ms);
         self.adopted_seq = snapshot.request.seq;
+        if reply.cut_off_share < self.told_share {
+            self.owes_statement = true;
+        }
         self.told_share = reply.cut_off_share;
+    }
+
+    /// Whether a reply lowered the told share since the last statement (the
+    /// holder states once more so the owner drops the higher figure).
+    pub fn owes_statement(&self) -> bool {
+        self.owes_statement
     }
 
     /// The cut-off share the current owner told (see [`SyncReply::cut_off_share`]).
@@ -381,7 +398,11 @@ impl Budget {
     /// new budget would not, so the holder may drop it and make one at the next
     /// use (carrying [`Budget::last_seq`] over).
     pub fn is_at_rest(&self, now_ms: u64) -> bool {
-        self.is_idle(now_ms) && self.in_use == 0 && self.cut_off.is_none() && self.told_share == 0
+        self.is_idle(now_ms)
+            && self.in_use == 0
+            && self.cut_off.is_none()
+            && self.told_share == 0
+            && !self.owes_statement
     }
 
     fn cut_off_allows(&self, cost: u64, now_ms: u64) -> bool {
@@ -490,6 +511,51 @@ mod tests {
         assert_eq!(again.bucket, 14);
         assert_eq!(b.used(1_400), 2, "only the re-spent 2 count");
         assert!(b.snapshot(0, 1_400).request.usage.contains(&(14, 2)));
+    }
+
+    #[test]
+    fn a_lowered_told_share_is_confirmed_by_one_more_statement() {
+        let mut b = windowed(CutOffPolicy::Share);
+        let first = b.snapshot(5, 0);
+        b.apply(
+            &first,
+            &SyncReply {
+                credit: 5,
+                granted: 5,
+                ttl_ms: 500,
+                cut_off_share: 5,
+            },
+            0,
+        );
+        assert!(!b.owes_statement(), "a higher figure needs no confirmation");
+        // Still holding credit, it states; the owner tells 0 this time (say its
+        // share went to others).
+        let second = b.snapshot(1, 400);
+        b.apply(
+            &second,
+            &SyncReply {
+                credit: 5,
+                granted: 0,
+                ttl_ms: 500,
+                cut_off_share: 0,
+            },
+            400,
+        );
+        // The owner still charges 5 until it reads that this reply was adopted.
+        assert!(b.owes_statement());
+        assert!(!b.is_at_rest(10_000), "not dropped before it confirms");
+        let confirm = b.snapshot(0, 10_000);
+        assert_eq!(confirm.request.adopted, second.request.seq);
+        assert!(!b.owes_statement());
+        assert!(b.is_at_rest(10_000));
+        // Giving everything back needs no confirmation: the owner drops every
+        // figure as it reads that statement.
+        let mut g = windowed(CutOffPolicy::Share);
+        let first = g.snapshot(5, 0);
+        g.apply(&first, &reply(5, 5, 5), 0);
+        let back = g.snapshot(0, 600);
+        g.apply(&back, &reply(0, 0, 0), 600);
+        assert!(!g.owes_statement());
     }
 
     #[test]

@@ -364,7 +364,15 @@ impl Holder {
             // giving it back: the owner charges that figure until it hears so (a
             // review found idle holders leaving it charged for good).
             let holds_figure = credit.with(|b| b.told_share() > 0);
-            if !(moved || wanted || returning || cut_off || ((!idle || holds_figure) && heartbeat))
+            // A reply that lowered the told figure is confirmed by one more
+            // statement, or the owner keeps charging the old one for good.
+            let owes = credit.with(|b| b.owes_statement());
+            if !(moved
+                || wanted
+                || returning
+                || cut_off
+                || owes
+                || ((!idle || holds_figure) && heartbeat))
             {
                 if round == Round::Normal && idle {
                     resting.push(i);
