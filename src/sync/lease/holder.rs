@@ -357,16 +357,16 @@ impl Holder {
             // would otherwise keep it for this node until it is collected).
             let returning =
                 round == Round::ReturnAll && (held > 0 || self.reservation(&binding.key) > 0);
-            // A key still cut off is stated every round: when its owner answers
-            // again it must leave the cut-off (and report its spending) at once.
-            let cut_off = credit.with(|b| b.is_cut_off());
-            // A key gone idle still holding a told cut-off share states once more,
-            // giving it back: the owner charges that figure until it hears so (a
-            // review found idle holders leaving it charged for good).
-            let holds_figure = credit.with(|b| b.told_share() > 0);
-            // A reply that lowered the told figure is confirmed by one more
-            // statement, or the owner keeps charging the old one for good.
-            let owes = credit.with(|b| b.owes_statement());
+            // Read under one lock:
+            // - a key still cut off is stated every round: when its owner answers
+            //   again it must leave the cut-off (and report its spending) at once;
+            // - a key gone idle still holding a told cut-off share states once
+            //   more, giving it back: the owner charges that figure until it hears
+            //   so (a review found idle holders leaving it charged for good);
+            // - a reply that lowered the told figure is confirmed by one more
+            //   statement, or the owner keeps charging the old one for good.
+            let (cut_off, holds_figure, owes) =
+                credit.with(|b| (b.is_cut_off(), b.told_share() > 0, b.owes_statement()));
             if !(moved
                 || wanted
                 || returning
