@@ -386,6 +386,11 @@ impl<H: Ord + Clone> Line<H> {
         &self.config
     }
 
+    /// The members' shares and floors in force.
+    pub fn terms(&self) -> &Terms<H> {
+        &self.terms
+    }
+
     /// Replaces the members' shares and floors (the engine, every round). A member
     /// that became unreachable is no longer waited for: its floor (its share at the
     /// cut, at least what the old owner let it commit with borrowing off) charges it.
@@ -469,6 +474,19 @@ impl<H: Ord + Clone> Line<H> {
     /// `holder`'s charge at `now_ms` (0 if nothing is known of it).
     pub fn charge_of(&self, holder: &H, now_ms: u64) -> u64 {
         self.member_charge(holder, now_ms)
+    }
+
+    /// What `holder`'s account holds at `now_ms`, for audits: its stated usage
+    /// in the window, its lapsed credit counted as spent, and the largest
+    /// cut-off share it may hold (zeros if nothing is known of it).
+    pub fn figures_of(&self, holder: &H, now_ms: u64) -> (u64, u64, u64) {
+        self.accounts.get(holder).map_or((0, 0, 0), |a| {
+            (
+                self.usage_in_window(&a.usage, now_ms),
+                self.lapsed_in_window(&a.lapsed, now_ms),
+                a.reserves.max(),
+            )
+        })
     }
 
     /// Once per rebuild, `after_ms` into it: the live holders that have not

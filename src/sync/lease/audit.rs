@@ -41,6 +41,21 @@ pub enum Event<'a> {
         credit: u64,
         /// When the owner stops counting it as credit.
         until_ms: u64,
+        /// What the statement asked for beyond its credit.
+        want: u64,
+        /// What the answer added.
+        granted: u64,
+        /// The holder's share of L in the terms then (0: none).
+        share: u64,
+        /// How far beyond its share it may go.
+        borrow: u64,
+        /// The holder's charge after the answer.
+        charge: u64,
+        /// Everything counted against L after the answer.
+        committed: u64,
+        /// The holder's stated usage in the window, its lapsed credit and the
+        /// largest cut-off share it may hold, after the answer.
+        figures: (u64, u64, u64),
     },
     /// This node spent `cost` of owner credit for `key` at `at_ms` (its clock, Unix
     /// ms), out of the reply to its statement `seq`.

@@ -258,6 +258,13 @@ impl OwnerBook {
                 seq: request.seq,
                 credit: reply.credit,
                 until_ms: now_ms.saturating_add(reply.ttl_ms),
+                want: request.want,
+                granted: reply.granted,
+                share: line.terms().shares.get(from).copied().unwrap_or(0),
+                borrow: line.terms().borrow,
+                charge: line.charge_of(&from.to_owned(), now_ms),
+                committed: line.committed(now_ms),
+                figures: line.figures_of(&from.to_owned(), now_ms),
             });
         }
         Ok(reply)

@@ -99,6 +99,10 @@ enum Cmd {
         /// L per window.
         #[arg(long, default_value_t = 40)]
         limit: u64,
+        /// Buckets per window: finer buckets hold each charge less past its
+        /// window, and leave the sync modes less margin for their lag.
+        #[arg(long, default_value_t = tollgate_jepsen::run::STRESS_BUCKETS)]
+        buckets: u32,
         /// Seeds every cell's clients.
         #[arg(long, default_value_t = 7)]
         seed: u64,
@@ -205,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
                     concurrency,
                     pattern: tollgate_jepsen::workload::Pattern::default(),
                     loops: 1,
+                    buckets: tollgate_jepsen::run::STRESS_BUCKETS,
                     tasks: None,
                     // Away from the CI suite's subnets (31-79).
                     subnet: (std::process::id() % 150) as u8 + 100,
@@ -228,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
             duration,
             window,
             limit,
+            buckets,
             seed,
             resume,
         } => {
@@ -270,6 +276,7 @@ async fn main() -> anyhow::Result<()> {
                     duration,
                     window,
                     limit,
+                    buckets,
                     seed,
                     bin,
                     dir: PathBuf::from("target/jepsen/bench"),

@@ -56,6 +56,10 @@ pub struct RunSpec {
     /// demand, not latency, bounds what clients send).
     #[serde(default)]
     pub loops: usize,
+    /// Buckets per window (`[limits] buckets`): [`STRESS_BUCKETS`] unless a
+    /// benchmark asks for more (`bench --buckets`).
+    #[serde(default = "stress_buckets")]
+    pub buckets: u32,
     /// The seed scenario's task workers instead of the request clients (issue 6);
     /// the upstream then also grants `tpm` tokens per window.
     #[serde(default)]
@@ -66,6 +70,18 @@ pub struct RunSpec {
     pub bin: PathBuf,
     /// Where the run's files go.
     pub dir: PathBuf,
+}
+
+/// Buckets per window of the harness's runs (and of every run saved before the
+/// field existed). With a 5 s window a bucket is 500 ms: about the sync lag
+/// (sync interval plus gossip), as a 1 s bucket of the default 60 s window is in
+/// production, so the sync modes meet their lag as they would there. The cost:
+/// a charge counts until its bucket's end leaves the window, up to 10% of W
+/// more than an exact window (the default 60 buckets of a real window: 1.7%).
+pub const STRESS_BUCKETS: u32 = 10;
+
+fn stress_buckets() -> u32 {
+    STRESS_BUCKETS
 }
 
 impl RunSpec {
@@ -120,7 +136,7 @@ admin_token = "jepsen-admin"
 
 [limits]
 window = "{window}ms"
-buckets = 10
+buckets = {buckets}
 
 [cluster]
 cluster_id = "jepsen"
@@ -142,6 +158,7 @@ models = ["*"]
 upstreams = ["mock"]
 {tenants}{lease}{redis}{estimation}"#,
         seeds = seeds.join(", "),
+        buckets = spec.buckets,
         upstream_limit = match (&spec.tasks, spec.tenants) {
             (Some(t), _) => format!("\nrpm = {}\ntpm = {}", spec.limit, t.tpm),
             (None, 0 | 1) => String::new(),
@@ -773,6 +790,27 @@ fn render(spec: &RunSpec, checks: &[Check], events: &[Event], ops: &[Op]) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A saved spec from before `buckets` existed (`--replay` of an old run).
+    const OLD_SPEC: &str = r#"{"mode":"lease","nemesis":["none"],"nodes":3,
+        "duration":{"secs":20,"nanos":0},"seed":7,"limit":40,
+        "window":{"secs":5,"nanos":0},"tenants":1,"cut_off":null,"max_borrow":null,
+        "fault":null,"subnet":100,"bin":"/x","dir":"/y"}"#;
+
+    #[test]
+    fn a_node_runs_the_specs_buckets_and_old_specs_the_harnesss() {
+        let mut spec: RunSpec = serde_json::from_str(OLD_SPEC).expect("old spec");
+        assert_eq!(spec.buckets, STRESS_BUCKETS);
+        let ips = ["10.0.0.1".to_owned(), "10.0.0.2".to_owned()];
+        let buckets_of = |spec: &RunSpec| {
+            let text = node_toml(spec, 0, &ips, "10.0.0.9", None);
+            let config = tollgate::config::Config::from_toml(&text, "n0.toml").expect("config");
+            config.limits.buckets
+        };
+        assert_eq!(buckets_of(&spec), STRESS_BUCKETS);
+        spec.buckets = 60;
+        assert_eq!(buckets_of(&spec), 60);
+    }
 
     #[test]
     fn settlements_are_read_from_the_metrics_text() {

@@ -62,6 +62,8 @@ pub struct BenchSpec {
     pub window: Duration,
     /// L per window.
     pub limit: u64,
+    /// Buckets per window (`[limits] buckets`) of every cell.
+    pub buckets: u32,
     /// Seeds every cell's clients.
     pub seed: u64,
     /// The harness binary (`node`, `mock`).
@@ -112,6 +114,7 @@ impl BenchSpec {
             duration: Duration::from_secs(10),
             window: Duration::from_secs(5),
             limit: 40,
+            buckets: crate::run::STRESS_BUCKETS,
             seed: 7,
             bin,
             dir,
@@ -181,6 +184,7 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Results> {
                     concurrency: None,
                     pattern: *pattern,
                     loops: spec.loops.div_ceil(nodes * tenants).max(1),
+                    buckets: spec.buckets,
                     tasks: None,
                     subnet: spec.subnet.wrapping_add(index % 100).max(1),
                     bin: spec.bin.clone(),
@@ -316,9 +320,10 @@ pub(crate) fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow:
 /// The results as markdown: one table per workload pattern.
 pub fn table(spec: &BenchSpec, cells: &[Cell]) -> String {
     let mut out = format!(
-        "L = {} requests per {} s window at the upstream, {} s per cell, seed {}, no faults.\n",
+        "L = {} requests per {} s window ({} buckets) at the upstream, {} s per cell, seed {}, no faults.\n",
         spec.limit,
         spec.window.as_secs(),
+        spec.buckets,
         spec.duration.as_secs(),
         spec.seed
     );

@@ -97,6 +97,7 @@ pub async fn run(spec: &BenchSpec, first_index: u8) -> anyhow::Result<Vec<SeedFi
             concurrency: None,
             pattern: Default::default(),
             loops: 1,
+            buckets: spec.buckets,
             tasks: Some(TaskSpec::seed_scenario(
                 &cell.estimate,
                 cell.mode == "direct",
