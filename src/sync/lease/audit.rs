@@ -53,9 +53,12 @@ pub enum Event<'a> {
         charge: u64,
         /// Everything counted against L after the answer.
         committed: u64,
-        /// The holder's stated usage in the window, its lapsed credit and the
-        /// largest cut-off share it may hold, after the answer.
-        figures: (u64, u64, u64),
+        /// The holder's stated usage in the window, after the answer.
+        usage: u64,
+        /// Its credit that lapsed unstated, counted as spent in the window.
+        lapsed: u64,
+        /// The largest cut-off share it may hold.
+        told: u64,
     },
     /// This node spent `cost` of owner credit for `key` at `at_ms` (its clock, Unix
     /// ms), out of the reply to its statement `seq`.
@@ -109,5 +112,48 @@ pub fn record(event: &Event<'_>) {
         && let Ok(line) = serde_json::to_string(event)
     {
         let _ = tx.send(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_line_names_every_figure_the_analysis_reads() {
+        let line = serde_json::to_value(Event::Grant {
+            key: "upstream:u:requests",
+            holder: "n1/1@10.0.0.2:7200",
+            seq: 7,
+            credit: 3,
+            until_ms: 3_007,
+            want: 10,
+            granted: 2,
+            share: 13,
+            borrow: 0,
+            charge: 13,
+            committed: 40,
+            usage: 10,
+            lapsed: 0,
+            told: 13,
+        })
+        .expect("json");
+        assert_eq!(line["ev"], "grant");
+        for (field, value) in [
+            ("seq", 7),
+            ("credit", 3),
+            ("until_ms", 3_007),
+            ("want", 10),
+            ("granted", 2),
+            ("share", 13),
+            ("borrow", 0),
+            ("charge", 13),
+            ("committed", 40),
+            ("usage", 10),
+            ("lapsed", 0),
+            ("told", 13),
+        ] {
+            assert_eq!(line[field], value, "{field}");
+        }
     }
 }

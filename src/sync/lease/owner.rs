@@ -252,6 +252,8 @@ impl OwnerBook {
         if super::audit::enabled()
             && line.config().kind() != tollgate_cluster::lease::line::Kind::Slots
         {
+            let holder = from.to_owned();
+            let (usage, lapsed, told) = line.figures_of(&holder, now_ms);
             super::audit::record(&super::audit::Event::Grant {
                 key,
                 holder: from,
@@ -262,9 +264,11 @@ impl OwnerBook {
                 granted: reply.granted,
                 share: line.terms().shares.get(from).copied().unwrap_or(0),
                 borrow: line.terms().borrow,
-                charge: line.charge_of(&from.to_owned(), now_ms),
+                charge: line.charge_of(&holder, now_ms),
                 committed: line.committed(now_ms),
-                figures: line.figures_of(&from.to_owned(), now_ms),
+                usage,
+                lapsed,
+                told,
             });
         }
         Ok(reply)
