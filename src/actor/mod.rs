@@ -5,6 +5,7 @@
 //! limiter state (design.md section 5).
 //!
 //! - [`clock`]: maps `tokio::time::Instant` to the core's [`Nanos`](crate::limiter::Nanos).
+//! - [`wall`]: keeps a running node's clock on the wall clock, never going back.
 //! - [`scope`]: the limits of one scope (requests, tokens, concurrency, cool-down)
 //!   and the all-or-nothing admission across them. Pure.
 //! - [`credit`]: `lease` mode's credit per key, shared with the sync engine.
@@ -22,6 +23,7 @@ pub mod queue;
 pub mod registry;
 pub mod scope;
 pub mod task;
+pub mod wall;
 
 pub use permit::{Permit, SettleWith};
 pub use registry::{Registry, ScopeSpec};

@@ -4,10 +4,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
-use tokio::time::Instant;
+
+use crate::actor::clock::Clock;
 
 use super::completion::{self, Completion};
 use super::config::MockConfig;
@@ -25,7 +26,11 @@ pub struct MockState {
     pub(super) counters: Counters,
     pub(super) log: Option<LogSender>,
     seq: AtomicU64,
-    started: Instant,
+    /// The wall-following node clock: an honest provider keeps time on its
+    /// (NTP-disciplined) wall clock, and on one machine the wall clock is the best
+    /// reading of true time; a clock that ignored its steps would judge windows
+    /// that are longer or shorter than the provider's (actor/wall.rs).
+    clock: Clock,
     pub(super) started_unix_ms: u64,
 }
 
@@ -77,16 +82,15 @@ impl MockState {
             concurrency: config.concurrency,
             window_ms: config.window_ms,
         };
-        let started_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let clock = Clock::following_wall();
+        let started_unix_ms = clock.now_ns() / 1_000_000;
         Ok(Arc::new(MockState {
             config,
             limits: Mutex::new(SlidingLog::new(limits)),
             counters: Counters::default(),
             log,
             seq: AtomicU64::new(0),
-            started: Instant::now(),
+            clock,
             started_unix_ms,
         }))
     }
@@ -113,9 +117,10 @@ impl MockState {
         }
     }
 
-    /// Milliseconds since start on the mock's monotonic clock.
+    /// Milliseconds since start on the mock's clock (monotonic, following the
+    /// wall clock's steps).
     pub(super) fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+        (self.clock.now_ns() / 1_000_000).saturating_sub(self.started_unix_ms)
     }
 
     /// Unix seconds, for `created` fields.

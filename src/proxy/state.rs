@@ -327,7 +327,7 @@ impl AppState {
         let registry = Registry::new(
             specs,
             defaults,
-            Clock::start(),
+            Clock::following_wall(),
             metrics.clone(),
             credits.clone(),
         )

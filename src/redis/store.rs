@@ -132,6 +132,9 @@ pub struct Leased {
     pub reply: SyncReply,
     /// The holder's reservation per window.
     pub reserved: u64,
+    /// Redis `TIME` when it answered (Unix ms): against the holder's clock, the
+    /// skew the bucket shift corrects (the lease audit records both).
+    pub redis_ms: u64,
 }
 
 /// What `reserve` answered.
@@ -420,9 +423,17 @@ impl RedisStore {
         let answer: Vec<redis::Value> = self.run("lease", inv).await?;
         let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).ok();
         match answer.as_slice() {
-            [credit, granted, ttl, reserved] => {
-                match (int(credit), int(granted), int(ttl), int(reserved)) {
-                    (Some(c), Some(g), Some(t), Some(r)) if c >= 0 && g >= 0 && t > 0 && r >= 0 => {
+            [credit, granted, ttl, reserved, redis_ms] => {
+                match (
+                    int(credit),
+                    int(granted),
+                    int(ttl),
+                    int(reserved),
+                    int(redis_ms),
+                ) {
+                    (Some(c), Some(g), Some(t), Some(r), Some(now))
+                        if c >= 0 && g >= 0 && t > 0 && r >= 0 && now >= 0 =>
+                    {
                         Ok(Ok(Leased {
                             reply: SyncReply {
                                 credit: c as u64,
@@ -433,6 +444,7 @@ impl RedisStore {
                                 cut_off_share: 0,
                             },
                             reserved: r as u64,
+                            redis_ms: now as u64,
                         }))
                     }
                     _ => Err(StoreError::Unexpected {

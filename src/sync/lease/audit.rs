@@ -1,6 +1,8 @@
 //! An optional JSONL log of lease events, for the jepsen harness's conservation
 //! check (docs/jepsen.md): owners log each grant with the time it lapses for them,
 //! holders each spend of owner credit with the statement whose reply it spends.
+//! `redis-lease` holders, whose owner is Redis, log each statement and its answer
+//! instead of the grant (for the analysis; the checker does not judge them).
 //! The checker joins them: no credit may be spent after its owner let it lapse
 //! (the owner then counts it as spent in the bucket it lapsed in, so a later spend
 //! would land in a bucket nobody charged).
@@ -59,6 +61,35 @@ pub enum Event<'a> {
         lapsed: u64,
         /// The largest cut-off share it may hold.
         told: u64,
+    },
+    /// `redis-lease`: this node stated `usage` and `remaining` for `key` at
+    /// `sent_ms` (its clock, Unix ms) in statement `seq`, and Redis answered, at
+    /// `redis_ms` on Redis `TIME` and `answered_ms` on the node's clock, with
+    /// `credit` (of which `granted` new) and the reservation `reserved` it keeps
+    /// for the node. `redis_ms` against the two shows the clocks' skew.
+    Stated {
+        /// The limit key.
+        key: &'a str,
+        /// The statement.
+        seq: u64,
+        /// When it was sent.
+        sent_ms: u64,
+        /// When Redis's answer was read.
+        answered_ms: u64,
+        /// Redis `TIME` when it answered.
+        redis_ms: u64,
+        /// The node's stated usage: (bucket, cost) pairs.
+        usage: &'a [(u64, u64)],
+        /// Credit it stated it could still spend.
+        remaining: u64,
+        /// What it asked for beyond that.
+        want: u64,
+        /// Its whole credit after the answer.
+        credit: u64,
+        /// What the answer added.
+        granted: u64,
+        /// The reservation Redis keeps for the node.
+        reserved: u64,
     },
     /// This node spent `cost` of owner credit for `key` at `at_ms` (its clock, Unix
     /// ms), out of the reply to its statement `seq`.
@@ -152,6 +183,40 @@ mod tests {
             ("usage", 10),
             ("lapsed", 0),
             ("told", 13),
+        ] {
+            assert_eq!(line[field], value, "{field}");
+        }
+    }
+
+    #[test]
+    fn a_stated_line_names_both_clocks_and_the_answer() {
+        let usage = [(456, 3), (457, 1)];
+        let line = serde_json::to_value(Event::Stated {
+            key: "upstream:u:requests",
+            seq: 228_990,
+            sent_ms: 228_990,
+            answered_ms: 228_992,
+            redis_ms: 229_090,
+            usage: &usage,
+            remaining: 2,
+            want: 8,
+            credit: 9,
+            granted: 7,
+            reserved: 13,
+        })
+        .expect("json");
+        assert_eq!(line["ev"], "stated");
+        assert_eq!(line["usage"], serde_json::json!([[456, 3], [457, 1]]));
+        for (field, value) in [
+            ("seq", 228_990),
+            ("sent_ms", 228_990),
+            ("answered_ms", 228_992),
+            ("redis_ms", 229_090),
+            ("remaining", 2),
+            ("want", 8),
+            ("credit", 9),
+            ("granted", 7),
+            ("reserved", 13),
         ] {
             assert_eq!(line[field], value, "{field}");
         }

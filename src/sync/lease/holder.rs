@@ -712,6 +712,24 @@ impl Holder {
                     let leased = store
                         .lease(&key, &view.self_id, &line, &snapshot.request, &ask)
                         .await;
+                    if super::audit::enabled()
+                        && let Ok(Ok(leased)) = &leased
+                    {
+                        let r = &snapshot.request;
+                        super::audit::record(&super::audit::Event::Stated {
+                            key: &binding.key,
+                            seq: r.seq,
+                            sent_ms,
+                            answered_ms: self.now_ms(),
+                            redis_ms: leased.redis_ms,
+                            usage: &r.usage,
+                            remaining: r.remaining,
+                            want: r.want,
+                            credit: leased.reply.credit,
+                            granted: leased.reply.granted,
+                            reserved: leased.reserved,
+                        });
+                    }
                     (binding.key.clone(), leased)
                 }
             });

@@ -24,7 +24,7 @@ enum Cmd {
         #[arg(long, default_value = "lease")]
         mode: String,
         /// Comma-separated, overlapping on one timeline: none, partition, isolate,
-        /// bridge, kill, pause, restart, loss, slow, skew, redis-kill.
+        /// bridge, kill, pause, restart, loss, slow, skew, wall-step, redis-kill.
         #[arg(long, default_value = "partition")]
         nemesis: String,
         #[arg(long, default_value_t = 3)]

@@ -23,6 +23,14 @@ pub const SLOW_TBF: [&str; 6] = ["rate", "96kbit", "burst", "4kb", "latency", "4
 /// How far behind the `skew` nemesis sets a node's clock, in seconds.
 pub const SKEW_SECONDS: i64 = -2;
 
+/// How far the `wall-step` nemesis steps the machine's wall clock forward (and
+/// back at its end), in ms: just under the bucket shift's `SKEW_TOLERANCE_MS`
+/// (100), the largest skew a `redis-lease` holder running behind Redis `TIME`
+/// is not corrected for. A step moves `CLOCK_REALTIME` and not `CLOCK_MONOTONIC`
+/// (NTP steps, a VM's time sync): nodes whose clock ignored it ran 90 ms behind
+/// Redis for the rest of the run and sent 41 of L = 40 in 2 of 4 seeds.
+pub const WALL_STEP_MS: u64 = 90;
+
 /// libfaketime's preload library (Debian's `faketime` package).
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -39,6 +47,7 @@ pub const NAMES: &[&str] = &[
     "loss",
     "slow",
     "skew",
+    "wall-step",
     "redis-kill",
 ];
 
@@ -75,6 +84,10 @@ pub enum Action {
     Skew(usize),
     /// Stop it and start it with the true clock.
     Unskew(usize),
+    /// Step the machine's wall clock (every process's) [`WALL_STEP_MS`] forward.
+    WallStep,
+    /// Step it back by as much.
+    WallUnstep,
     /// kill -9 of Redis.
     KillRedis,
     /// Start Redis again (its AOF brings the windows back).
@@ -164,6 +177,7 @@ pub fn schedule(nemeses: &[String], nodes: usize, seed: u64) -> anyhow::Result<V
             "restart" => (Action::Kill(victim), Action::Start(victim)),
             "pause" => (Action::Stop(victim), Action::Cont(victim)),
             "skew" => (Action::Skew(victim), Action::Unskew(victim)),
+            "wall-step" => (Action::WallStep, Action::WallUnstep),
             "slow" => (Action::Slow, Action::Unslow),
             "redis-kill" => (Action::KillRedis, Action::StartRedis),
             other => bail!("unknown nemesis {other:?} (one of {})", NAMES.join(", ")),
@@ -307,6 +321,12 @@ impl Targets<'_> {
                 node.restart_with(Vec::new())?;
                 format!("n{n} restarted with the true clock")
             }
+            Action::WallStep | Action::WallUnstep => {
+                let forward = *action == Action::WallStep;
+                step_wall_clock(forward)?;
+                let by = if forward { "forward" } else { "back" };
+                format!("wall clock stepped {by} {WALL_STEP_MS} ms")
+            }
             Action::KillRedis | Action::StartRedis => {
                 let Some(redis) = self.redis.as_deref_mut() else {
                     bail!("nemesis redis-kill needs a Redis mode");
@@ -321,6 +341,24 @@ impl Targets<'_> {
             }
         })
     }
+}
+
+/// Steps `CLOCK_REALTIME` by [`WALL_STEP_MS`] with GNU `date` (the harness is
+/// root; the workspace forbids the unsafe `clock_settime` call): `date` reads the
+/// time and sets it within a fraction of a millisecond.
+fn step_wall_clock(forward: bool) -> anyhow::Result<()> {
+    let sign = if forward { '+' } else { '-' };
+    let to = format!("now {sign} 0.{WALL_STEP_MS:03} seconds");
+    let out = std::process::Command::new("date")
+        .args(["-s", &to])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "nemesis wall-step: date -s {to:?} failed (needs root): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// Which nodes can reach which while `action` (a cut) holds: the sides of a

@@ -354,7 +354,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         if let Some(fault) = &spec.fault {
             args.extend(["--fault".into(), fault.clone()]);
         }
-        if spec.mode == "lease" {
+        if spec.mode == "lease" || spec.mode == "redis-lease" {
             let audit = spec.dir.join(format!("n{i}.lease.jsonl"));
             args.extend(["--lease-audit".into(), audit.display().to_string()]);
         }
@@ -541,7 +541,7 @@ async fn settlements(ips: &[String], dir: &Path) -> Vec<Option<checker::Settleme
     out
 }
 
-/// Every node's lease audit (`lease` mode): the grants of all, and each node's
+/// Every node's lease audit (`lease` and `redis-lease`): the grants of all, and each node's
 /// spends. A line cut short by a kill -9 is skipped.
 fn read_lease_audit(spec: &RunSpec) -> checker::LeaseAudit {
     let mut audit = checker::LeaseAudit::default();
@@ -556,7 +556,9 @@ fn read_lease_audit(spec: &RunSpec) -> checker::LeaseAudit {
             };
             match event.ev.as_str() {
                 "grant" => audit.grants.push(event),
-                _ => audit.spends.push((node, event)),
+                "spend" => audit.spends.push((node, event)),
+                // `redis-lease` statements: for the analysis, not judged.
+                _ => {}
             }
         }
     }
@@ -697,7 +699,7 @@ fn intervals(events: &[Event], nodes: usize, run_ms: u64) -> Vec<Interval> {
             // fails closed. The rest must keep serving.
             Action::Island(n) => vec![others(*n)],
             Action::Kill(n) | Action::Stop(n) => vec![others(*n)],
-            Action::Skew(_) => vec![everyone.clone()],
+            Action::Skew(_) | Action::WallStep => vec![everyone.clone()],
             Action::Lossy(_) | Action::KillRedis | Action::Slow => vec![everyone.clone()],
             _ => continue,
         };
