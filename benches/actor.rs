@@ -1,7 +1,9 @@
 //! Actor round trip: admit on a tenant actor through the registry and settle the
 //! permit, the work every proxied request does per scope. Criterion reports the mean;
 //! a second pass records each round trip in an HDR histogram and prints p50/p99/p99.9,
-//! since the target (p99 < 10 us) is about the tail.
+//! since the target (p99 < 10 us) is about the tail. The two-worker pass runs twice:
+//! on the purely monotonic clock and on the wall-following node clock a running
+//! node uses (actor/wall.rs), with the cost of one clock reading of each.
 //! Run: `cargo bench --bench actor`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -17,7 +19,7 @@ use tollgate::actor::{Lane, Permit, Registry, ScopeId, ScopeSpec, SettleWith};
 use tollgate::limiter::{Algorithm, Ceiling, LimitSpec, NANOS_PER_SEC};
 use tollgate::ops::metrics::Metrics;
 
-fn registry() -> (Registry, ScopeId) {
+fn registry(clock: Clock) -> (Registry, ScopeId) {
     let scope = ScopeId::tenant("bench");
     let limit = |capacity| {
         Some(LimitSpec::new(
@@ -43,7 +45,7 @@ fn registry() -> (Registry, ScopeId) {
     let registry = Registry::new(
         HashMap::from([(scope.clone(), spec)]),
         defaults,
-        Clock::start(),
+        clock,
         Arc::new(Metrics::new(false)),
         None,
     )
@@ -73,8 +75,8 @@ async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
 }
 
 /// Measures on `rt`: criterion's mean, then an HDR pass for the tail.
-fn measure(c: &mut Criterion, name: &str, rt: &tokio::runtime::Runtime) {
-    let (registry, scope) = rt.block_on(async { registry() });
+fn measure(c: &mut Criterion, name: &str, rt: &tokio::runtime::Runtime, clock: fn() -> Clock) {
+    let (registry, scope) = rt.block_on(async { registry(clock()) });
     let model: Arc<str> = "gpt-4o-mini".into();
     let registry = Arc::new(registry);
     // The measured loop runs in a spawned task, as request handlers do: `block_on`
@@ -125,14 +127,31 @@ fn actor(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    measure(c, "current-thread", &single);
+    measure(c, "current-thread", &single, Clock::start);
     // As the node runs it: two workers, so a message may wake the other thread.
     let multi = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    measure(c, "multi-thread-2", &multi);
+    measure(c, "multi-thread-2", &multi, Clock::start);
+    // As a running node keeps time: following the wall clock's steps.
+    measure(
+        c,
+        "multi-thread-2, wall-following clock",
+        &multi,
+        Clock::following_wall,
+    );
+    // One reading of each clock, what every admission and settlement takes.
+    for (name, clock) in [
+        ("monotonic", Clock::start as fn() -> Clock),
+        ("wall-following", Clock::following_wall),
+    ] {
+        let clock = multi.block_on(async { clock() });
+        c.bench_function(&format!("clock/now_ns/{name}"), |b| {
+            b.iter(|| std::hint::black_box(clock.now_ns()))
+        });
+    }
 }
 
 fn config() -> Criterion {
