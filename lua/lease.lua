@@ -22,9 +22,8 @@
 --         account, and one with no account at all (the key expired while nobody
 --         stated) is charged its floor (its share in the caller's view); then
 --         (bucket, cost) pairs: the holder's usage.
--- Returns {credit, granted, ttl_ms, reservation, Redis now ms} or {-1, reason}
---   ('stale') with
---   nothing changed.
+-- Returns {credit, granted, ttl_ms, reservation, Redis TIME in ms} or
+--   {-1, reason} ('stale') with nothing changed.
 -- Reservations: a holder's reservation is what it may spend per window if Redis
 --   is lost (its cut-off share). Every holder's charge is at least its reservation,
 --   and the script keeps sum of charges <= L, so when Redis goes away every node

@@ -60,10 +60,9 @@ pub fn correction(lead_ns: i64, elapsed_ns: u64) -> i64 {
 pub struct WallTrack {
     /// Added to `origin_unix_ns + monotonic elapsed`.
     offset_ns: AtomicI64,
-    /// The monotonic reading (ns since origin) at which the next check is due.
+    /// The monotonic reading (ns since origin) at which the next check is due:
+    /// the last check's plus [`CHECK_EVERY_NS`].
     next_check_ns: AtomicU64,
-    /// The monotonic reading of the last check.
-    last_check_ns: AtomicU64,
     /// The latest time handed out, so no reader ever sees time go back.
     latest_ns: AtomicU64,
 }
@@ -74,7 +73,6 @@ impl WallTrack {
         WallTrack {
             offset_ns: AtomicI64::new(0),
             next_check_ns: AtomicU64::new(0),
-            last_check_ns: AtomicU64::new(0),
             latest_ns: AtomicU64::new(0),
         }
     }
@@ -98,8 +96,8 @@ impl WallTrack {
             // This reader won the check; the others go on with the old offset.
             let offset = self.offset_ns.load(Ordering::Relaxed);
             let lead = signed_gap(wall_ns(), apply(base_ns, offset));
-            let since =
-                elapsed_ns.saturating_sub(self.last_check_ns.swap(elapsed_ns, Ordering::Relaxed));
+            let last_check = due.saturating_sub(CHECK_EVERY_NS);
+            let since = elapsed_ns.saturating_sub(last_check);
             let change = correction(lead, since);
             if change != 0 {
                 self.offset_ns.fetch_add(change, Ordering::Relaxed);

@@ -348,7 +348,7 @@ impl Targets<'_> {
 /// time and sets it within a fraction of a millisecond.
 fn step_wall_clock(forward: bool) -> anyhow::Result<()> {
     let sign = if forward { '+' } else { '-' };
-    let to = format!("now {sign} 0.{WALL_STEP_MS:03} seconds");
+    let to = format!("now {sign} {} seconds", WALL_STEP_MS as f64 / 1000.0);
     let out = std::process::Command::new("date")
         .args(["-s", &to])
         .output()?;
