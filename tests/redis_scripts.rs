@@ -582,6 +582,7 @@ fn statement(
         remaining,
         want,
         adopted: 0,
+        held: 0,
     }
 }
 

@@ -268,6 +268,7 @@ impl Budget {
                 remaining,
                 want,
                 adopted: self.adopted_seq,
+                held: self.told_share,
             },
             at_ms: now_ms,
             cut_off_spent: self.cut_off_spent,

@@ -173,6 +173,12 @@ pub struct SyncRequest {
     /// The statement whose reply it adopted last (0: none): cut-off shares told
     /// with replies to older statements no longer bind it.
     pub adopted: u64,
+    /// The cut-off share that reply told it, which it still holds (0: none). An
+    /// owner that has no record of it (it dropped the line and rebuilt it while
+    /// the holder saw no move) keeps it from this statement on, as if it had told
+    /// it: otherwise a lost reply to this statement would leave the holder
+    /// serving on a figure nobody charges it.
+    pub held: u64,
 }
 
 /// The owner's answer.
@@ -604,6 +610,13 @@ impl<H: Ord + Clone> Line<H> {
         // be granted whatever this statement says.
         let returning = request.want == 0 && request.remaining == 0;
         account.reserves.confirm(request.adopted, returning);
+        if !returning {
+            // No owner tells more than L (a figure from before a lower L is
+            // clamped, not refused: refusing would leave the holder unheard).
+            account
+                .reserves
+                .keep(request.held.min(cap), request.adopted);
+        }
         let left = cap.saturating_sub(others);
         let told_before = account.reserves.max();
         let room = [
@@ -823,11 +836,31 @@ impl Reserves {
         }
     }
 
+    /// The holder says it holds `share`, told in reply to statement `seq`: kept
+    /// as if told here (an owner that rebuilt the line forgot what it told; one
+    /// that did not already keeps it, merged upward at worst).
+    fn keep(&mut self, share: u64, seq: u64) {
+        // Covered by a figure that binds at least as long (told since, or merged
+        // into a later one) and is at least as large.
+        if share == 0 || self.0.iter().any(|&(s, q)| q >= seq && s >= share) {
+            return;
+        }
+        let at = self.0.partition_point(|&(_, q)| q < seq);
+        self.0.insert(at, (share, seq));
+        self.bound();
+    }
+
     /// Records `share` told in reply to statement `seq`.
     fn tell(&mut self, share: u64, seq: u64) {
         if share > 0 {
             self.0.push((share, seq));
         }
+        self.bound();
+    }
+
+    /// At most [`MAX_RESERVES`]: the two oldest merge into the larger share, kept
+    /// until the later of the two is replaced.
+    fn bound(&mut self) {
         if self.0.len() > MAX_RESERVES {
             let (s, _) = self.0.remove(0);
             self.0[0].0 = self.0[0].0.max(s);
@@ -885,6 +918,7 @@ mod tests {
             remaining,
             want,
             adopted: 0,
+            held: 0,
         }
     }
 
@@ -1012,6 +1046,32 @@ mod tests {
     }
 
     #[test]
+    fn a_figure_the_holder_holds_binds_a_line_that_never_told_it() {
+        // A line rebuilt while the holder saw no move: the holder's statement says
+        // it adopted the reply to 7 and holds 30, which this line never told.
+        let mut l = line(100, 100);
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 20), ("b", 80)]),
+            borrow: 0,
+            floors: BTreeMap::new(),
+        });
+        let mut first = statement(1_000, &[(9, 5)], 0, 1);
+        (first.adopted, first.held) = (7, 30);
+        let r = l.sync(&"a", &first, 1_000).expect("ok");
+        assert_eq!(r.cut_off_share, 6, "usage 5 and the unit granted");
+        assert_eq!(l.charge_of(&"a", 1_000), 30, "what it still holds binds");
+        let r = l
+            .sync(&"b", &statement(1_000, &[], 0, 100), 1_000)
+            .expect("ok");
+        assert_eq!(r.credit, 70, "L beside a's 30, not its share of 80");
+        // a says it adopted the reply to 1,000: the old figure is replaced.
+        let mut next = statement(1_100, &[(9, 5)], 1, 0);
+        (next.adopted, next.held) = (1_000, 6);
+        l.sync(&"a", &next, 1_100).expect("ok");
+        assert_eq!(l.charge_of(&"a", 1_100), 6);
+    }
+
+    #[test]
     fn a_told_cut_off_share_binds_until_a_later_reply_is_adopted() {
         let mut l = line(100, 100);
         l.set_terms(Terms {
@@ -1036,17 +1096,17 @@ mod tests {
         // lost, so a still holds 50; its next statement says so (it adopted
         // statement 1's reply).
         let mut again = statement(2_100, &[(20, 10)], 0, 1);
-        again.adopted = 1;
+        (again.adopted, again.held) = (1, 50);
         let r = l.sync(&"a", &again, 2_100).expect("ok");
         assert_eq!(r.cut_off_share, 11);
         assert_eq!(l.charge_of(&"a", 2_100), 50, "the figure it may still hold");
         let mut third = statement(2_200, &[(20, 10)], 0, 1);
-        third.adopted = 1;
+        (third.adopted, third.held) = (1, 50);
         l.sync(&"a", &third, 2_200).expect("ok");
         assert_eq!(l.charge_of(&"a", 2_200), 50);
         // It adopted the reply to 2,200: the older figures are replaced.
         let mut fourth = statement(2_300, &[(20, 10)], 0, 1);
-        fourth.adopted = 2_200;
+        (fourth.adopted, fourth.held) = (2_200, 11);
         l.sync(&"a", &fourth, 2_300).expect("ok");
         assert_eq!(l.charge_of(&"a", 2_300), 11);
         // It gives everything back (dropping its figure as it sends): none binds

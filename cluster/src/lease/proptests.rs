@@ -52,6 +52,11 @@ enum Op {
         ms: u64,
     },
     Failover,
+    /// The owner drops the line and rebuilds it from the counters while the
+    /// holders see no move (its view of the members moved away and back): what it
+    /// had told is forgotten, statements in flight reach the new line, replies in
+    /// flight from the old one still arrive.
+    Rebuild,
     /// The holder drops a budget at rest (its actor stopped: nothing open, no
     /// statement in flight) and makes a new one, stating above the old one's
     /// last seq (`Holder::drop_at_rest`).
@@ -75,6 +80,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => h.clone().prop_map(|h| Op::Reshare { h }),
         4 => (1u64..250).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Failover),
+        1 => Just(Op::Rebuild),
         1 => h.prop_map(|h| Op::Rest { h }),
     ]
 }
@@ -193,13 +199,17 @@ impl World {
                     x.budget.keep_seq_above(floor);
                 }
             }
+            Op::Rebuild => {
+                let counters = self.counters();
+                let live: Vec<usize> = (0..HOLDERS).collect();
+                let terms = self.owner.terms().clone();
+                self.owner = Line::rebuild(self.config, &counters, &live, now);
+                self.owner.set_terms(terms);
+            }
             Op::Failover => {
                 // The old owner is gone with whatever it was about to answer; the
                 // new one starts from the counters (each holder's own figures).
-                let counters: Vec<(usize, Vec<(u64, u64)>)> = (self.holders.iter())
-                    .enumerate()
-                    .map(|(i, x)| (i, x.truth.iter().map(|(b, c)| (*b, *c)).collect()))
-                    .collect();
+                let counters = self.counters();
                 let live: Vec<usize> = (0..HOLDERS).collect();
                 self.owner = Line::rebuild(self.config, &counters, &live, now);
                 self.owner.set_terms(terms.clone());
@@ -211,6 +221,14 @@ impl World {
                 }
             }
         }
+    }
+
+    /// What the gossiped counters say each holder spent (the truth, at once).
+    fn counters(&self) -> Vec<(usize, Vec<(u64, u64)>)> {
+        (self.holders.iter())
+            .enumerate()
+            .map(|(i, x)| (i, x.truth.iter().map(|(b, c)| (*b, *c)).collect()))
+            .collect()
     }
 
     /// Real spending in the window plus all the holders can still spend (including
@@ -362,4 +380,55 @@ fn a_silent_holders_slots_return_within_one_ttl() {
         owner.sync(&2, &snap.request, 1_000).map(|r| r.credit),
         Ok(2)
     );
+}
+
+#[test]
+fn a_rebuilt_owner_keeps_the_figure_a_holder_says_it_holds() {
+    // The double fault of docs/design/lease.md: the owner drops its line and
+    // rebuilds it (its view of the members moved away and back) while holder a,
+    // which saw no move, still holds the cut-off share the old line told it. a's
+    // first statement to the new line gets a smaller figure (demand moved), and
+    // that reply is lost, so a, cut off, serves its old figure.
+    let window = Window::try_new(1_000, 10).expect("window");
+    let config = LineConfig::try_new(L, Kind::Windowed(window), L, 8, TTL).expect("config");
+    let shares = |a: u64| Terms {
+        shares: BTreeMap::from([(0usize, a), (1, L - a)]),
+        ..Terms::default()
+    };
+    let mut old = Line::new(config);
+    old.set_terms(shares(L / 2));
+    let mut a = Budget::new(Kind::Windowed(window), CutOffPolicy::Share);
+    let snap = a.snapshot(L / 2, 10);
+    let reply = old.sync(&0, &snap.request, 10).expect("granted");
+    a.apply(&snap, &reply, 10);
+    assert_eq!(a.told_share(), L / 2);
+    let mut spent = 0;
+    while spent < 10 && a.try_spend(1, 20).is_some() {
+        spent += 1;
+    }
+    let counters = vec![(0usize, vec![(window.bucket_index(20), spent)])];
+    let mut new = Line::rebuild(config, &counters, &[0, 1], 30);
+    new.set_terms(shares(L / 5));
+    // Past a ttl, its credit has ended (the rebuild's hold too); its figure binds
+    // until a later reply is adopted, and its 10 are still in the window.
+    let first = a.snapshot(1, 600);
+    assert_eq!(first.request.held, L / 2, "the statement says what a holds");
+    let lost = new.sync(&0, &first.request, 600).expect("answered");
+    assert!(lost.cut_off_share <= L / 5, "{lost:?}");
+    // The reply is lost: a keeps the old line's figure and, cut off, spends it.
+    a.cut_off_by_owner();
+    while a.try_spend(1, 610).is_some() {
+        spent += 1;
+    }
+    assert_eq!(spent, L / 2, "a served its old figure in full");
+    // b asks for everything its new share allows.
+    let mut b = Budget::new(Kind::Windowed(window), CutOffPolicy::Share);
+    let snap = b.snapshot(L, 620);
+    let reply = new.sync(&1, &snap.request, 620).expect("answered");
+    assert!(
+        spent + reply.credit <= L,
+        "a spent {spent}, b was granted {}: over L = {L}",
+        reply.credit
+    );
+    assert_eq!(reply.credit, L / 2, "L beside a's old figure");
 }

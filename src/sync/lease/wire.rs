@@ -70,6 +70,14 @@ pub struct Entry {
     /// older holder): 0, every figure told it keeps binding until it gives back.
     #[serde(default)]
     pub adopted: u64,
+    /// The cut-off share that reply told it, still held (0: none; absent when 0,
+    /// and from an older holder).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub held: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Entry {
@@ -82,6 +90,7 @@ impl Entry {
             remaining: request.remaining,
             want: request.want,
             adopted: request.adopted,
+            held: request.held,
         }
     }
 
@@ -91,7 +100,7 @@ impl Entry {
         const FIELDS: usize = 80; // names, quotes, braces, brackets
         const NUMBER: usize = 20;
         const PAIR: usize = 2 * NUMBER + 4; // `[b,c],`
-        FIELDS + 6 * self.key.len() + 4 * NUMBER + PAIR * self.usage.len()
+        FIELDS + 6 * self.key.len() + 5 * NUMBER + PAIR * self.usage.len()
     }
 
     /// The statement as the ledger takes it.
@@ -102,6 +111,7 @@ impl Entry {
             remaining: self.remaining,
             want: self.want,
             adopted: self.adopted,
+            held: self.held,
         }
     }
 }
@@ -250,6 +260,7 @@ mod tests {
             remaining: u64::MAX,
             want: u64::MAX,
             adopted: u64::MAX,
+            held: u64::MAX,
         }
     }
 
@@ -297,6 +308,7 @@ mod tests {
                 remaining: 0,
                 want: 0,
                 adopted: 0,
+                held: 0,
             })
             .collect();
         let whole = Batch {
