@@ -4,9 +4,14 @@
 # else), and through a lease-mode node, runs alternated, with each process's CPU
 # per request (utime + stime from /proc). Prints a Markdown table for
 # docs/BENCHMARKS.md. Usage: scripts/bench-floor.sh [rounds, default 3] [seconds, default 6]
+# GENERATOR=wrk drives the same requests with wrk (2 threads, 64 connections;
+# apt-get install wrk) instead of `tollgate load`, a leaner client, to show what
+# the generator's own CPU costs the paths it shares the cores with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=${1:-3} secs=${2:-6}
+rounds=${1:-3} secs=${2:-6} generator=${GENERATOR:-tollgate}
+[[ $generator == tollgate || $generator == wrk ]] || { echo "GENERATOR: tollgate or wrk" >&2; exit 2; }
+[[ $generator == tollgate ]] || command -v wrk >/dev/null || { echo "wrk not installed" >&2; exit 1; }
 target=${CARGO_TARGET_DIR:-target}
 cargo build --release --bin tollgate --example bare_proxy >&2
 bin=$target/release/tollgate bare=$target/release/examples/bare_proxy
@@ -26,14 +31,25 @@ for _ in $(seq "$rounds"); do
   for path in direct:9190:0 bare:8192:$proxy lease:8191:$lease; do
     IFS=: read -r name port middle <<<"$path"
     m0=$(cpu $mock); n0=0; [[ $middle != 0 ]] && n0=$(cpu "$middle")
-    "$bin" load --url "http://127.0.0.1:$port/v1" --api-key sk-bench --duration "${secs}s" \
-      --no-progress --json "$out/run.json" --concurrency 64 >/dev/null &
+    if [[ $generator == wrk ]]; then
+      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/chat.lua "http://127.0.0.1:$port/v1/chat/completions" \
+        >"$out/wrk.txt" &
+    else
+      "$bin" load --url "http://127.0.0.1:$port/v1" --api-key sk-bench --duration "${secs}s" \
+        --no-progress --json "$out/run.json" --concurrency 64 >/dev/null &
+    fi
     load=$!
     sleep 0.1; l0=$(cpu $load); t0=$(date +%s.%N)
     sleep "$(awk "BEGIN { print $secs - 0.4 }")"
     l1=$(cpu $load); t1=$(date +%s.%N)
     wait $load
     m1=$(cpu $mock); n1=0; [[ $middle != 0 ]] && n1=$(cpu "$middle")
+    if [[ $generator == wrk ]]; then
+      # The same fields as `tollgate load --json` writes, from wrk's summary line.
+      read -r _ n s p50 p99 failed < <(grep '^WRK ' "$out/wrk.txt")
+      ok=$((n - failed))
+      echo "{\"outcomes\": {\"ok\": $ok, \"total\": $n}, \"throughput\": {\"ok_per_s\": $(awk "BEGIN { print $ok / $s }")}, \"latency_ms\": {\"p50\": $p50, \"p99\": $p99}}" >"$out/run.json"
+    fi
     python3 - "$out/run.json" "$name" "$m0" "$m1" "$n0" "$n1" "$l0" "$l1" "$t0" "$t1" >>"$out/rows" <<'PY'
 import json, sys
 x = json.load(open(sys.argv[1])); n = x["outcomes"]["total"]; r = x["throughput"]["ok_per_s"]
@@ -44,12 +60,13 @@ print(sys.argv[2], r, x["latency_ms"]["p50"], x["latency_ms"]["p99"], us(m1 - m0
 PY
   done
 done
-python3 - "$out/rows" <<'PY'
+python3 - "$out/rows" "$generator" <<'PY'
 import collections, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     name, *f = line.split(); rows[name].append([float(v) for v in f])
 label = {"direct": "load -> mock", "bare": "load -> bare proxy -> mock", "lease": "load -> lease node -> mock"}
+print(f"Generator: {sys.argv[2]}\n")
 print("| path | req/s | p50 ms | p99 ms | mock µs/req | proxy or node µs/req | load generator µs/req |")
 print("|---|---|---|---|---|---|---|")
 span = lambda rs, i, fmt: (fmt.format(min(r[i] for r in rs)) + "-" + fmt.format(max(r[i] for r in rs)))
