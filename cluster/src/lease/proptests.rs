@@ -382,13 +382,10 @@ fn a_silent_holders_slots_return_within_one_ttl() {
     );
 }
 
-#[test]
-fn a_rebuilt_owner_keeps_the_figure_a_holder_says_it_holds() {
-    // The double fault of docs/design/lease.md: the owner drops its line and
-    // rebuilds it (its view of the members moved away and back) while holder a,
-    // which saw no move, still holds the cut-off share the old line told it. a's
-    // first statement to the new line gets a smaller figure (demand moved), and
-    // that reply is lost, so a, cut off, serves its old figure.
+/// Holder a told half of L by a line with shares 50/50, after spending `spent`
+/// from it: the line rebuilt at 30 from the counters while a saw no move, shares
+/// moved to 20/80. Returns a and the new line.
+fn a_told_half_then_rebuilt(spent: u64) -> (Budget, Line<usize>) {
     let window = Window::try_new(1_000, 10).expect("window");
     let config = LineConfig::try_new(L, Kind::Windowed(window), L, 8, TTL).expect("config");
     let shares = |a: u64| Terms {
@@ -402,13 +399,44 @@ fn a_rebuilt_owner_keeps_the_figure_a_holder_says_it_holds() {
     let reply = old.sync(&0, &snap.request, 10).expect("granted");
     a.apply(&snap, &reply, 10);
     assert_eq!(a.told_share(), L / 2);
-    let mut spent = 0;
-    while spent < 10 && a.try_spend(1, 20).is_some() {
-        spent += 1;
+    for _ in 0..spent {
+        a.try_spend(1, 20).expect("credit");
     }
     let counters = vec![(0usize, vec![(window.bucket_index(20), spent)])];
     let mut new = Line::rebuild(config, &counters, &[0, 1], 30);
     new.set_terms(shares(L / 5));
+    (a, new)
+}
+
+/// Spends all `budget` allows at `now_ms`; returns how much.
+fn spend_all(budget: &mut Budget, now_ms: u64) -> u64 {
+    let mut spent = 0;
+    while budget.try_spend(1, now_ms).is_some() {
+        spent += 1;
+    }
+    spent
+}
+
+/// b, new, asks the line for all of L at `now_ms`; returns its credit.
+fn b_asks_everything(line: &mut Line<usize>, now_ms: u64) -> u64 {
+    let window = Window::try_new(1_000, 10).expect("window");
+    let mut b = Budget::new(Kind::Windowed(window), CutOffPolicy::Share);
+    let snap = b.snapshot(L, now_ms);
+    line.sync(&1, &snap.request, now_ms)
+        .expect("answered")
+        .credit
+}
+
+#[test]
+fn a_rebuilt_owner_keeps_the_figure_a_holder_says_it_holds() {
+    // The double fault of docs/design/lease.md: the owner drops its line and
+    // rebuilds it (its view of the members moved away and back) while holder a,
+    // which saw no move, still holds the cut-off share the old line told it. a's
+    // first statement to the new line gets a smaller figure (its credit ended, and
+    // b, not heard from yet, is charged max_credit), that reply is lost, so a, cut
+    // off, serves its old figure; shares moved meanwhile, so b's share alone would
+    // let it take 80.
+    let (mut a, mut new) = a_told_half_then_rebuilt(10);
     // Past a ttl, its credit has ended (the rebuild's hold too); its figure binds
     // until a later reply is adopted, and its 10 are still in the window.
     let first = a.snapshot(1, 600);
@@ -417,20 +445,34 @@ fn a_rebuilt_owner_keeps_the_figure_a_holder_says_it_holds() {
     assert!(lost.cut_off_share <= L / 5, "{lost:?}");
     // The reply is lost: a keeps the old line's figure and, cut off, spends it.
     a.cut_off_by_owner();
-    while a.try_spend(1, 610).is_some() {
-        spent += 1;
-    }
+    let spent = 10 + spend_all(&mut a, 610);
     assert_eq!(spent, L / 2, "a served its old figure in full");
-    // b asks for everything its new share allows.
-    let mut b = Budget::new(Kind::Windowed(window), CutOffPolicy::Share);
-    let snap = b.snapshot(L, 620);
-    let reply = new.sync(&1, &snap.request, 620).expect("answered");
+    let granted = b_asks_everything(&mut new, 620);
     assert!(
-        spent + reply.credit <= L,
-        "a spent {spent}, b was granted {}: over L = {L}",
-        reply.credit
+        spent + granted <= L,
+        "a spent {spent}, b was granted {granted}: over L = {L}"
     );
-    assert_eq!(reply.credit, L / 2, "L beside a's old figure");
+    assert_eq!(granted, L / 2, "L beside a's old figure");
+}
+
+/// The double fault's path still open (docs/design/lease.md): a holder cut off
+/// from its owner throughout never states to the rebuilt line, which never learns
+/// its figure. Fails (130 of L = 100); run with `--ignored` to see it.
+#[test]
+#[ignore = "open: a holder cut off throughout a rebuild (docs/design/lease.md, double fault)"]
+fn a_holder_cut_off_throughout_a_rebuild_is_not_charged_its_figure() {
+    let (mut a, mut new) = a_told_half_then_rebuilt(0);
+    // a never reaches the new line; past the hold and the silent charge's window,
+    // with its credit ended, it serves its old figure again.
+    a.cut_off_by_owner();
+    let _ = new.settle(1_700);
+    let spent = spend_all(&mut a, 1_700);
+    assert_eq!(spent, L / 2);
+    let granted = b_asks_everything(&mut new, 1_700);
+    assert!(
+        spent + granted <= L,
+        "a spent {spent}, b was granted {granted}: over L = {L}"
+    );
 }
 
 /// The failures proptest recorded (`cluster/proptest-regressions/`), replayed from
@@ -447,16 +489,37 @@ fn the_recorded_failures_stay_fixed() {
     assert!(cases.len() >= 7, "{} recorded cases", cases.len());
     for (n, case) in cases.iter().enumerate() {
         let (ops, params) = case.rsplit_once(']').expect("an op list");
+        // `shares_cap_each_holder` takes the ops alone: a case without parameters
+        // is one of its failures, replayed under its property (fixed equal shares,
+        // no reshares, no holder above its share).
+        let share_cap = !params.contains("shares =");
         let flag = |name: &str| params.contains(&format!("{name} = true"));
-        let terms = terms(flag("shares"), flag("borrow"));
+        let terms = terms(share_cap || flag("shares"), flag("borrow"));
         let mut world = World::new(&terms);
-        for (i, op) in parse_ops(ops).iter().enumerate() {
+        let ops = parse_ops(ops);
+        let ops = ops
+            .iter()
+            .filter(|op| !(share_cap && matches!(op, Op::Reshare { .. })));
+        for (i, op) in ops.enumerate() {
             world.apply(op, &terms);
-            let exposure = world.exposure();
-            assert!(
-                exposure <= L,
-                "case {n}, step {i} ({op:?}): exposure {exposure} > {L}"
-            );
+            if share_cap {
+                for (h, x) in world.holders.iter().enumerate() {
+                    let used: u64 = (x.truth.iter())
+                        .filter(|(b, _)| world.window.counts(**b, world.now))
+                        .map(|(_, c)| *c)
+                        .sum();
+                    assert!(
+                        used <= L / HOLDERS as u64,
+                        "case {n}, step {i} ({op:?}): holder {h} spent {used} over its share"
+                    );
+                }
+            } else {
+                let exposure = world.exposure();
+                assert!(
+                    exposure <= L,
+                    "case {n}, step {i} ({op:?}): exposure {exposure} > {L}"
+                );
+            }
         }
     }
 }
