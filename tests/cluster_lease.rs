@@ -531,3 +531,53 @@ async fn a_nudged_holder_states_the_named_keys() {
     }
     upstream.shutdown().await.unwrap();
 }
+
+/// Every used key's cut-off share reaches its owner through gossip (`h:`): the
+/// figure a rebuilt line charges a holder that cannot state to it
+/// (docs/design/lease.md, "Double fault"). The owner's `/admin/cluster?keys=true`
+/// shows the figures in its line's terms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_publish_the_cut_off_share_they_hold_and_the_owner_reads_it() {
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(node(&lease_toml(i, &ports, "300ms"), &[&upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let owner = owner_of(&nodes[0], KEY_REQUESTS).await;
+    let mut others = Vec::new();
+    let mut owner_node = None;
+    for n in nodes {
+        if self_id(&n).await == owner {
+            owner_node = Some(n);
+        } else {
+            others.push(n);
+        }
+    }
+    let owner_node = owner_node.expect("the owner is one of the nodes");
+    let mut holder_ids = Vec::new();
+    for n in &others {
+        holder_ids.push(self_id(n).await);
+    }
+    let _ = load(urls(&others), &[10, 10], 1.0).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let body = admin(&owner_node, "/admin/cluster?keys=true").await;
+        let line = (body["owned"].as_array().cloned().unwrap_or_default())
+            .into_iter()
+            .find(|k| k["key"] == KEY_REQUESTS);
+        let held = line.as_ref().map(|l| l["held"].clone());
+        let figure = |id: &str| held.as_ref().and_then(|h| h[id].as_u64()).unwrap_or(0);
+        if holder_ids.iter().all(|id| figure(id) > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the holders' figures never reached the owner: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -103,6 +103,19 @@ impl CreditTable {
         self.made().by_binding.len()
     }
 
+    /// Each made credit's cut-off share as its owner told it (`Budget::told_share`;
+    /// 0 for none), by binding index: what the engine publishes so that an owner
+    /// that forgot it still charges it (docs/design/lease.md, "Double fault").
+    pub fn told_shares(&self) -> Vec<(u32, u64)> {
+        let credits: Vec<(u32, Credit)> = (self.made().by_binding.iter())
+            .map(|(i, c)| (*i, c.clone()))
+            .collect();
+        // Each budget's lock taken after the table's is released.
+        (credits.into_iter())
+            .map(|(i, c)| (i, c.with(|b| b.told_share())))
+            .collect()
+    }
+
     /// The credit of binding `index` if it was made (`None`: never used here,
     /// nothing held).
     pub fn get(&self, index: u32) -> Option<Credit> {

@@ -514,9 +514,25 @@ impl Engine {
         retired.dedup();
         for key in retired {
             let _ = self.counters.set_in_flight(&key, 0);
+            let _ = self.counters.set_held(&key, 0);
             let _ = self
                 .counters
                 .set_demand(&key, self.demand.decay(&key, now_ms));
+        }
+        // `lease`: the cut-off share each used key's owner told this node, so that
+        // an owner that forgot it (its line rebuilt while this node saw no move and
+        // could not reach it) still charges it (docs/design/lease.md, "Double
+        // fault"). After the retired keys' zeros: a credit not dropped yet may
+        // still hold a figure its next actor could spend. Rounded up to a
+        // sixteenth of L: it changes with the shares, not with every statement.
+        if let Some(credits) = &self.state.credits {
+            for (index, told) in credits.told_shares() {
+                let Some(binding) = self.state.bindings.get(index as usize) else {
+                    continue;
+                };
+                let held = held_figure(told, binding.capacity);
+                let _ = self.counters.set_held(&binding.key, held);
+            }
         }
         self.echo.forget_seen(now_ms);
         self.demand.forget_retired(now_ms);
@@ -841,9 +857,24 @@ impl Engine {
                 };
                 // Every idle key of one capacity has the same terms this round (no
                 // demand anywhere, nobody cut off, the same members): one copy.
-                let idle = self.dead.is_empty() && demands.iter().all(|(_, d)| *d == 0);
-                let make =
-                    || Arc::new(lease_terms(&usage, &cut, &demands, binding, borrow, now_ms));
+                // The cut-off shares peers say they hold (an idle key has none).
+                let held: BTreeMap<String, u64> = (usage.held_by_node(&binding.key))
+                    .into_iter()
+                    .filter(|(_, h)| *h > 0)
+                    .collect();
+                let idle =
+                    self.dead.is_empty() && demands.iter().all(|(_, d)| *d == 0) && held.is_empty();
+                let make = || {
+                    Arc::new(lease_terms(
+                        &usage,
+                        &cut,
+                        &demands,
+                        held.clone(),
+                        binding,
+                        borrow,
+                        now_ms,
+                    ))
+                };
                 if idle {
                     idle_terms.entry(binding.capacity).or_insert_with(&make);
                 } else {
@@ -1004,6 +1035,15 @@ struct Cut<'a> {
     frozen: Option<&'a [(String, u64)]>,
 }
 
+/// The figure published for a told cut-off share: rounded up to a sixteenth of
+/// `capacity` (at least 1), never above it; 0 stays 0.
+fn held_figure(told: u64, capacity: u64) -> u64 {
+    let step = (capacity / 16).max(1);
+    told.div_ceil(step)
+        .saturating_mul(step)
+        .min(capacity.max(told))
+}
+
 /// A key's lease terms.
 ///
 /// Healthy: every member's max-min fair share of L by gossiped demand
@@ -1021,6 +1061,7 @@ fn lease_terms(
     usage: &ClusterUsage,
     cut: &Cut<'_>,
     demands: &[(String, u64)],
+    held: BTreeMap<String, u64>,
     binding: &Binding,
     max_borrow: f64,
     now_ms: u64,
@@ -1042,6 +1083,7 @@ fn lease_terms(
             shares: current,
             borrow,
             floors: BTreeMap::new(),
+            held,
         };
     }
     let basis = frozen.unwrap_or(demands);
@@ -1060,6 +1102,7 @@ fn lease_terms(
         shares: live.into_iter().collect(),
         borrow: 0,
         floors,
+        held,
     }
 }
 /// What unreachable members are charged for `binding`: each its share of the
@@ -1085,4 +1128,20 @@ fn dead_charge(
             share.max(published)
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_figure;
+
+    #[test]
+    fn a_held_figure_is_rounded_up_to_a_sixteenth_of_l_and_never_above_it() {
+        assert_eq!(held_figure(0, 100), 0, "nothing held: nothing published");
+        assert_eq!(held_figure(1, 100), 6);
+        assert_eq!(held_figure(13, 100), 18);
+        assert_eq!(held_figure(99, 100), 100, "capped at L");
+        assert_eq!(held_figure(13, 40), 14, "steps of 2");
+        assert_eq!(held_figure(3, 10), 3, "L under 16: exact");
+        assert_eq!(held_figure(120, 100), 120, "above a lowered L: as told");
+    }
 }

@@ -125,6 +125,15 @@ pub enum Decoded<'a> {
         /// Requests (or cost units) held right now.
         in_flight: u64,
     },
+    /// `lease`: the cut-off share the node's owner for this key told it and it
+    /// still holds (what it may spend per window cut off from that owner),
+    /// rounded up; so that an owner that forgot it can charge it.
+    Held {
+        /// The limit key.
+        limit_key: &'a str,
+        /// Cost units per window (slots for concurrency).
+        held: u64,
+    },
 }
 
 /// Checks that `limit_key` can be gossiped: 1..=128 ASCII graphic bytes.
@@ -158,14 +167,20 @@ pub fn in_flight_key(limit_key: &str) -> String {
     format!("f:{limit_key}")
 }
 
+/// The key of `limit_key`'s held cut-off share.
+pub fn held_key(limit_key: &str) -> String {
+    format!("h:{limit_key}")
+}
+
 /// Every key a node may hold for `limit_key` under `window` (its R slots, demand,
-/// in-flight), e.g. to delete a retired key's ring once, after it went idle.
+/// in-flight, held), e.g. to delete a retired key's ring once, after it went idle.
 pub fn all_keys(limit_key: &str, window: &Window) -> Vec<String> {
     let mut keys: Vec<String> = (0..window.ring_slots())
         .map(|slot| slot_key(limit_key, slot))
         .collect();
     keys.push(demand_key(limit_key));
     keys.push(in_flight_key(limit_key));
+    keys.push(held_key(limit_key));
     keys
 }
 
@@ -175,7 +190,7 @@ pub fn slot_value(bucket: u64, count: u64) -> String {
     format!("{}:{}", base36(bucket), base36(count))
 }
 
-/// The value of a demand or in-flight entry.
+/// The value of a demand, in-flight or held entry.
 pub fn scalar_value(n: u64) -> String {
     debug_assert!(n <= MAX_COUNT);
     base36(n)
@@ -191,7 +206,7 @@ pub fn decode<'a>(
     let Some((kind, rest)) = key.split_at_checked(2) else {
         return Ok(None);
     };
-    if !matches!(kind, "c:" | "d:" | "f:") {
+    if !matches!(kind, "c:" | "d:" | "f:" | "h:") {
         return Ok(None);
     }
     if key.len() > MAX_KEY_BYTES {
@@ -210,12 +225,20 @@ pub fn decode<'a>(
                 demand,
             }
         }
-        _ => {
+        "f:" => {
             validate_limit_key(rest)?;
             let in_flight = bounded(parse_base36(value, "in_flight")?, "in_flight")?;
             Decoded::InFlight {
                 limit_key: rest,
                 in_flight,
+            }
+        }
+        _ => {
+            validate_limit_key(rest)?;
+            let held = bounded(parse_base36(value, "held")?, "held")?;
+            Decoded::Held {
+                limit_key: rest,
+                held,
             }
         }
     };
@@ -339,6 +362,24 @@ mod tests {
     }
 
     #[test]
+    fn held_round_trips_and_rejects_garbage() {
+        let w = window();
+        assert_eq!(
+            decode(&held_key("tenant:a:requests"), &scalar_value(14), &w),
+            Ok(Some(Decoded::Held {
+                limit_key: "tenant:a:requests",
+                held: 14
+            }))
+        );
+        assert_eq!(
+            decode("h:", "1", &w),
+            Err(DecodeError::Key(KeyError::Empty))
+        );
+        assert_eq!(decode("h:k", "01", &w), Err(DecodeError::Number("held")));
+        assert!(all_keys("k", &w).contains(&held_key("k")));
+    }
+
+    #[test]
     fn demand_and_in_flight_round_trip() {
         let w = window();
         assert_eq!(
@@ -438,6 +479,7 @@ mod tests {
         let key = slot_key(&limit_key, w.ring_slots() - 1);
         assert!(key.len() <= MAX_KEY_BYTES);
         assert!(slot_value(u64::MAX, MAX_COUNT).len() <= MAX_VALUE_BYTES);
-        assert_eq!(all_keys("k", &window()).len(), 63);
+        // 61 slots, demand, in-flight, held.
+        assert_eq!(all_keys("k", &window()).len(), 64);
     }
 }

@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::codec::{
-    KeyError, demand_key, in_flight_key, scalar_value, slot_key, slot_value, validate_limit_key,
+    KeyError, demand_key, held_key, in_flight_key, scalar_value, slot_key, slot_value,
+    validate_limit_key,
 };
 use super::{DEFAULT_MAX_KEYS, MAX_COUNT, Window};
 
@@ -82,6 +83,9 @@ struct LocalKey {
     slots: BTreeMap<u32, LocalSlot>,
     demand: Scalar,
     in_flight: Scalar,
+    /// `lease`: the cut-off share this node holds for the key (see
+    /// [`LocalCounters::set_held`]).
+    held: Scalar,
     /// Whether any value of this key went out since it was (last) tracked: only
     /// then does the cluster state hold a ring to delete once it is forgotten.
     published_any: bool,
@@ -94,6 +98,7 @@ impl LocalKey {
         self.slots.is_empty()
             && self.demand == Scalar::default()
             && self.in_flight == Scalar::default()
+            && self.held == Scalar::default()
     }
 }
 
@@ -247,6 +252,19 @@ impl LocalCounters {
         Ok(())
     }
 
+    /// Sets the cut-off share this node holds for `limit_key` (`lease`: what its
+    /// owner for the key told it, which it may spend per window if it loses that
+    /// owner), so that an owner that forgot it (a rebuilt line) charges it.
+    /// Clamped to `MAX_COUNT`.
+    pub fn set_held(&mut self, limit_key: &str, held: u64) -> Result<(), RecordError> {
+        // As in `set_demand`: a 0 for a key not tracked changes nothing anywhere.
+        if held == 0 && !self.keys.contains_key(limit_key) {
+            return validate_limit_key(limit_key).map_err(RecordError::from);
+        }
+        self.key_mut(limit_key)?.held.set(held);
+        Ok(())
+    }
+
     /// This node's usage of `limit_key` at `now_ms`: the sum of its buckets that count.
     pub fn local_usage(&self, limit_key: &str, now_ms: u64) -> u64 {
         self.keys.get(limit_key).map_or(0, |key| {
@@ -280,6 +298,9 @@ impl LocalCounters {
             }
             if let Some(in_flight) = key.in_flight.take_changed() {
                 out.push((in_flight_key(limit_key), scalar_value(in_flight)));
+            }
+            if let Some(held) = key.held.take_changed() {
+                out.push((held_key(limit_key), scalar_value(held)));
             }
             key.published_any |= out.len() > before;
             // An idle key is forgotten one publish after its last values went out,
@@ -351,6 +372,7 @@ impl LocalCounters {
             }
             key.demand.published = u64::MAX;
             key.in_flight.published = u64::MAX;
+            key.held.published = u64::MAX;
         }
     }
 
@@ -439,10 +461,12 @@ mod tests {
         let lost = c.publish(t);
         assert_eq!(lost.len(), 2);
         c.unpublish();
-        // The same values again, and the in-flight 0 (a value the lost write may
-        // have changed to 0 must reach readers too; a redundant 0 costs nothing).
+        // The same values again, and the in-flight and held 0s (a value the lost
+        // write may have changed to 0 must reach readers too; a redundant 0 costs
+        // nothing).
         let mut again = lost.clone();
         again.push(("f:tenant:acme:tokens".to_owned(), "0".to_owned()));
+        again.push(("h:tenant:acme:tokens".to_owned(), "0".to_owned()));
         assert_eq!(c.publish(t), again);
         assert!(c.publish(t).is_empty(), "then nothing new");
     }
@@ -589,6 +613,22 @@ mod tests {
         assert!(c.is_empty(), "0 published, nothing counts: forgotten");
         c.set_demand(K, u64::MAX).unwrap();
         assert_eq!(c.publish(0), vec![(demand_key(K), scalar_value(MAX_COUNT))]);
+    }
+
+    #[test]
+    fn a_held_share_is_published_when_it_changes_and_a_zero_tracks_nothing() {
+        let mut c = counters();
+        c.set_held(K, 0).unwrap();
+        assert!(c.is_empty(), "an idle key's 0 costs nothing");
+        c.set_held(K, 14).unwrap();
+        assert_eq!(c.publish(0), vec![(held_key(K), "e".to_owned())]);
+        c.set_held(K, 14).unwrap();
+        assert!(c.publish(0).is_empty(), "unchanged: nothing goes out");
+        c.set_held(K, 0).unwrap();
+        assert_eq!(c.publish(0), vec![(held_key(K), "0".to_owned())]);
+        assert!(c.publish(0).is_empty());
+        assert!(c.is_empty(), "0 published, nothing held: forgotten");
+        assert!(c.set_held("bad key", 0).is_err(), "still validated");
     }
 
     #[test]

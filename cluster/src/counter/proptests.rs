@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use proptest::prelude::*;
 
 use super::codec::{
-    MAX_KEY_BYTES, MAX_VALUE_BYTES, decode, demand_key, in_flight_key, scalar_value, slot_key,
-    slot_value,
+    MAX_KEY_BYTES, MAX_VALUE_BYTES, decode, demand_key, held_key, in_flight_key, scalar_value,
+    slot_key, slot_value,
 };
 use super::{Applied, ClusterUsage, LocalCounters, MAX_COUNT, Recorded, Window};
 
@@ -54,7 +54,7 @@ fn update_strategy() -> impl Strategy<Value = Update> {
     (
         0usize..3,
         0usize..2,
-        0u8..3,
+        0u8..4,
         1_000u64..1_200,
         0u64..50,
         0u64..6,
@@ -64,7 +64,8 @@ fn update_strategy() -> impl Strategy<Value = Update> {
             let (k, v) = match kind {
                 0 => (slot_key(limit_key, w.slot(bucket)), slot_value(bucket, n)),
                 1 => (demand_key(limit_key), scalar_value(n)),
-                _ => (in_flight_key(limit_key), scalar_value(n)),
+                2 => (in_flight_key(limit_key), scalar_value(n)),
+                _ => (held_key(limit_key), scalar_value(n)),
             };
             (format!("n{node}"), k, version, v)
         })

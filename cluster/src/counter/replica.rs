@@ -77,6 +77,7 @@ struct KeyReplica {
     slots: BTreeMap<u32, Versioned<(u64, u64)>>,
     demand: Option<Versioned<u64>>,
     in_flight: Option<Versioned<u64>>,
+    held: Option<Versioned<u64>>,
 }
 
 impl KeyReplica {
@@ -109,6 +110,7 @@ impl KeyReplica {
             }
             Decoded::Demand { demand, .. } => merge.join(&mut self.demand, demand),
             Decoded::InFlight { in_flight, .. } => merge.join(&mut self.in_flight, in_flight),
+            Decoded::Held { held, .. } => merge.join(&mut self.held, held),
         }
     }
 
@@ -117,6 +119,7 @@ impl KeyReplica {
         self.usage_shifted(window, shift, now_ms) == 0
             && self.demand.is_none_or(|d| d.value == 0)
             && self.in_flight.is_none_or(|f| f.value == 0)
+            && self.held.is_none_or(|h| h.value == 0)
     }
 }
 
@@ -243,7 +246,8 @@ impl ClusterUsage {
         let limit_key = match decoded {
             Decoded::Slot { limit_key, .. }
             | Decoded::Demand { limit_key, .. }
-            | Decoded::InFlight { limit_key, .. } => limit_key,
+            | Decoded::InFlight { limit_key, .. }
+            | Decoded::Held { limit_key, .. } => limit_key,
         };
         let max_keys = self.max_keys_per_node;
         let replica = self.node_mut(node);
@@ -276,6 +280,7 @@ impl ClusterUsage {
                 for (mine, theirs) in [
                     (&mut mine.demand, key.demand),
                     (&mut mine.in_flight, key.in_flight),
+                    (&mut mine.held, key.held),
                 ] {
                     if let Some(r) = theirs {
                         Merge::MaxVersion(r.version).join(mine, r.value);
@@ -469,6 +474,13 @@ impl ClusterUsage {
         self.per_live_node(limit_key, |k| k.in_flight.map_or(0, |f| f.value))
     }
 
+    /// `lease`: the cut-off share each live node holds for `limit_key` (0 if none
+    /// published), sorted: what an owner that forgot it charges a node that has
+    /// not stated to it.
+    pub fn held_by_node(&self, limit_key: &str) -> Vec<(String, u64)> {
+        self.per_live_node(limit_key, |k| k.held.map_or(0, |h| h.value))
+    }
+
     fn per_live_node(
         &self,
         limit_key: &str,
@@ -483,7 +495,8 @@ impl ClusterUsage {
     }
 
     /// Every register's version by (node, limit key, register), for the property
-    /// tests: register 0..R is a slot, `u32::MAX - 1` demand, `u32::MAX` in-flight.
+    /// tests: register 0..R is a slot, `u32::MAX - 2` held, `u32::MAX - 1` demand,
+    /// `u32::MAX` in-flight.
     #[cfg(test)]
     pub(super) fn register_versions(&self) -> BTreeMap<(String, String, u32), u64> {
         let mut out = BTreeMap::new();
@@ -495,6 +508,7 @@ impl ClusterUsage {
                 }
                 out.extend(key.demand.map(|d| (at(u32::MAX - 1), d.version)));
                 out.extend(key.in_flight.map(|f| (at(u32::MAX), f.version)));
+                out.extend(key.held.map(|h| (at(u32::MAX - 2), h.version)));
             }
         }
         out
@@ -513,7 +527,9 @@ impl ClusterUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::counter::codec::{demand_key, in_flight_key, scalar_value, slot_key, slot_value};
+    use crate::counter::codec::{
+        demand_key, held_key, in_flight_key, scalar_value, slot_key, slot_value,
+    };
 
     const K: &str = "tenant:acme:tokens";
 
@@ -687,6 +703,25 @@ mod tests {
             u.in_flight_by_node(K),
             vec![("a".to_owned(), 0), ("b".to_owned(), 4)]
         );
+    }
+
+    #[test]
+    fn held_shares_per_node_merge_by_version() {
+        let mut u = ClusterUsage::new(window());
+        u.apply_versioned("a", &held_key(K), 2, &scalar_value(14))
+            .unwrap();
+        u.apply_versioned("a", &held_key(K), 1, &scalar_value(40))
+            .unwrap();
+        u.apply_versioned("b", &demand_key(K), 1, &scalar_value(3))
+            .unwrap();
+        assert_eq!(
+            u.held_by_node(K),
+            vec![("a".to_owned(), 14), ("b".to_owned(), 0)],
+            "the older 40 changes nothing"
+        );
+        let mut other = ClusterUsage::new(window());
+        other.merge(&u);
+        assert_eq!(other.held_by_node(K), u.held_by_node(K));
     }
 
     #[test]

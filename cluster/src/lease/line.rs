@@ -211,6 +211,12 @@ pub struct Terms<H> {
     pub borrow: u64,
     /// Unreachable members: each is charged at least this much (its frozen share).
     pub floors: BTreeMap<H, u64>,
+    /// The cut-off share each member says in the gossiped state that it holds for
+    /// the key (what an owner told it, rounded up): a member with no account here
+    /// is charged at least this, so a line rebuilt while a holder cut off from it
+    /// saw no move still charges what that holder may spend (docs/design/lease.md,
+    /// "Double fault"). Members with an account are charged by what they state.
+    pub held: BTreeMap<H, u64>,
 }
 
 impl<H> Default for Terms<H> {
@@ -219,6 +225,7 @@ impl<H> Default for Terms<H> {
             shares: BTreeMap::new(),
             borrow: 0,
             floors: BTreeMap::new(),
+            held: BTreeMap::new(),
         }
     }
 }
@@ -424,6 +431,7 @@ impl<H: Ord + Clone> Line<H> {
         let mut members: BTreeSet<&H> = self.accounts.keys().collect();
         members.extend(self.rebuilt.keys());
         members.extend(self.terms.floors.keys());
+        members.extend(self.terms.held.keys());
         if let Some(r) = &self.recovery {
             members.extend(r.unknown.iter());
         }
@@ -454,6 +462,7 @@ impl<H: Ord + Clone> Line<H> {
                 };
                 (counters.saturating_add(unreported))
                     .saturating_add(self.silent_charge_of(member, now_ms))
+                    .max(self.terms.held.get(member).copied().unwrap_or(0))
             }
         };
         own.max(self.terms.floors.get(member).copied().unwrap_or(0))
@@ -1021,6 +1030,7 @@ mod tests {
             shares: BTreeMap::from([("a", 60), ("b", 40)]),
             borrow: 0,
             floors: BTreeMap::from([("c", 30)]),
+            held: BTreeMap::new(),
         });
         let r = l
             .sync(&"a", &statement(1, &[(0, 50)], 0, 100), 0)
@@ -1038,6 +1048,7 @@ mod tests {
             shares: BTreeMap::from([("a", 50), ("b", 50)]),
             borrow: 20,
             floors: BTreeMap::new(),
+            held: BTreeMap::new(),
         });
         let r = l.sync(&"a", &statement(1, &[], 0, 100), 0).expect("ok");
         assert_eq!(r.credit, 70, "share 50 + borrow 20");
@@ -1054,6 +1065,7 @@ mod tests {
             shares: BTreeMap::from([("a", 20), ("b", 80)]),
             borrow: 0,
             floors: BTreeMap::new(),
+            held: BTreeMap::new(),
         });
         let mut first = statement(1_000, &[(9, 5)], 0, 1);
         (first.adopted, first.held) = (7, 30);
@@ -1078,6 +1090,7 @@ mod tests {
             shares: BTreeMap::from([("a", 60), ("b", 40)]),
             borrow: 0,
             floors: BTreeMap::new(),
+            held: BTreeMap::new(),
         });
         let r = l
             .sync(&"a", &statement(1, &[(0, 10)], 0, 40), 0)
@@ -1192,6 +1205,7 @@ mod tests {
             shares: BTreeMap::from([("a", 40)]),
             borrow: 0,
             floors: BTreeMap::from([("b", 30), ("c", 30)]),
+            held: BTreeMap::new(),
         });
         let r = l.sync(&"a", &statement(1, &[], 0, 40), 10).expect("ok");
         assert!(!l.recovering(10), "unreachable members are not waited for");
@@ -1222,6 +1236,7 @@ mod tests {
             shares: BTreeMap::from([("a", 100), ("b2", 100)]),
             borrow: 0,
             floors: BTreeMap::new(),
+            held: BTreeMap::new(),
         });
         l.sync(&"a", &statement(1, &[], 0, 0), 10).expect("ok");
         let r = l.sync(&"b2", &statement(1, &[], 0, 100), 20).expect("ok");

@@ -189,6 +189,7 @@ impl World {
             Op::Advance { ms } => {
                 self.now += ms;
                 let _ = self.owner.settle(self.now);
+                self.publish_held();
             }
             Op::Rest { h } => {
                 let x = &mut self.holders[h];
@@ -221,6 +222,17 @@ impl World {
                 }
             }
         }
+    }
+
+    /// A round of the engine: the cut-off share each holder holds reaches the
+    /// owner's terms through the gossiped state (`h:`), as the engine passes it.
+    fn publish_held(&mut self) {
+        let mut terms = self.owner.terms().clone();
+        terms.held = (self.holders.iter().enumerate())
+            .map(|(i, x)| (i, x.budget.told_share()))
+            .filter(|(_, told)| *told > 0)
+            .collect();
+        self.owner.set_terms(terms);
     }
 
     /// What the gossiped counters say each holder spent (the truth, at once).
@@ -455,24 +467,35 @@ fn a_rebuilt_owner_keeps_the_figure_a_holder_says_it_holds() {
     assert_eq!(granted, L / 2, "L beside a's old figure");
 }
 
-/// The double fault's path still open (docs/design/lease.md): a holder cut off
-/// from its owner throughout never states to the rebuilt line, which never learns
-/// its figure. Fails (130 of L = 100); run with `--ignored` to see it.
 #[test]
-#[ignore = "open: a holder cut off throughout a rebuild (docs/design/lease.md, double fault)"]
-fn a_holder_cut_off_throughout_a_rebuild_is_not_charged_its_figure() {
-    let (mut a, mut new) = a_told_half_then_rebuilt(0);
-    // a never reaches the new line; past the hold and the silent charge's window,
-    // with its credit ended, it serves its old figure again.
-    a.cut_off_by_owner();
-    let _ = new.settle(1_700);
-    let spent = spend_all(&mut a, 1_700);
-    assert_eq!(spent, L / 2);
-    let granted = b_asks_everything(&mut new, 1_700);
-    assert!(
-        spent + granted <= L,
-        "a spent {spent}, b was granted {granted}: over L = {L}"
-    );
+fn a_holder_cut_off_throughout_a_rebuild_is_charged_the_figure_it_publishes() {
+    // The double fault's second path (docs/design/lease.md): a holder cut off from
+    // its owner throughout never states to the rebuilt line, so its statement
+    // cannot say what it holds; the gossiped state does (`h:{limit_key}`), and the
+    // engine puts it in the terms. Without it: 130 of L = 100.
+    for published in [false, true] {
+        let (mut a, mut new) = a_told_half_then_rebuilt(0);
+        if published {
+            let mut terms = new.terms().clone();
+            terms.held = BTreeMap::from([(0usize, L / 2)]);
+            new.set_terms(terms);
+        }
+        // a never reaches the new line; past the hold and the silent charge's
+        // window, with its credit ended, it serves its old figure again.
+        a.cut_off_by_owner();
+        let _ = new.settle(1_700);
+        let spent = spend_all(&mut a, 1_700);
+        assert_eq!(spent, L / 2);
+        let granted = b_asks_everything(&mut new, 1_700);
+        if published {
+            assert!(
+                spent + granted <= L,
+                "a spent {spent}, b was granted {granted}: over L = {L}"
+            );
+        } else {
+            assert_eq!(spent + granted, 130, "the gap the gossiped figure closes");
+        }
+    }
 }
 
 /// The failures proptest recorded (`cluster/proptest-regressions/`), replayed from

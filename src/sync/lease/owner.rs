@@ -10,7 +10,7 @@ use crate::actor::Dimension;
 use crate::actor::clock::Clock;
 use crate::ops::metrics::Metrics;
 use crate::sync::engine::Binding;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use tollgate_cluster::counter::{ClusterUsage, Window};
 use tollgate_cluster::lease::line::{ConfigError, Kind, Line, LineConfig, SyncReply, SyncRequest};
@@ -151,6 +151,9 @@ pub struct OwnedKey {
     pub holders: usize,
     /// Still conservative after a rebuild.
     pub recovering: bool,
+    /// The cut-off shares peers say in gossip that they hold for the key (what a
+    /// member with no account here is charged at least).
+    pub held: BTreeMap<String, u64>,
 }
 
 impl OwnerBook {
@@ -423,6 +426,7 @@ impl OwnerBook {
                 capacity: line.config().capacity(),
                 holders: line.holders(),
                 recovering: line.recovering(now_ms),
+                held: line.terms().held.clone(),
             })
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
