@@ -427,11 +427,19 @@ impl<H: Ord + Clone> Line<H> {
 
     /// Everything counted against L at `now_ms` (see the module docs).
     pub fn committed(&self, now_ms: u64) -> u64 {
+        self.committed_beside(None, now_ms)
+    }
+
+    /// Everything counted against L but `holder`'s gossiped figure: the room for
+    /// a grant to `holder` counts its own figures apart (what it states, and the
+    /// figure its statement says it holds), so its published one must not count
+    /// again among the others.
+    fn committed_beside(&self, holder: Option<&H>, now_ms: u64) -> u64 {
         let now_ms = now_ms.max(self.last_now_ms);
         let mut members: BTreeSet<&H> = self.accounts.keys().collect();
         members.extend(self.rebuilt.keys());
         members.extend(self.terms.floors.keys());
-        members.extend(self.terms.held.keys());
+        members.extend((self.terms.held.keys()).filter(|m| Some(*m) != holder));
         if let Some(r) = &self.recovery {
             members.extend(r.unknown.iter());
         }
@@ -609,7 +617,7 @@ impl<H: Ord + Clone> Line<H> {
         }
         // Room for a grant: L minus everyone else, minus this holder's own figures.
         self.accounts.remove(holder);
-        let others = self.committed(now_ms);
+        let others = self.committed_beside(Some(holder), now_ms);
         let mine = own.saturating_add(accepted);
         let share =
             (self.terms.shares.get(holder).copied().unwrap_or(0)).saturating_add(self.terms.borrow);
@@ -1081,6 +1089,24 @@ mod tests {
         (next.adopted, next.held) = (1_000, 6);
         l.sync(&"a", &next, 1_100).expect("ok");
         assert_eq!(l.charge_of(&"a", 1_100), 6);
+    }
+
+    #[test]
+    fn a_holders_own_published_figure_does_not_shrink_its_grant() {
+        // Every busy holder publishes the figure it holds; the line charges it to
+        // members with no account, never to the holder it is granting to.
+        let mut l = line(100, 100);
+        l.set_terms(Terms {
+            shares: BTreeMap::from([("a", 50), ("b", 50)]),
+            borrow: 0,
+            floors: BTreeMap::new(),
+            held: BTreeMap::from([("a", 50), ("b", 30)]),
+        });
+        assert_eq!(l.available(0), 20, "both charged while neither has stated");
+        let r = l.sync(&"a", &statement(1, &[], 0, 50), 0).expect("ok");
+        assert_eq!(r.credit, 50, "its share, beside b's 30");
+        let r = l.sync(&"b", &statement(1, &[], 0, 50), 0).expect("ok");
+        assert_eq!(r.credit, 50, "its share: a's account replaces a's figure");
     }
 
     #[test]
