@@ -24,6 +24,24 @@ fn lease_toml(i: usize, ports: &[u16], max_wait: &str) -> String {
         .replace("max_wait = \"0s\"", &format!("max_wait = \"{max_wait}\""))
 }
 
+/// `n` lease nodes in front of `upstream`, each seeing all `n` members, and
+/// their gossip ports (the first names the cluster: `test-{port}`).
+async fn lease_nodes(
+    n: usize,
+    max_wait: &str,
+    upstream: &tollgate::mock::MockHandle,
+) -> (Vec<u16>, Vec<Node>) {
+    let ports: Vec<u16> = (0..n).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        nodes.push(node(&lease_toml(i, &ports, max_wait), &[upstream]).await);
+    }
+    for node in &nodes {
+        wait_members(node, n).await;
+    }
+    (ports, nodes)
+}
+
 /// The member id of the owner of `key`, as `node` sees it.
 async fn owner_of(node: &Node, key: &str) -> String {
     let body = admin(node, "/admin/cluster?keys=true").await;
@@ -474,14 +492,7 @@ async fn bad_internal_rpcs_are_refused_counted_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nudged_holder_states_the_named_keys() {
     let upstream = mock(|_| {}).await;
-    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
-    let mut nodes = Vec::new();
-    for i in 0..2 {
-        nodes.push(node(&lease_toml(i, &ports, "0s"), &[&upstream]).await);
-    }
-    for n in &nodes {
-        wait_members(n, 2).await;
-    }
+    let (ports, nodes) = lease_nodes(2, "0s", &upstream).await;
     let owner_id = owner_of(&nodes[0], KEY_REQUESTS).await;
     let (owner, holder) = if self_id(&nodes[0]).await == owner_id {
         (&nodes[0], &nodes[1])
@@ -539,14 +550,7 @@ async fn a_nudged_holder_states_the_named_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_publish_the_cut_off_share_they_hold_and_the_owner_reads_it() {
     let upstream = mock(|_| {}).await;
-    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        nodes.push(node(&lease_toml(i, &ports, "300ms"), &[&upstream]).await);
-    }
-    for n in &nodes {
-        wait_members(n, 3).await;
-    }
+    let (_, nodes) = lease_nodes(3, "300ms", &upstream).await;
     let owner = owner_of(&nodes[0], KEY_REQUESTS).await;
     let mut others = Vec::new();
     let mut owner_node = None;
@@ -580,4 +584,8 @@ async fn holders_publish_the_cut_off_share_they_hold_and_the_owner_reads_it() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    for n in others.into_iter().chain([owner_node]) {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
 }

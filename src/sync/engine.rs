@@ -858,10 +858,7 @@ impl Engine {
                 // Every idle key of one capacity has the same terms this round (no
                 // demand anywhere, nobody cut off, the same members): one copy.
                 // The cut-off shares peers say they hold (an idle key has none).
-                let held: BTreeMap<String, u64> = (usage.held_by_node(&binding.key))
-                    .into_iter()
-                    .filter(|(_, h)| *h > 0)
-                    .collect();
+                let held = usage.held_by_node(&binding.key);
                 let idle =
                     self.dead.is_empty() && demands.iter().all(|(_, d)| *d == 0) && held.is_empty();
                 let make = || {

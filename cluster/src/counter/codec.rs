@@ -217,32 +217,27 @@ pub fn decode<'a>(
     }
     let decoded = match kind {
         "c:" => decode_slot(rest, value, window)?,
-        "d:" => {
-            validate_limit_key(rest)?;
-            let demand = bounded(parse_base36(value, "demand")?, "demand")?;
-            Decoded::Demand {
-                limit_key: rest,
-                demand,
-            }
-        }
-        "f:" => {
-            validate_limit_key(rest)?;
-            let in_flight = bounded(parse_base36(value, "in_flight")?, "in_flight")?;
-            Decoded::InFlight {
-                limit_key: rest,
-                in_flight,
-            }
-        }
-        _ => {
-            validate_limit_key(rest)?;
-            let held = bounded(parse_base36(value, "held")?, "held")?;
-            Decoded::Held {
-                limit_key: rest,
-                held,
-            }
-        }
+        "d:" => Decoded::Demand {
+            limit_key: rest,
+            demand: decode_scalar(rest, value, "demand")?,
+        },
+        "f:" => Decoded::InFlight {
+            limit_key: rest,
+            in_flight: decode_scalar(rest, value, "in_flight")?,
+        },
+        _ => Decoded::Held {
+            limit_key: rest,
+            held: decode_scalar(rest, value, "held")?,
+        },
     };
     Ok(Some(decoded))
+}
+
+/// A scalar entry (demand, in-flight, held): `limit_key` checked, `value` one
+/// bounded number.
+fn decode_scalar(limit_key: &str, value: &str, what: &'static str) -> Result<u64, DecodeError> {
+    validate_limit_key(limit_key)?;
+    bounded(parse_base36(value, what)?, what)
 }
 
 /// `rest` is `{limit_key}:{slot}`, `value` is `{bucket}:{count}`.

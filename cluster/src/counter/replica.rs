@@ -474,11 +474,18 @@ impl ClusterUsage {
         self.per_live_node(limit_key, |k| k.in_flight.map_or(0, |f| f.value))
     }
 
-    /// `lease`: the cut-off share each live node holds for `limit_key` (0 if none
-    /// published), sorted: what an owner that forgot it charges a node that has
-    /// not stated to it.
-    pub fn held_by_node(&self, limit_key: &str) -> Vec<(String, u64)> {
-        self.per_live_node(limit_key, |k| k.held.map_or(0, |h| h.value))
+    /// `lease`: the cut-off share each live node holds for `limit_key`, only the
+    /// non-zero ones: what an owner that forgot it charges a node that has not
+    /// stated to it. Read for every leased key each round, so an idle key (no
+    /// figure anywhere) allocates nothing.
+    pub fn held_by_node(&self, limit_key: &str) -> BTreeMap<String, u64> {
+        (self.nodes.iter())
+            .filter(|(_, r)| r.live)
+            .filter_map(|(node, r)| {
+                let held = r.keys.get(limit_key)?.held?.value;
+                (held > 0).then(|| (node.clone(), held))
+            })
+            .collect()
     }
 
     fn per_live_node(
@@ -716,8 +723,8 @@ mod tests {
             .unwrap();
         assert_eq!(
             u.held_by_node(K),
-            vec![("a".to_owned(), 14), ("b".to_owned(), 0)],
-            "the older 40 changes nothing"
+            BTreeMap::from([("a".to_owned(), 14)]),
+            "the older 40 changes nothing; b holds none"
         );
         let mut other = ClusterUsage::new(window());
         other.merge(&u);

@@ -257,11 +257,7 @@ impl World {
             let spendable = |b: &Budget| {
                 let mut cut = b.clone();
                 cut.cut_off_by_owner();
-                let mut spent = 0;
-                while cut.try_spend(1, now).is_some() {
-                    spent += 1;
-                }
-                spent
+                spend_all(&mut cut, now)
             };
             let mut most = spendable(&x.budget);
             if let Some((snap, reply)) = &x.reply {
