@@ -415,7 +415,7 @@ async fn bad_internal_rpcs_are_refused_counted_and_change_nothing() {
         .unwrap()
         .to_owned();
     let me = body["cluster"]["self_id"].as_str().unwrap().to_owned();
-    let owned_before = body["owned"].clone();
+    let owned_before = line_state(&body);
     assert!(
         owned_before.as_array().is_some_and(|o| !o.is_empty()),
         "{body}"
@@ -467,7 +467,11 @@ async fn bad_internal_rpcs_are_refused_counted_and_change_nothing() {
         assert_eq!(answers["entries"][0]["refused"]["code"], code, "{answers}");
     }
     let after = admin(&node, "/admin/cluster?keys=true").await;
-    assert_eq!(after["owned"], owned_before, "refused RPCs changed nothing");
+    assert_eq!(
+        line_state(&after),
+        owned_before,
+        "refused RPCs changed nothing"
+    );
     let metrics = metrics(&node).await;
     for reason in [
         "secret",
@@ -482,6 +486,18 @@ async fn bad_internal_rpcs_are_refused_counted_and_change_nothing() {
     }
     node.stop().await;
     upstream.shutdown().await.unwrap();
+}
+
+/// The owned lines as an RPC could change them. `held` is left out: it is the
+/// gossip-published figure of each holder's told share (here the node's own),
+/// which arrives a sync round after the first grant on its own schedule, so a
+/// snapshot taken just after that grant may or may not include it yet.
+fn line_state(admin: &serde_json::Value) -> serde_json::Value {
+    let mut owned = admin["owned"].clone();
+    for line in owned.as_array_mut().into_iter().flatten() {
+        line.as_object_mut().map(|l| l.remove("held"));
+    }
+    owned
 }
 
 /// A rebuilt line still waiting for a holder asks it to state (a "nudge", for an
