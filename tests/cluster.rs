@@ -188,6 +188,7 @@ async fn plain_member(ports: &[u16], version: &str) -> tollgate_cluster::members
         rpc_addr: "127.0.0.1:1".into(),
         version: version.into(),
         sync_mode: "gossip".into(),
+        rpc_version: tollgate_cluster::membership::RPC_VERSION,
     };
     let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
     let mut config =

@@ -605,3 +605,160 @@ async fn holders_publish_the_cut_off_share_they_hold_and_the_owner_reads_it() {
     }
     upstream.shutdown().await.unwrap();
 }
+
+/// A lease owner as every build before wire version 2 was, over a real socket:
+/// it parses statements strictly with the version 1 schema (no `held`), refuses
+/// a batch it cannot parse (400, as those builds did) and otherwise grants what
+/// is asked and tells a cut-off figure, so the holder holds one.
+mod version_1_owner {
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // read by serde only
+    struct Batch {
+        cluster_id: String,
+        from: String,
+        entries: Vec<Entry>,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Entry {
+        key: String,
+        seq: u64,
+        usage: Vec<(u64, u64)>,
+        remaining: u64,
+        want: u64,
+        #[serde(default)]
+        adopted: u64,
+    }
+
+    #[derive(Default)]
+    pub struct Seen {
+        /// Batches it could not parse.
+        pub refused: AtomicU64,
+        /// Statements of `key` read after it had told that key a figure.
+        pub stated_holding: AtomicU64,
+        told: AtomicU64,
+    }
+
+    /// Serves on `listener`; `key` is the key whose statements are counted.
+    pub async fn serve(listener: tokio::net::TcpListener, key: &'static str) -> Arc<Seen> {
+        let seen = Arc::new(Seen::default());
+        let app = axum::Router::new()
+            .route(
+                "/internal/v1/lease/sync",
+                axum::routing::post(
+                    move |State(seen): State<Arc<Seen>>, body: Bytes| async move {
+                        let Ok(batch) = serde_json::from_slice::<Batch>(&body) else {
+                            seen.refused.fetch_add(1, Ordering::Relaxed);
+                            return (StatusCode::BAD_REQUEST, "malformed batch".to_owned());
+                        };
+                        let answers: Vec<_> = (batch.entries.iter())
+                            .map(|e| {
+                                if e.key == key && seen.told.load(Ordering::Relaxed) > 0 {
+                                    seen.stated_holding.fetch_add(1, Ordering::Relaxed);
+                                }
+                                let credit = e.remaining + e.want.min(10);
+                                let used: u64 = e.usage.iter().map(|(_, c)| c).sum();
+                                if e.key == key && credit + used > 0 {
+                                    seen.told.fetch_add(1, Ordering::Relaxed);
+                                }
+                                serde_json::json!({"credit": {
+                                    "credit": credit, "granted": credit - e.remaining,
+                                    "ttl_ms": 1000, "cut_off_share": credit + used,
+                                }})
+                            })
+                            .collect();
+                        (
+                            StatusCode::OK,
+                            serde_json::json!({ "entries": answers }).to_string(),
+                        )
+                    },
+                ),
+            )
+            .with_state(seen.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        seen
+    }
+}
+
+/// A rolling upgrade: an upgraded holder sends an owner that does not parse
+/// `held` (it publishes no `m:rpc_version`, or 1) statements without it, so
+/// that owner reads them; it refused them whole before, and the holder read it
+/// as unreachable on every key it owns until it was upgraded too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_speaking_wire_version_1_is_sent_statements_it_parses() {
+    use std::sync::atomic::Ordering;
+    use tollgate_cluster::chitchat::transport::UdpTransport;
+    use tollgate_cluster::lease::rendezvous;
+    use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
+    let upstream = mock(|_| {}).await;
+    let ports = [free_udp_port(), free_udp_port()];
+    let node = node(&lease_toml(0, &ports, "2s"), &[&upstream]).await;
+    let node_id = self_id(&node).await;
+    // A generation that makes the old owner the request key's owner.
+    let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
+    let generation = (1..)
+        .find(|g| {
+            let old = format!("node-1/{g}@{gossip}");
+            rendezvous::owner(KEY_REQUESTS, &[node_id.as_str(), old.as_str()])
+                == Some(&old.as_str())
+        })
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rpc_addr = listener.local_addr().unwrap().to_string();
+    let seen = version_1_owner::serve(listener, KEY_REQUESTS).await;
+    let metadata = NodeMetadata {
+        proxy_addr: "127.0.0.1:1".into(),
+        rpc_addr,
+        version: "0.1.0".into(),
+        sync_mode: "lease".into(),
+        rpc_version: 1,
+    };
+    let cluster_id = format!("test-{}", ports[0]);
+    let mut config = MembershipConfig::new(cluster_id, "node-1", generation, gossip, metadata);
+    config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
+    config.gossip_interval = Duration::from_millis(50);
+    let old = Membership::start(config, &UdpTransport).await.unwrap();
+    wait_members(&node, 2).await;
+    assert_eq!(
+        owner_of(&node, KEY_REQUESTS).await,
+        old.self_id().to_string()
+    );
+    let members = admin(&node, "/admin/cluster").await["cluster"]["members"].clone();
+    assert!(
+        (members.as_array().unwrap().iter()).any(|m| m["rpc_version"] == 1),
+        "{members}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut statuses = Vec::new();
+    while seen.stated_holding.load(Ordering::Relaxed) < 3
+        && seen.refused.load(Ordering::Relaxed) == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the holder never stated while holding a figure"
+        );
+        let r = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+        statuses.push(r.status().as_u16());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        seen.refused.load(Ordering::Relaxed),
+        0,
+        "a version 1 owner refused a batch"
+    );
+    // Served on the old owner's credit throughout (a refused batch reads as an
+    // unreachable owner: 429s once the credit is spent).
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    node.stop().await;
+    old.shutdown().await.unwrap();
+    upstream.shutdown().await.unwrap();
+}

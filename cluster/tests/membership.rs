@@ -41,6 +41,7 @@ fn metadata_for(node_id: &str) -> NodeMetadata {
         rpc_addr: format!("{node_id}.rpc:8081"),
         version: "0.1.0".to_string(),
         sync_mode: "lease".to_string(),
+        rpc_version: tollgate_cluster::membership::RPC_VERSION,
     }
 }
 

@@ -743,6 +743,7 @@ impl Engine {
                 .map(|m| MemberAddr {
                     id: m.id.to_string(),
                     rpc: m.metadata.rpc_addr.clone(),
+                    rpc_version: m.metadata.rpc_version,
                 })
                 .collect(),
             settled,

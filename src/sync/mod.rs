@@ -132,6 +132,7 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
             .to_string(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         sync_mode: format!("{:?}", config.mode).to_lowercase(),
+        rpc_version: tollgate_cluster::membership::RPC_VERSION,
     };
     MembershipConfig {
         cluster_id: config.cluster_id.clone(),

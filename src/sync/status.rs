@@ -18,6 +18,9 @@ pub struct MemberStatus {
     pub version: String,
     /// Its sync mode.
     pub sync_mode: String,
+    /// The internal RPC's wire version it speaks (a mixed cluster, mid-upgrade,
+    /// shows two).
+    pub rpc_version: u32,
     /// Is it this node?
     pub is_self: bool,
 }
@@ -30,6 +33,7 @@ impl From<&Member> for MemberStatus {
             rpc_addr: m.metadata.rpc_addr.clone(),
             version: m.metadata.version.clone(),
             sync_mode: m.metadata.sync_mode.clone(),
+            rpc_version: m.metadata.rpc_version,
             is_self: m.is_self,
         }
     }

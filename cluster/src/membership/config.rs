@@ -211,6 +211,7 @@ mod tests {
             rpc_addr: "127.0.0.1:8081".to_string(),
             version: "0.1.0".to_string(),
             sync_mode: "lease".to_string(),
+            rpc_version: crate::membership::RPC_VERSION,
         };
         MembershipConfig::new("c", "node-1", 1, ([127, 0, 0, 1], 7000).into(), metadata)
     }

@@ -20,8 +20,20 @@ pub const KEY_RPC_ADDR: &str = "m:rpc_addr";
 pub const KEY_VERSION: &str = "m:version";
 /// Key holding [`NodeMetadata::sync_mode`].
 pub const KEY_SYNC_MODE: &str = "m:sync_mode";
+/// Key holding [`NodeMetadata::rpc_version`]; absent on builds before it (read
+/// as 1), so adding it did not change [`SCHEMA_VERSION`].
+pub const KEY_RPC_VERSION: &str = "m:rpc_version";
 /// Metadata schema this build writes and accepts. Bump it when a key changes meaning.
 pub const SCHEMA_VERSION: &str = "1";
+/// The internal RPC's wire version this build speaks. An owner parses statements
+/// strictly (a field it does not know is a malformed batch), so a holder sends a
+/// field only to owners whose version reads it:
+/// - 1: statements without `held` (every build before this key existed);
+/// - 2: a statement may carry `held`, the cut-off figure the holder holds
+///   (docs/design/lease.md, "Versions").
+pub const RPC_VERSION: u32 = 2;
+/// What a node that publishes no [`KEY_RPC_VERSION`] speaks.
+const RPC_VERSION_BEFORE_THE_KEY: u32 = 1;
 
 /// Longest accepted address value in bytes (a DNS name plus a port fits).
 const MAX_ADDR_LEN_BYTES: usize = 255;
@@ -42,6 +54,8 @@ pub struct NodeMetadata {
     pub version: String,
     /// Sync mode the node runs, e.g. `lease` (design.md section 6).
     pub sync_mode: String,
+    /// The internal RPC's wire version it speaks ([`RPC_VERSION`] for this build).
+    pub rpc_version: u32,
 }
 
 /// Why a member's metadata cannot be trusted.
@@ -78,6 +92,7 @@ impl NodeMetadata {
             (KEY_RPC_ADDR.to_string(), self.rpc_addr.clone()),
             (KEY_VERSION.to_string(), self.version.clone()),
             (KEY_SYNC_MODE.to_string(), self.sync_mode.clone()),
+            (KEY_RPC_VERSION.to_string(), self.rpc_version.to_string()),
         ]
     }
 
@@ -95,6 +110,11 @@ impl NodeMetadata {
             rpc_addr: field(KEY_RPC_ADDR)?.to_string(),
             version: field(KEY_VERSION)?.to_string(),
             sync_mode: field(KEY_SYNC_MODE)?.to_string(),
+            rpc_version: match get(KEY_RPC_VERSION) {
+                None => RPC_VERSION_BEFORE_THE_KEY,
+                Some(v) => (v.parse::<u32>().ok().filter(|v| *v >= 1))
+                    .ok_or_else(|| invalid(KEY_RPC_VERSION, "expected a version number >= 1"))?,
+            },
         };
         metadata.validate()?;
         Ok(metadata)
@@ -160,6 +180,7 @@ mod tests {
             rpc_addr: "node-1.tollgate.svc:8081".to_string(),
             version: "0.1.0".to_string(),
             sync_mode: "lease".to_string(),
+            rpc_version: RPC_VERSION,
         }
     }
 
@@ -185,6 +206,13 @@ mod tests {
     }
 
     #[test]
+    fn a_node_from_before_the_rpc_version_key_speaks_version_1() {
+        let mut map: HashMap<_, _> = sample().to_key_values().into_iter().collect();
+        map.remove(KEY_RPC_VERSION);
+        assert_eq!(parse_map(&map).map(|m| m.rpc_version), Ok(1));
+    }
+
+    #[test]
     fn other_schema_is_refused() {
         let mut map: HashMap<_, _> = sample().to_key_values().into_iter().collect();
         map.insert(KEY_SCHEMA.to_string(), "2".to_string());
@@ -203,6 +231,9 @@ mod tests {
             (KEY_RPC_ADDR, "host:99999"),
             (KEY_VERSION, ""),
             (KEY_SYNC_MODE, "has space"),
+            (KEY_RPC_VERSION, "0"),
+            (KEY_RPC_VERSION, "two"),
+            (KEY_RPC_VERSION, ""),
         ] {
             let mut map: HashMap<_, _> = sample().to_key_values().into_iter().collect();
             map.insert(key.to_string(), value.to_string());

@@ -38,7 +38,7 @@ pub use self::config::{
     MAX_INTERVAL_GOSSIP_ROUNDS, MembershipConfig,
 };
 pub use self::error::MembershipError;
-pub use self::metadata::{MetadataError, NodeMetadata, RESERVED_PREFIX};
+pub use self::metadata::{MetadataError, NodeMetadata, RESERVED_PREFIX, RPC_VERSION};
 use self::view::{Arbiter, Candidate, Event};
 pub use self::view::{LiveView, Member, MemberId, UntrustedMember};
 

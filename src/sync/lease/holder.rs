@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tollgate_cluster::lease::budget::Snapshot;
 use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
 use tollgate_cluster::lease::rendezvous;
+use tollgate_cluster::membership::RPC_VERSION;
 
 /// The id the holder loop gives Redis as a key's owner (`redis-lease`).
 pub const REDIS_OWNER: &str = "redis";
@@ -33,6 +34,7 @@ pub const REDIS_OWNER: &str = "redis";
 static REDIS: std::sync::LazyLock<MemberAddr> = std::sync::LazyLock::new(|| MemberAddr {
     id: REDIS_OWNER.to_owned(),
     rpc: String::new(),
+    rpc_version: RPC_VERSION,
 });
 
 /// Who owns the keys.
@@ -617,7 +619,7 @@ impl Holder {
             return vec![(items, Ok(answers))];
         }
         let entries = (items.iter())
-            .map(|(i, s)| Entry::new(&bindings[*i].key, &s.request))
+            .map(|(i, s)| Entry::new(&bindings[*i].key, &s.request).readable_by(owner.rpc_version))
             .collect();
         let batches = wire::batches(
             &self.settings.cluster_id,
@@ -917,6 +919,7 @@ upstreams = ["u"]
                 .map(|m| MemberAddr {
                     id: (*m).into(),
                     rpc: format!("127.0.0.1:1/{m}"),
+                    rpc_version: RPC_VERSION,
                 })
                 .collect(),
             settled: true,
@@ -933,6 +936,7 @@ upstreams = ["u"]
         let owner = MemberAddr {
             id: owner.into(),
             rpc: String::new(),
+            rpc_version: RPC_VERSION,
         };
         let items = (keys.iter())
             .map(|i| (*i as usize, nothing_held(1, 1)))

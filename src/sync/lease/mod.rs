@@ -33,6 +33,9 @@ pub struct MemberAddr {
     pub id: String,
     /// Its internal RPC address.
     pub rpc: String,
+    /// The internal RPC's wire version it speaks (`NodeMetadata::rpc_version`):
+    /// what a statement to it may carry.
+    pub rpc_version: u32,
 }
 
 /// A member is found by its id (rendezvous hashing over the members themselves).

@@ -472,6 +472,7 @@ mod tests {
                 .map(|m| MemberAddr {
                     id: (*m).to_owned(),
                     rpc: String::new(),
+                    rpc_version: tollgate_cluster::membership::RPC_VERSION,
                 })
                 .collect(),
             // Equal shares of L = 100 for every key (idle terms of its capacity).

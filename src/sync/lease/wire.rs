@@ -94,6 +94,19 @@ impl Entry {
         }
     }
 
+    /// The statement as an owner speaking wire `rpc_version` reads it
+    /// (`tollgate_cluster::membership::RPC_VERSION`). Before 2 an owner parses no
+    /// `held`: its strict parsing would refuse the whole batch, so the figure is
+    /// left out. Such an owner never keeps a held figure anyway (`Reserves::keep`
+    /// came with it), so it loses nothing it had; without this, an upgraded busy
+    /// holder read it as unreachable until it was upgraded too.
+    pub fn readable_by(mut self, rpc_version: u32) -> Entry {
+        if rpc_version < 2 {
+            self.held = 0;
+        }
+        self
+    }
+
     /// At least the length of this entry in JSON: every character of the key
     /// escaped at worst (`\u00XX`), every number at 20 digits.
     fn json_bound(&self) -> usize {
@@ -242,6 +255,7 @@ pub fn secrets_match(given: &[u8], expected: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_cluster::membership::RPC_VERSION;
 
     #[test]
     fn secrets_compare_exactly() {
@@ -339,5 +353,44 @@ mod tests {
         assert_eq!(back, ok);
         let refused = Answer::from_result(&Err(Refusal::NotOwner));
         assert_eq!(refused.into_result(), Err("not_owner".to_owned()));
+    }
+
+    #[test]
+    fn an_owner_speaking_version_1_is_sent_what_it_parses() {
+        let holding = Entry::new(
+            "tenant:a:requests",
+            &SyncRequest {
+                seq: 9,
+                usage: vec![(3, 4)],
+                remaining: 2,
+                want: 1,
+                adopted: 8,
+                held: 6,
+            },
+        );
+        // The fields of wire version 1, the schema of every build before `held`
+        // (f63573f), which parsed strictly: any other field refused the batch
+        // (tests/cluster_lease.rs runs such an owner over a real socket).
+        const VERSION_1: [&str; 6] = ["adopted", "key", "remaining", "seq", "usage", "want"];
+        let fields = |e: &Entry| -> Vec<String> {
+            let json = serde_json::to_value(e).expect("serializes");
+            json.as_object()
+                .expect("an object")
+                .keys()
+                .cloned()
+                .collect()
+        };
+        assert!(
+            fields(&holding).contains(&"held".to_owned()),
+            "what it refused"
+        );
+        assert_eq!(fields(&holding.clone().readable_by(1)), VERSION_1);
+        let current = holding.clone().readable_by(RPC_VERSION);
+        assert_eq!(
+            current.request(),
+            holding.request(),
+            "version 2 keeps the figure"
+        );
+        assert_eq!(holding.readable_by(1).request().held, 0);
     }
 }

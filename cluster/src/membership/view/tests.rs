@@ -20,6 +20,7 @@ fn metadata() -> NodeMetadata {
         rpc_addr: "127.0.0.1:8081".to_string(),
         version: "0.1.0".to_string(),
         sync_mode: "lease".to_string(),
+        rpc_version: crate::membership::RPC_VERSION,
     }
 }
 
