@@ -495,7 +495,9 @@ async fn bad_internal_rpcs_are_refused_counted_and_change_nothing() {
 fn line_state(admin: &serde_json::Value) -> serde_json::Value {
     let mut owned = admin["owned"].clone();
     for line in owned.as_array_mut().into_iter().flatten() {
-        line.as_object_mut().map(|l| l.remove("held"));
+        if let Some(line) = line.as_object_mut() {
+            line.remove("held");
+        }
     }
     owned
 }
@@ -606,11 +608,12 @@ async fn holders_publish_the_cut_off_share_they_hold_and_the_owner_reads_it() {
     upstream.shutdown().await.unwrap();
 }
 
-/// A lease owner as every build before wire version 2 was, over a real socket:
-/// it parses statements strictly with the version 1 schema (no `held`), refuses
-/// a batch it cannot parse (400, as those builds did) and otherwise grants what
-/// is asked and tells a cut-off figure, so the holder holds one.
-mod version_1_owner {
+/// A lease owner speaking an older or the current wire version, over a real
+/// socket. At version 1 it parses statements as every build before `held` did
+/// (f63573f's schema, strict: a `held` refuses the whole batch, 400); at 2 it
+/// also reads `held`. It grants what is asked and tells a cut-off figure, so the
+/// holder holds one.
+mod owner_at_version {
     use axum::body::Bytes;
     use axum::extract::State;
     use axum::http::StatusCode;
@@ -637,128 +640,233 @@ mod version_1_owner {
         want: u64,
         #[serde(default)]
         adopted: u64,
+        /// Version 2's field: at version 1 its presence is an unknown field.
+        held: Option<u64>,
     }
 
     #[derive(Default)]
     pub struct Seen {
         /// Batches it could not parse.
         pub refused: AtomicU64,
-        /// Statements of `key` read after it had told that key a figure.
+        /// Statements of the counted key read after it had told that key a figure.
         pub stated_holding: AtomicU64,
+        /// Statements of the counted key that carried a non-zero `held`.
+        pub held: AtomicU64,
         told: AtomicU64,
     }
 
-    /// Serves on `listener`; `key` is the key whose statements are counted.
-    pub async fn serve(listener: tokio::net::TcpListener, key: &'static str) -> Arc<Seen> {
+    /// Serves on `listener` as an owner speaking wire `version` (or refusing
+    /// every batch, `refuse_all`), counting the statements of `key`.
+    pub async fn serve(
+        listener: tokio::net::TcpListener,
+        version: u32,
+        refuse_all: bool,
+        key: &'static str,
+    ) -> Arc<Seen> {
         let seen = Arc::new(Seen::default());
+        let sync = move |State(seen): State<Arc<Seen>>, body: Bytes| async move {
+            let batch = serde_json::from_slice::<Batch>(&body).ok().filter(|b| {
+                !refuse_all && (version >= 2 || b.entries.iter().all(|e| e.held.is_none()))
+            });
+            let Some(batch) = batch else {
+                seen.refused.fetch_add(1, Ordering::Relaxed);
+                return (StatusCode::BAD_REQUEST, "malformed batch".to_owned());
+            };
+            let answers: Vec<_> = (batch.entries.iter())
+                .map(|e| {
+                    if e.key == key && seen.told.load(Ordering::Relaxed) > 0 {
+                        seen.stated_holding.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if e.key == key && e.held.is_some_and(|h| h > 0) {
+                        seen.held.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let credit = e.remaining + e.want.min(10);
+                    let used: u64 = e.usage.iter().map(|(_, c)| c).sum();
+                    if e.key == key && credit + used > 0 {
+                        seen.told.fetch_add(1, Ordering::Relaxed);
+                    }
+                    serde_json::json!({"credit": {
+                        "credit": credit, "granted": credit - e.remaining,
+                        "ttl_ms": 1000, "cut_off_share": credit + used,
+                    }})
+                })
+                .collect();
+            let answers = serde_json::json!({ "entries": answers });
+            (StatusCode::OK, answers.to_string())
+        };
         let app = axum::Router::new()
-            .route(
-                "/internal/v1/lease/sync",
-                axum::routing::post(
-                    move |State(seen): State<Arc<Seen>>, body: Bytes| async move {
-                        let Ok(batch) = serde_json::from_slice::<Batch>(&body) else {
-                            seen.refused.fetch_add(1, Ordering::Relaxed);
-                            return (StatusCode::BAD_REQUEST, "malformed batch".to_owned());
-                        };
-                        let answers: Vec<_> = (batch.entries.iter())
-                            .map(|e| {
-                                if e.key == key && seen.told.load(Ordering::Relaxed) > 0 {
-                                    seen.stated_holding.fetch_add(1, Ordering::Relaxed);
-                                }
-                                let credit = e.remaining + e.want.min(10);
-                                let used: u64 = e.usage.iter().map(|(_, c)| c).sum();
-                                if e.key == key && credit + used > 0 {
-                                    seen.told.fetch_add(1, Ordering::Relaxed);
-                                }
-                                serde_json::json!({"credit": {
-                                    "credit": credit, "granted": credit - e.remaining,
-                                    "ttl_ms": 1000, "cut_off_share": credit + used,
-                                }})
-                            })
-                            .collect();
-                        (
-                            StatusCode::OK,
-                            serde_json::json!({ "entries": answers }).to_string(),
-                        )
-                    },
-                ),
-            )
+            .route("/internal/v1/lease/sync", axum::routing::post(sync))
             .with_state(seen.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         seen
     }
 }
 
+/// One real lease node beside an owner speaking wire `version` (a bare
+/// membership publishing `m:rpc_version` = `version`, made the owner of the
+/// request key; `refuse_all`: it refuses every batch).
+struct BesideAnOwner {
+    node: Node,
+    owner: tollgate_cluster::membership::Membership,
+    upstream: tollgate::mock::MockHandle,
+    seen: Arc<owner_at_version::Seen>,
+}
+
+impl BesideAnOwner {
+    async fn start(version: u32, refuse_all: bool) -> BesideAnOwner {
+        use tollgate_cluster::chitchat::transport::UdpTransport;
+        use tollgate_cluster::lease::rendezvous;
+        use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
+        let upstream = mock(|_| {}).await;
+        let ports = [free_udp_port(), free_udp_port()];
+        let node = node(&lease_toml(0, &ports, "2s"), &[&upstream]).await;
+        let node_id = self_id(&node).await;
+        // A generation that makes the other member the request key's owner.
+        let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
+        let generation = (1..)
+            .find(|g| {
+                let other = format!("node-1/{g}@{gossip}");
+                rendezvous::owner(KEY_REQUESTS, &[node_id.as_str(), other.as_str()])
+                    == Some(&other.as_str())
+            })
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let rpc_addr = listener.local_addr().unwrap().to_string();
+        let seen = owner_at_version::serve(listener, version, refuse_all, KEY_REQUESTS).await;
+        let metadata = NodeMetadata {
+            proxy_addr: "127.0.0.1:1".into(),
+            rpc_addr,
+            version: "0.1.0".into(),
+            sync_mode: "lease".into(),
+            rpc_version: version,
+        };
+        let cluster_id = format!("test-{}", ports[0]);
+        let mut config = MembershipConfig::new(cluster_id, "node-1", generation, gossip, metadata);
+        config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
+        config.gossip_interval = Duration::from_millis(50);
+        let owner = Membership::start(config, &UdpTransport).await.unwrap();
+        wait_members(&node, 2).await;
+        assert_eq!(
+            owner_of(&node, KEY_REQUESTS).await,
+            owner.self_id().to_string()
+        );
+        let members = admin(&node, "/admin/cluster").await["cluster"]["members"].clone();
+        assert!(
+            (members.as_array().unwrap().iter()).any(|m| m["rpc_version"] == version),
+            "{members}"
+        );
+        BesideAnOwner {
+            node,
+            owner,
+            upstream,
+            seen,
+        }
+    }
+
+    /// Serves requests one at a time until `done` says the owner saw enough;
+    /// returns the clients' statuses.
+    async fn serve_until(&self, done: impl Fn(&owner_at_version::Seen) -> bool) -> Vec<u16> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut statuses = Vec::new();
+        while !done(&self.seen) {
+            assert!(
+                Instant::now() < deadline,
+                "the owner never saw what the test waits for"
+            );
+            let r = post(&self.node, "/chat/completions", chat_body("hi", 5), &[]).await;
+            statuses.push(r.status().as_u16());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        statuses
+    }
+
+    async fn stop(self) {
+        self.node.stop().await;
+        self.owner.shutdown().await.unwrap();
+        self.upstream.shutdown().await.unwrap();
+    }
+}
+
 /// A rolling upgrade: an upgraded holder sends an owner that does not parse
 /// `held` (it publishes no `m:rpc_version`, or 1) statements without it, so
-/// that owner reads them; it refused them whole before, and the holder read it
-/// as unreachable on every key it owns until it was upgraded too.
+/// that owner reads them and the holder is served on its credit. Before, that
+/// owner refused every batch carrying `held`, and the holder read it as
+/// unreachable on every key it owns until it was upgraded too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_speaking_wire_version_1_is_sent_statements_it_parses() {
     use std::sync::atomic::Ordering;
-    use tollgate_cluster::chitchat::transport::UdpTransport;
-    use tollgate_cluster::lease::rendezvous;
-    use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
-    let upstream = mock(|_| {}).await;
-    let ports = [free_udp_port(), free_udp_port()];
-    let node = node(&lease_toml(0, &ports, "2s"), &[&upstream]).await;
-    let node_id = self_id(&node).await;
-    // A generation that makes the old owner the request key's owner.
-    let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
-    let generation = (1..)
-        .find(|g| {
-            let old = format!("node-1/{g}@{gossip}");
-            rendezvous::owner(KEY_REQUESTS, &[node_id.as_str(), old.as_str()])
-                == Some(&old.as_str())
-        })
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let rpc_addr = listener.local_addr().unwrap().to_string();
-    let seen = version_1_owner::serve(listener, KEY_REQUESTS).await;
-    let metadata = NodeMetadata {
-        proxy_addr: "127.0.0.1:1".into(),
-        rpc_addr,
-        version: "0.1.0".into(),
-        sync_mode: "lease".into(),
-        rpc_version: 1,
-    };
-    let cluster_id = format!("test-{}", ports[0]);
-    let mut config = MembershipConfig::new(cluster_id, "node-1", generation, gossip, metadata);
-    config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
-    config.gossip_interval = Duration::from_millis(50);
-    let old = Membership::start(config, &UdpTransport).await.unwrap();
-    wait_members(&node, 2).await;
+    let cell = BesideAnOwner::start(1, false).await;
+    // Three statements made while the holder held a figure, each with `held`
+    // to leave out.
+    let statuses = (cell.serve_until(|s| {
+        s.refused.load(Ordering::Relaxed) > 0 || s.stated_holding.load(Ordering::Relaxed) >= 3
+    }))
+    .await;
     assert_eq!(
-        owner_of(&node, KEY_REQUESTS).await,
-        old.self_id().to_string()
-    );
-    let members = admin(&node, "/admin/cluster").await["cluster"]["members"].clone();
-    assert!(
-        (members.as_array().unwrap().iter()).any(|m| m["rpc_version"] == 1),
-        "{members}"
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut statuses = Vec::new();
-    while seen.stated_holding.load(Ordering::Relaxed) < 3
-        && seen.refused.load(Ordering::Relaxed) == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the holder never stated while holding a figure"
-        );
-        let r = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
-        statuses.push(r.status().as_u16());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        seen.refused.load(Ordering::Relaxed),
+        cell.seen.refused.load(Ordering::Relaxed),
         0,
         "a version 1 owner refused a batch"
     );
-    // Served on the old owner's credit throughout (a refused batch reads as an
+    // Served on that owner's credit throughout (a refused batch reads as an
     // unreachable owner: 429s once the credit is spent).
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
-    node.stop().await;
-    old.shutdown().await.unwrap();
-    upstream.shutdown().await.unwrap();
+    cell.stop().await;
+}
+
+/// The other side of the downgrade: an owner at the current version is still
+/// told the figure the holder holds (the double fault's first path stays
+/// closed on the keys it owns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_speaking_the_current_wire_version_is_told_the_held_figure() {
+    use std::sync::atomic::Ordering;
+    let cell = BesideAnOwner::start(tollgate_cluster::membership::RPC_VERSION, false).await;
+    let seen_or_refused = |s: &owner_at_version::Seen| {
+        s.refused.load(Ordering::Relaxed) + s.held.load(Ordering::Relaxed) > 0
+    };
+    cell.serve_until(seen_or_refused).await;
+    assert_eq!(cell.seen.refused.load(Ordering::Relaxed), 0);
+    assert!(
+        cell.seen.held.load(Ordering::Relaxed) > 0,
+        "no statement carried the figure the holder held"
+    );
+    cell.stop().await;
+}
+
+/// Retries are bounded: an owner that refuses every batch (or cannot be
+/// reached) is sent the key's statement once a sync round (100 ms here), not
+/// again each time a waiting request asks for credit. Before, the holder
+/// re-sent every few milliseconds while requests waited (211 batches in the
+/// 1.5 s; 15 now). The requests meet explicit 429s once their wait (2 s) is out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_refusing_every_batch_is_retried_once_a_round() {
+    use std::sync::atomic::Ordering;
+    let cell = BesideAnOwner::start(tollgate_cluster::membership::RPC_VERSION, true).await;
+    let url = cell.node.url();
+    let waiting: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let r = post_url(&url, "/chat/completions", chat_body("hi", 5)).await;
+                r.status().as_u16()
+            })
+        })
+        .collect();
+    // Wait out the start (the first refusal), then count over 1.5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cell.seen.refused.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the owner was never stated to");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = cell.seen.refused.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let batches = cell.seen.refused.load(Ordering::Relaxed) - before;
+    // 15 rounds; twice that allows for nudged and restated rounds.
+    assert!(
+        batches <= 30,
+        "{batches} batches to a refusing owner in 1.5 s"
+    );
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), 429, "refused explicitly");
+    }
+    cell.stop().await;
 }

@@ -20,20 +20,29 @@ pub const KEY_RPC_ADDR: &str = "m:rpc_addr";
 pub const KEY_VERSION: &str = "m:version";
 /// Key holding [`NodeMetadata::sync_mode`].
 pub const KEY_SYNC_MODE: &str = "m:sync_mode";
-/// Key holding [`NodeMetadata::rpc_version`]; absent on builds before it (read
-/// as 1), so adding it did not change [`SCHEMA_VERSION`].
+/// Key holding [`NodeMetadata::rpc_version`], a decimal number; absent on builds
+/// before it (read as 1), so adding it did not change [`SCHEMA_VERSION`]. A value
+/// this build cannot read is read as 1 too, never as an untrusted member: a later
+/// build that wrote, say, `3.1` would otherwise drop out of this build's
+/// membership altogether, where reading it as 1 only sends it the least.
 pub const KEY_RPC_VERSION: &str = "m:rpc_version";
 /// Metadata schema this build writes and accepts. Bump it when a key changes meaning.
 pub const SCHEMA_VERSION: &str = "1";
 /// The internal RPC's wire version this build speaks. An owner parses statements
 /// strictly (a field it does not know is a malformed batch), so a holder sends a
 /// field only to owners whose version reads it:
-/// - 1: statements without `held` (every build before this key existed);
-/// - 2: a statement may carry `held`, the cut-off figure the holder holds
-///   (docs/design/lease.md, "Versions").
+/// - 1: the schema of f63573f (statements with `adopted`, without `held`), and
+///   what any build that publishes no key is read as. Builds from before
+///   `adopted` (9e51b5b) cannot be told apart from it and still refuse
+///   `adopted`, as they always did (docs/design/lease.md, "Versions");
+/// - 2 ([`HELD_SINCE_RPC_VERSION`]): a statement may carry `held`, the cut-off
+///   figure the holder holds.
 pub const RPC_VERSION: u32 = 2;
-/// What a node that publishes no [`KEY_RPC_VERSION`] speaks.
-const RPC_VERSION_BEFORE_THE_KEY: u32 = 1;
+/// The first wire version whose owners parse a statement's `held`.
+pub const HELD_SINCE_RPC_VERSION: u32 = 2;
+/// What a node that publishes no [`KEY_RPC_VERSION`], or one this build cannot
+/// read, is taken to speak: the least.
+const RPC_VERSION_LEAST: u32 = 1;
 
 /// Longest accepted address value in bytes (a DNS name plus a port fits).
 const MAX_ADDR_LEN_BYTES: usize = 255;
@@ -110,11 +119,9 @@ impl NodeMetadata {
             rpc_addr: field(KEY_RPC_ADDR)?.to_string(),
             version: field(KEY_VERSION)?.to_string(),
             sync_mode: field(KEY_SYNC_MODE)?.to_string(),
-            rpc_version: match get(KEY_RPC_VERSION) {
-                None => RPC_VERSION_BEFORE_THE_KEY,
-                Some(v) => (v.parse::<u32>().ok().filter(|v| *v >= 1))
-                    .ok_or_else(|| invalid(KEY_RPC_VERSION, "expected a version number >= 1"))?,
-            },
+            rpc_version: (get(KEY_RPC_VERSION).and_then(|v| v.parse::<u32>().ok()))
+                .filter(|v| *v >= RPC_VERSION_LEAST)
+                .unwrap_or(RPC_VERSION_LEAST),
         };
         metadata.validate()?;
         Ok(metadata)
@@ -213,6 +220,22 @@ mod tests {
     }
 
     #[test]
+    fn an_rpc_version_this_build_cannot_read_is_version_1_and_still_trusted() {
+        for value in ["0", "two", "", "3.1", "99999999999"] {
+            let mut map: HashMap<_, _> = sample().to_key_values().into_iter().collect();
+            map.insert(KEY_RPC_VERSION.to_string(), value.to_string());
+            assert_eq!(parse_map(&map).map(|m| m.rpc_version), Ok(1), "{value:?}");
+        }
+        let mut map: HashMap<_, _> = sample().to_key_values().into_iter().collect();
+        map.insert(KEY_RPC_VERSION.to_string(), "7".to_string());
+        assert_eq!(
+            parse_map(&map).map(|m| m.rpc_version),
+            Ok(7),
+            "a later build"
+        );
+    }
+
+    #[test]
     fn other_schema_is_refused() {
         let mut map: HashMap<_, _> = sample().to_key_values().into_iter().collect();
         map.insert(KEY_SCHEMA.to_string(), "2".to_string());
@@ -231,9 +254,6 @@ mod tests {
             (KEY_RPC_ADDR, "host:99999"),
             (KEY_VERSION, ""),
             (KEY_SYNC_MODE, "has space"),
-            (KEY_RPC_VERSION, "0"),
-            (KEY_RPC_VERSION, "two"),
-            (KEY_RPC_VERSION, ""),
         ] {
             let mut map: HashMap<_, _> = sample().to_key_values().into_iter().collect();
             map.insert(key.to_string(), value.to_string());

@@ -38,7 +38,9 @@ pub use self::config::{
     MAX_INTERVAL_GOSSIP_ROUNDS, MembershipConfig,
 };
 pub use self::error::MembershipError;
-pub use self::metadata::{MetadataError, NodeMetadata, RESERVED_PREFIX, RPC_VERSION};
+pub use self::metadata::{
+    HELD_SINCE_RPC_VERSION, MetadataError, NodeMetadata, RESERVED_PREFIX, RPC_VERSION,
+};
 use self::view::{Arbiter, Candidate, Event};
 pub use self::view::{LiveView, Member, MemberId, UntrustedMember};
 

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use tollgate_cluster::lease::Refusal;
 use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
+use tollgate_cluster::membership::HELD_SINCE_RPC_VERSION;
 
 /// The path statements are posted to.
 pub const SYNC_PATH: &str = "/internal/v1/lease/sync";
@@ -95,13 +96,13 @@ impl Entry {
     }
 
     /// The statement as an owner speaking wire `rpc_version` reads it
-    /// (`tollgate_cluster::membership::RPC_VERSION`). Before 2 an owner parses no
-    /// `held`: its strict parsing would refuse the whole batch, so the figure is
-    /// left out. Such an owner never keeps a held figure anyway (`Reserves::keep`
+    /// (`tollgate_cluster::membership::RPC_VERSION`). Before
+    /// [`HELD_SINCE_RPC_VERSION`] an owner parses no `held`: its strict parsing
+    /// would refuse the whole batch, so the figure is left out. Such an owner never keeps a held figure anyway (`Reserves::keep`
     /// came with it), so it loses nothing it had; without this, an upgraded busy
     /// holder read it as unreachable until it was upgraded too.
     pub fn readable_by(mut self, rpc_version: u32) -> Entry {
-        if rpc_version < 2 {
+        if rpc_version < HELD_SINCE_RPC_VERSION {
             self.held = 0;
         }
         self
