@@ -1,7 +1,8 @@
 //! The holder side: a loop, off the request path, that states each active key to
 //! its owner and adopts the answer. A key is stated when its owner changed (the
 //! re-announce a new owner waits for), when its actor ran low or was refused
-//! (woken at once), or as a heartbeat every ttl/3 while it holds credit or usage;
+//! (woken at once, unless its owner failed the last two batches: then at the
+//! next interval's round, [`Round::Woken`]), or as a heartbeat every ttl/3 while it holds credit or usage;
 //! a heartbeat with nothing spent since the last statement returns the unused
 //! credit, and a graceful stop returns all of it.
 //! Statements for one owner travel in one batch; batches to different owners go
@@ -17,7 +18,7 @@ use crate::actor::Dimension;
 use crate::actor::credit::{Credit, CreditTable};
 use crate::proxy::AppState;
 use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -55,6 +56,13 @@ pub enum Owners {
 
 /// Shortest gap between two rounds woken by actors (coalesces a burst of wakes).
 const MIN_WAKE_GAP: Duration = Duration::from_millis(5);
+
+/// Failed batches in a row after which an owner is stated to on the sync
+/// interval's rounds only ([`Round::Woken`]). One failure is retried at once: a
+/// single timed-out call (in `redis-lease` one key's 15 ms timeout fails the
+/// whole round, and Redis owns every key) would otherwise hold every refill
+/// back by up to an interval.
+const FAILURES_BEFORE_BACKOFF: u32 = 2;
 
 /// Settings of the holder loop.
 pub struct HolderSettings {
@@ -96,6 +104,8 @@ pub struct Holder {
     /// statements come after it).
     nothing_held_seq: u64,
     unreachable: HashSet<String>,
+    /// Per owner, its failed batches in a row (absent: its last one answered).
+    failures: HashMap<String, u32>,
     /// `redis-lease`: the reservation Redis last confirmed per key: the cut-off
     /// share.
     reserved: Mutex<Reservations>,
@@ -138,12 +148,13 @@ pub enum Round {
     /// State what is due (owner changed, asked for, heartbeat), renew, return unused.
     Normal,
     /// As `Normal`, started by an actor asking for credit rather than the sync
-    /// interval: keys whose owner failed the last batch are left to the next
-    /// `Normal` round. An actor refused for want of credit asks again as soon as
-    /// an unreachable answer wakes it, so without this the holder re-sent to a
-    /// down or refusing owner every few milliseconds while requests waited (a
-    /// test owner refusing every batch read 211 batches in 1.5 s, against the
-    /// 15 of one per 100 ms round now: tests/cluster_lease.rs).
+    /// interval: keys whose owner failed the last [`FAILURES_BEFORE_BACKOFF`]
+    /// batches in a row are left to the next `Normal` round. An actor refused for
+    /// want of credit asks again as soon as an unreachable answer wakes it, so
+    /// without this the holder re-sent to a down or refusing owner every few
+    /// milliseconds while requests waited (a test owner refusing every batch
+    /// read 211 batches in 1.5 s, against the 15 of one per 100 ms round now:
+    /// tests/cluster_lease.rs).
     Woken,
     /// Graceful stop: return every credit.
     ReturnAll,
@@ -256,6 +267,7 @@ impl Holder {
             client: rpc::client(settings.rpc_timeout),
             settings,
             unreachable: HashSet::new(),
+            failures: HashMap::new(),
             reserved: Mutex::default(),
             cut_off: Arc::default(),
             held: Arc::default(),
@@ -307,6 +319,7 @@ impl Holder {
             // degraded, for as long as the process ran (the scale simulation's
             // owner crash at 3 and 5 nodes).
             (self.unreachable).retain(|id| view.members.iter().any(|m| m.id == *id));
+            (self.failures).retain(|id, _| view.members.iter().any(|m| m.id == *id));
         }
         self.publish_cut_off();
         self.mark_moved(&view);
@@ -378,7 +391,8 @@ impl Holder {
             let returning =
                 round == Round::ReturnAll && (held > 0 || self.reservation(&binding.key) > 0);
             // Read under one lock:
-            // - a key still cut off is stated every round: when its owner answers
+            // - a key still cut off is stated every round (every interval's round
+            //   once its owner failed twice in a row): when its owner answers
             //   again it must leave the cut-off (and report its spending) at once;
             // - a key gone idle still holding a told cut-off share states once
             //   more, giving it back: the owner charges that figure until it hears
@@ -466,18 +480,7 @@ impl Holder {
             // Each batch's answers are adopted on their own; an owner that failed
             // any batch is unreachable this round.
             let failed = parts.iter().find_map(|(_, a)| a.as_ref().err());
-            match failed {
-                Some(e) => {
-                    if self.unreachable.insert(owner.id.clone()) {
-                        tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
-                    }
-                }
-                None => {
-                    if self.unreachable.remove(&owner.id) {
-                        tracing::info!(owner = %owner.id, "lease owner reachable again");
-                    }
-                }
-            }
+            self.note_batches(&owner, failed);
             for (items, answered) in parts {
                 self.adopt(&owner, items, answered);
             }
@@ -485,10 +488,35 @@ impl Holder {
         self.publish_cut_off();
     }
 
+    /// Records how `owner` answered this round's batches: `failed`, the first
+    /// failure, if any.
+    fn note_batches(&mut self, owner: &MemberAddr, failed: Option<&CallError>) {
+        match failed {
+            Some(e) => {
+                *self.failures.entry(owner.id.clone()).or_insert(0) += 1;
+                if self.unreachable.insert(owner.id.clone()) {
+                    tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
+                }
+            }
+            None => {
+                self.failures.remove(&owner.id);
+                if self.unreachable.remove(&owner.id) {
+                    tracing::info!(owner = %owner.id, "lease owner reachable again");
+                }
+            }
+        }
+    }
+
     /// Whether statements to `owner` wait for the next `Normal` round: in a
-    /// `Woken` round, an owner that failed the last batch ([`Round::Woken`]).
+    /// `Woken` round, an owner that failed its last [`FAILURES_BEFORE_BACKOFF`]
+    /// batches. The skipped key keeps its ask (`take_wanted` is not called), so
+    /// that round takes it; meanwhile its actor does not wake the loop again
+    /// (`Credit::want` notifies once per ask), which also means a key whose
+    /// owner moves meanwhile is stated to the new one at that round, up to an
+    /// interval later.
     fn retried_next_round(&self, owner: &MemberAddr, round: Round) -> bool {
-        round == Round::Woken && self.unreachable.contains(&owner.id)
+        round == Round::Woken
+            && (self.failures.get(&owner.id)).is_some_and(|n| *n >= FAILURES_BEFORE_BACKOFF)
     }
 
     /// `key`'s owner in `view` (Redis for every key in `redis-lease`).
@@ -1122,6 +1150,40 @@ upstreams = ["u"]
             last_target: 0,
             cap: 1_000_000,
         }
+    }
+
+    #[test]
+    fn an_owner_is_left_to_the_intervals_rounds_after_two_failures_in_a_row() {
+        let mut holder = holder(1);
+        let owner = MemberAddr {
+            id: "b".into(),
+            rpc: String::new(),
+            rpc_version: RPC_VERSION,
+        };
+        let down = CallError::Unreachable("refused".into());
+        let skipped = |h: &Holder| {
+            if h.retried_next_round(&owner, Round::Woken) {
+                "woken: skipped"
+            } else {
+                "woken: sent"
+            }
+        };
+        assert_eq!(skipped(&holder), "woken: sent");
+        holder.note_batches(&owner, Some(&down));
+        assert_eq!(
+            skipped(&holder),
+            "woken: sent",
+            "one failure is retried at once"
+        );
+        holder.note_batches(&owner, Some(&down));
+        assert_eq!(skipped(&holder), "woken: skipped");
+        assert!(
+            !holder.retried_next_round(&owner, Round::Normal),
+            "every interval"
+        );
+        assert!(!holder.retried_next_round(&owner, Round::ReturnAll));
+        holder.note_batches(&owner, None);
+        assert_eq!(skipped(&holder), "woken: sent", "an answer clears it");
     }
 
     #[test]

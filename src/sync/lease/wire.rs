@@ -98,9 +98,10 @@ impl Entry {
     /// The statement as an owner speaking wire `rpc_version` reads it
     /// (`tollgate_cluster::membership::RPC_VERSION`). Before
     /// [`HELD_SINCE_RPC_VERSION`] an owner parses no `held`: its strict parsing
-    /// would refuse the whole batch, so the figure is left out. Such an owner never keeps a held figure anyway (`Reserves::keep`
-    /// came with it), so it loses nothing it had; without this, an upgraded busy
-    /// holder read it as unreachable until it was upgraded too.
+    /// would refuse the whole batch, so the figure is left out. Such an owner
+    /// never keeps a held figure anyway (`Reserves::keep` came with it), so it
+    /// loses nothing it had; without this, an upgraded busy holder read it as
+    /// unreachable until it was upgraded too.
     pub fn readable_by(mut self, rpc_version: u32) -> Entry {
         if rpc_version < HELD_SINCE_RPC_VERSION {
             self.held = 0;
