@@ -652,21 +652,35 @@ mod owner_at_version {
         pub stated_holding: AtomicU64,
         /// Statements of the counted key that carried a non-zero `held`.
         pub held: AtomicU64,
-        told: AtomicU64,
+        /// Answers to the counted key that told it a figure.
+        pub told: AtomicU64,
     }
 
-    /// Serves on `listener` as an owner speaking wire `version` (or refusing
-    /// every batch, `refuse_all`), counting the statements of `key`.
+    /// What the owner grants.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub enum Grants {
+        /// What is asked, up to 10 at a time.
+        Asked,
+        /// Nothing: every batch refused (400).
+        RefuseAll,
+        /// One slot of the counted key in all (granted once, then 0), the rest
+        /// as asked.
+        OneSlot,
+    }
+
+    /// Serves on `listener` as an owner speaking wire `version` and granting
+    /// by `grants`, counting the statements of `key`.
     pub async fn serve(
         listener: tokio::net::TcpListener,
         version: u32,
-        refuse_all: bool,
+        grants: Grants,
         key: &'static str,
     ) -> Arc<Seen> {
         let seen = Arc::new(Seen::default());
         let sync = move |State(seen): State<Arc<Seen>>, body: Bytes| async move {
             let batch = serde_json::from_slice::<Batch>(&body).ok().filter(|b| {
-                !refuse_all && (version >= 2 || b.entries.iter().all(|e| e.held.is_none()))
+                grants != Grants::RefuseAll
+                    && (version >= 2 || b.entries.iter().all(|e| e.held.is_none()))
             });
             let Some(batch) = batch else {
                 seen.refused.fetch_add(1, Ordering::Relaxed);
@@ -680,13 +694,19 @@ mod owner_at_version {
                     if e.key == key && e.held.is_some_and(|h| h > 0) {
                         seen.held.fetch_add(1, Ordering::Relaxed);
                     }
-                    let credit = e.remaining + e.want.min(10);
                     let used: u64 = e.usage.iter().map(|(_, c)| c).sum();
+                    let (credit, granted) = if grants == Grants::OneSlot && e.key == key {
+                        let first = seen.told.load(Ordering::Relaxed) == 0;
+                        (1, u64::from(first))
+                    } else {
+                        let credit = e.remaining + e.want.min(10);
+                        (credit, credit - e.remaining)
+                    };
                     if e.key == key && credit + used > 0 {
                         seen.told.fetch_add(1, Ordering::Relaxed);
                     }
                     serde_json::json!({"credit": {
-                        "credit": credit, "granted": credit - e.remaining,
+                        "credit": credit, "granted": granted,
                         "ttl_ms": 1000, "cut_off_share": credit + used,
                     }})
                 })
@@ -702,9 +722,13 @@ mod owner_at_version {
     }
 }
 
+use owner_at_version::Grants;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tollgate_cluster::membership::RPC_VERSION;
+
 /// One real lease node beside an owner speaking wire `version` (a bare
-/// membership publishing `m:rpc_version` = `version`, made the owner of the
-/// request key; `refuse_all`: it refuses every batch).
+/// membership publishing `m:rpc_version` = `version`, made the owner of `key`,
+/// granting by `grants`; `tenant` is added to the tenant's limits).
 struct BesideAnOwner {
     node: Node,
     owner: tollgate_cluster::membership::Membership,
@@ -713,26 +737,34 @@ struct BesideAnOwner {
 }
 
 impl BesideAnOwner {
-    async fn start(version: u32, refuse_all: bool) -> BesideAnOwner {
+    async fn start(
+        version: u32,
+        grants: owner_at_version::Grants,
+        key: &'static str,
+        tenant: &str,
+        upstream: tollgate::mock::MockHandle,
+    ) -> BesideAnOwner {
         use tollgate_cluster::chitchat::transport::UdpTransport;
         use tollgate_cluster::lease::rendezvous;
         use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
-        let upstream = mock(|_| {}).await;
         let ports = [free_udp_port(), free_udp_port()];
-        let node = node(&lease_toml(0, &ports, "2s"), &[&upstream]).await;
+        let toml = (lease_toml(0, &ports, "2s")).replace(
+            &format!("rpm = {LIMIT}\n"),
+            &format!("rpm = {LIMIT}\n{tenant}"),
+        );
+        let node = node(&toml, &[&upstream]).await;
         let node_id = self_id(&node).await;
-        // A generation that makes the other member the request key's owner.
+        // A generation that makes the other member the owner of `key`.
         let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
         let generation = (1..)
             .find(|g| {
                 let other = format!("node-1/{g}@{gossip}");
-                rendezvous::owner(KEY_REQUESTS, &[node_id.as_str(), other.as_str()])
-                    == Some(&other.as_str())
+                rendezvous::owner(key, &[node_id.as_str(), other.as_str()]) == Some(&other.as_str())
             })
             .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let rpc_addr = listener.local_addr().unwrap().to_string();
-        let seen = owner_at_version::serve(listener, version, refuse_all, KEY_REQUESTS).await;
+        let seen = owner_at_version::serve(listener, version, grants, key).await;
         let metadata = NodeMetadata {
             proxy_addr: "127.0.0.1:1".into(),
             rpc_addr,
@@ -746,10 +778,7 @@ impl BesideAnOwner {
         config.gossip_interval = Duration::from_millis(50);
         let owner = Membership::start(config, &UdpTransport).await.unwrap();
         wait_members(&node, 2).await;
-        assert_eq!(
-            owner_of(&node, KEY_REQUESTS).await,
-            owner.self_id().to_string()
-        );
+        assert_eq!(owner_of(&node, key).await, owner.self_id().to_string());
         let members = admin(&node, "/admin/cluster").await["cluster"]["members"].clone();
         assert!(
             (members.as_array().unwrap().iter()).any(|m| m["rpc_version"] == version),
@@ -780,6 +809,38 @@ impl BesideAnOwner {
         statuses
     }
 
+    /// [`BesideAnOwner::start`] for the request key, the tenant as configured,
+    /// and a mock answering at once.
+    async fn of_requests(version: u32, grants: owner_at_version::Grants) -> BesideAnOwner {
+        Self::start(version, grants, KEY_REQUESTS, "", mock(|_| {}).await).await
+    }
+
+    /// One request sent in the background: its status and how long it took.
+    fn request(&self) -> tokio::task::JoinHandle<(u16, Duration)> {
+        let url = self.node.url();
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let r = post_url(&url, "/chat/completions", chat_body("hi", 5)).await;
+            (r.status().as_u16(), sent.elapsed())
+        })
+    }
+
+    /// How much `counter` grows over 1.5 s, once `started` reads above 0.
+    async fn growth_over_a_second_and_a_half(
+        &self,
+        started: &AtomicU64,
+        counter: &AtomicU64,
+    ) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while started.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "the owner was never stated to");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let before = counter.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        counter.load(Ordering::Relaxed) - before
+    }
+
     async fn stop(self) {
         self.node.stop().await;
         self.owner.shutdown().await.unwrap();
@@ -794,8 +855,7 @@ impl BesideAnOwner {
 /// unreachable on every key it owns until it was upgraded too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_speaking_wire_version_1_is_sent_statements_it_parses() {
-    use std::sync::atomic::Ordering;
-    let cell = BesideAnOwner::start(1, false).await;
+    let cell = BesideAnOwner::of_requests(1, Grants::Asked).await;
     // Three statements made while the holder held a figure, each with `held`
     // to leave out.
     let statuses = (cell.serve_until(|s| {
@@ -818,8 +878,7 @@ async fn an_owner_speaking_wire_version_1_is_sent_statements_it_parses() {
 /// closed on the keys it owns).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_speaking_the_current_wire_version_is_told_the_held_figure() {
-    use std::sync::atomic::Ordering;
-    let cell = BesideAnOwner::start(tollgate_cluster::membership::RPC_VERSION, false).await;
+    let cell = BesideAnOwner::of_requests(RPC_VERSION, Grants::Asked).await;
     let seen_or_refused = |s: &owner_at_version::Seen| {
         s.refused.load(Ordering::Relaxed) + s.held.load(Ordering::Relaxed) > 0
     };
@@ -839,39 +898,66 @@ async fn an_owner_speaking_the_current_wire_version_is_told_the_held_figure() {
 /// 1.5 s; 15 now). The requests meet explicit 429s once their wait (2 s) is out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_refusing_every_batch_is_retried_once_a_round() {
-    use std::sync::atomic::Ordering;
-    let cell = BesideAnOwner::start(tollgate_cluster::membership::RPC_VERSION, true).await;
-    let url = cell.node.url();
-    let waiting: Vec<_> = (0..4)
-        .map(|_| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                let sent = Instant::now();
-                let r = post_url(&url, "/chat/completions", chat_body("hi", 5)).await;
-                (r.status().as_u16(), sent.elapsed())
-            })
-        })
-        .collect();
-    // Wait out the start (the first refusal), then count over 1.5 s.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while cell.seen.refused.load(Ordering::Relaxed) == 0 {
-        assert!(Instant::now() < deadline, "the owner was never stated to");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let before = cell.seen.refused.load(Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let batches = cell.seen.refused.load(Ordering::Relaxed) - before;
+    let cell = BesideAnOwner::of_requests(RPC_VERSION, Grants::RefuseAll).await;
+    let waiting: Vec<_> = (0..4).map(|_| cell.request()).collect();
+    // From the first refusal on.
+    let seen = &cell.seen;
+    let batches = (cell.growth_over_a_second_and_a_half(&seen.refused, &seen.refused)).await;
     // 15 rounds of 100 ms: still retried every round (at least half of them
     // on a slow machine), never on every ask (twice that is slack).
     assert!(
         (7..=30).contains(&batches),
         "{batches} batches to a refusing owner in 1.5 s"
     );
+    refused_after_waiting_throughout(waiting).await;
+    cell.stop().await;
+}
+
+/// Each request ended in an explicit 429 after waiting out its max_wait (2 s),
+/// so it was asking throughout a 1.5 s count.
+async fn refused_after_waiting_throughout(waiting: Vec<tokio::task::JoinHandle<(u16, Duration)>>) {
     for w in waiting {
         let (status, waited) = w.await.unwrap();
         assert_eq!(status, 429, "refused explicitly");
-        // They waited throughout the count (their max_wait is 2 s), asking.
         assert!(waited >= Duration::from_millis(1_900), "{waited:?}");
     }
+}
+
+/// Retries are bounded when the owner answers too: a holder whose only slot is
+/// in use and whose owner grants no more is told so each round, and each answer
+/// (it still holds a slot) woke the actor, whose waiting requests asked again at
+/// once. It now asks at most once a sync round (100 ms here): 9-10 statements
+/// in 1.5 s, 212 before. The waiting requests end in explicit 429s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_granted_nothing_more_is_asked_again_once_a_round() {
+    const KEY_SLOTS: &str = "tenant:t:concurrency";
+    // Each request holds the slot for 4 s at the upstream.
+    let upstream = mock(|c| c.latency_ms = 4_000).await;
+    let cell = BesideAnOwner::start(
+        RPC_VERSION,
+        Grants::OneSlot,
+        KEY_SLOTS,
+        "concurrency = 1\n",
+        upstream,
+    )
+    .await;
+    let holding = cell.request();
+    let seen = &cell.seen;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.told.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the slot was never granted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting: Vec<_> = (0..3).map(|_| cell.request()).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let statements = (cell.growth_over_a_second_and_a_half(&seen.told, &seen.stated_holding)).await;
+    // 15 rounds of 100 ms: still asked (9-10 measured; a quarter of the rounds
+    // on a slow machine), never on every wake (twice the rounds is slack).
+    assert!(
+        (4..=30).contains(&statements),
+        "{statements} statements of a key granted nothing more in 1.5 s"
+    );
+    refused_after_waiting_throughout(waiting).await;
+    assert_eq!(holding.await.unwrap().0, 200);
     cell.stop().await;
 }

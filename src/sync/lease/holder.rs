@@ -140,6 +140,10 @@ struct ActiveKey {
     used: Option<u64>,
     /// What it aimed to hold at its last statement (grows while it runs dry).
     target: u64,
+    /// Its last statement asked for more and was granted nothing, or was
+    /// refused: asked again at the next interval's round, not on every ask
+    /// ([`Round::Woken`]).
+    asked_in_vain: bool,
 }
 
 /// What a round does.
@@ -149,12 +153,15 @@ pub enum Round {
     Normal,
     /// As `Normal`, started by an actor asking for credit rather than the sync
     /// interval: keys whose owner failed the last [`FAILURES_BEFORE_BACKOFF`]
-    /// batches in a row are left to the next `Normal` round. An actor refused for
-    /// want of credit asks again as soon as an unreachable answer wakes it, so
-    /// without this the holder re-sent to a down or refusing owner every few
-    /// milliseconds while requests waited (a test owner refusing every batch
-    /// read 211 batches in 1.5 s, against the 15 of one per 100 ms round now:
-    /// tests/cluster_lease.rs).
+    /// batches in a row, and keys whose last ask was granted nothing or refused,
+    /// are left to the next `Normal` round. An actor refused for want of credit
+    /// asks again as soon as an answer wakes it (an unreachable one, or one that
+    /// leaves it credit it cannot use: its last slot in use, a cost above what
+    /// it holds), so without this the holder re-sent every few milliseconds
+    /// while requests waited: a test owner refusing every batch read 211
+    /// batches in 1.5 s, against the 15 of one per 100 ms round now, and one
+    /// granting nothing more than a slot in use read 212 statements of that key,
+    /// 9-10 now (tests/cluster_lease.rs).
     Woken,
     /// Graceful stop: return every credit.
     ReturnAll,
@@ -372,7 +379,8 @@ impl Holder {
                 continue;
             };
             // Before anything is taken from the key (its ask stays for that round).
-            if self.retried_next_round(owner, round) {
+            if self.retried_next_round(owner, round) || (round == Round::Woken && key.asked_in_vain)
+            {
                 continue;
             }
             let credit = &key.credit;
@@ -574,6 +582,7 @@ impl Holder {
                     stated_ms: 0,
                     used: None,
                     target: 0,
+                    asked_in_vain: false,
                 },
             );
         }
@@ -865,6 +874,7 @@ impl Holder {
                                 b.set_cut_off(None);
                             });
                             key.owner = Some(owner_id.clone());
+                            key.asked_in_vain = snapshot.request.want > 0 && reply.granted == 0;
                         }
                         // Its owner heard "nothing held" (a credit made since
                         // starts from this owner: `take_new_credits`).
@@ -890,6 +900,7 @@ impl Holder {
                     match key {
                         Some(key) => {
                             key.owner = None;
+                            key.asked_in_vain = true;
                             if code == "not_owner" && matches!(self.owners, Owners::Peers(_)) {
                                 // It no longer keeps anything for this node.
                                 key.credit.with(|b| b.owner_changed());
