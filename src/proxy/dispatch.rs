@@ -187,15 +187,17 @@ fn upstream_request(
     builder
 }
 
-/// Seconds or milliseconds the upstream asked us to wait.
+/// Seconds or milliseconds the upstream asked us to wait, at most
+/// [`MAX_COOLDOWN`]. The figure is the upstream's input: `inf`, `NaN` or `1e30`
+/// (`Duration::from_secs_f64` panics on those, and did, in the request's task)
+/// read as no figure.
 fn upstream_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(ms) = get("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
-        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
-    }
-    get("retry-after")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|s| Duration::from_secs_f64(s.max(0.0)))
+    let number = |name: &str| get(name).and_then(|v| v.trim().parse::<f64>().ok());
+    let seconds =
+        (number("retry-after-ms").map(|ms| ms / 1000.0)).or_else(|| number("retry-after"))?;
+    (seconds.is_finite())
+        .then(|| Duration::from_secs_f64(seconds.clamp(0.0, MAX_COOLDOWN.as_secs_f64())))
 }
 
 fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
@@ -469,6 +471,27 @@ fn finish_whole(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upstreams_retry_after_is_read_within_bounds() {
+        let read = |pairs: &[(&'static str, &'static str)]| upstream_retry_after(&headers(pairs));
+        assert_eq!(
+            read(&[("retry-after", "2.5")]),
+            Some(Duration::from_millis(2_500))
+        );
+        assert_eq!(
+            read(&[("retry-after-ms", "250"), ("retry-after", "9")]),
+            Some(Duration::from_millis(250)),
+            "the milliseconds first"
+        );
+        assert_eq!(read(&[("retry-after", "-5")]), Some(Duration::ZERO));
+        assert_eq!(read(&[("retry-after", "1e30")]), Some(MAX_COOLDOWN));
+        for hostile in ["inf", "NaN", "-inf"] {
+            assert_eq!(read(&[("retry-after", hostile)]), None, "{hostile}");
+            assert_eq!(read(&[("retry-after-ms", hostile)]), None, "{hostile}");
+        }
+        assert_eq!(read(&[("retry-after", "soon")]), None);
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> reqwest::header::HeaderMap {
         let mut h = reqwest::header::HeaderMap::new();

@@ -98,9 +98,9 @@ pub fn parse_reset(text: &str) -> Option<std::time::Duration> {
         total_ms += value * unit_ms;
         rest = tail;
     }
-    total_ms
-        .is_finite()
-        .then(|| std::time::Duration::from_secs_f64(total_ms / 1000.0))
+    // Finite is not enough: 300 digits of seconds overflow a Duration, and
+    // `from_secs_f64` panics on that (an upstream's header is input).
+    std::time::Duration::try_from_secs_f64(total_ms / 1000.0).ok()
 }
 
 #[cfg(test)]
@@ -127,6 +127,10 @@ mod tests {
         assert_eq!(parse_reset(""), None);
         assert_eq!(parse_reset("soon"), None);
         assert_eq!(parse_reset("5x"), None);
+        // Too long for a Duration (panicked before), or not finite: no figure.
+        let huge = format!("{}s", "9".repeat(300));
+        assert_eq!(parse_reset(&huge), None);
+        assert_eq!(parse_reset(&format!("{}s", "9".repeat(400))), None);
     }
 
     #[test]
