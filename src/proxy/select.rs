@@ -40,6 +40,23 @@ async fn try_one(
     wait_until: Instant,
     busy_above: Option<Ceiling>,
 ) -> Result<Result<Permit, Refusal>, ApiError> {
+    try_one_after(state, upstream, demand, wait_until, busy_above, 0).await
+}
+
+/// Times a request found Redis lost and is admitted again under the fallback
+/// allowance, as the tenant's admission does: Redis flapping between tries
+/// would otherwise re-admit it without end.
+const REDIS_LOST_RETRIES: u32 = 1;
+
+/// [`try_one`] after Redis was found lost `lost` times for this request.
+async fn try_one_after(
+    state: &AppState,
+    upstream: &Upstream,
+    demand: &UpstreamDemand,
+    wait_until: Instant,
+    busy_above: Option<Ceiling>,
+    lost: u32,
+) -> Result<Result<Permit, Refusal>, ApiError> {
     let wait = wait_until.saturating_duration_since(Instant::now());
     let (answer, handle) = state
         .registry
@@ -69,8 +86,9 @@ async fn try_one(
     let admitted = gate.admit(&upstream.scope, permit, grant.tokens_reserved, wait_until);
     match admitted.await {
         Ok(permit) => Ok(Ok(permit)),
-        Err(r) if r.is_redis_lost() => {
-            Box::pin(try_one(state, upstream, demand, wait_until, busy_above)).await
+        Err(r) if r.is_redis_lost() && lost < REDIS_LOST_RETRIES => {
+            let again = try_one_after(state, upstream, demand, wait_until, busy_above, lost + 1);
+            Box::pin(again).await
         }
         Err(r) => Ok(Err(r.into_refusal(grant.status))),
     }
