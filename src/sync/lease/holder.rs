@@ -1,8 +1,9 @@
 //! The holder side: a loop, off the request path, that states each active key to
 //! its owner and adopts the answer. A key is stated when its owner changed (the
 //! re-announce a new owner waits for), when its actor ran low or was refused
-//! (woken at once, unless its owner failed the last two batches: then at the
-//! next interval's round, [`Round::Woken`]), or as a heartbeat every ttl/3 while it holds credit or usage;
+//! (woken at once, unless its owner failed the last two batches or its last ask
+//! this interval was granted nothing: then at the next interval's round,
+//! [`Round::Woken`]), or as a heartbeat every ttl/3 while it holds credit or usage;
 //! a heartbeat with nothing spent since the last statement returns the unused
 //! credit, and a graceful stop returns all of it.
 //! Statements for one owner travel in one batch; batches to different owners go
@@ -161,7 +162,7 @@ pub enum Round {
     /// while requests waited: a test owner refusing every batch read 211
     /// batches in 1.5 s, against the 15 of one per 100 ms round now, and one
     /// granting nothing more than a slot in use read 212 statements of that key,
-    /// 9-10 now (tests/cluster_lease.rs).
+    /// 15 now (tests/cluster_lease.rs).
     Woken,
     /// Graceful stop: return every credit.
     ReturnAll,
@@ -228,6 +229,36 @@ fn nothing_held(seq: u64, now_ms: u64) -> Snapshot {
         at_ms: now_ms,
         cut_off_spent: 0,
     }
+}
+
+/// Whether `key`, asked for in a [`Round::Woken`] round, waits for the next
+/// `Normal` one: its last ask was granted nothing or refused within this
+/// interval (each `Normal` round forgets it, so a key gone quiet asks at once
+/// when its next burst comes). Not when its owner moved: the new owner hears
+/// from it at once (a rebuilt line waits for it). A key refused per key has no
+/// owner recorded and waits.
+fn asked_in_vain_this_interval(key: &mut ActiveKey, owner: &MemberAddr, round: Round) -> bool {
+    waits_for_the_interval(
+        &mut key.asked_in_vain,
+        key.owner.as_deref(),
+        &owner.id,
+        round,
+    )
+}
+
+/// [`asked_in_vain_this_interval`] on the key's flag and its recorded owner.
+fn waits_for_the_interval(
+    asked_in_vain: &mut bool,
+    recorded_owner: Option<&str>,
+    owner: &str,
+    round: Round,
+) -> bool {
+    if round != Round::Woken {
+        *asked_in_vain = false;
+        return false;
+    }
+    let owner_moved = recorded_owner.is_some_and(|o| o != owner);
+    *asked_in_vain && !owner_moved
 }
 
 /// Adds `item` to `owner`'s batch (its id and address copied once per batch, not
@@ -379,7 +410,8 @@ impl Holder {
                 continue;
             };
             // Before anything is taken from the key (its ask stays for that round).
-            if self.retried_next_round(owner, round) || (round == Round::Woken && key.asked_in_vain)
+            if self.retried_next_round(owner, round)
+                || asked_in_vain_this_interval(key, owner, round)
             {
                 continue;
             }
@@ -1161,6 +1193,38 @@ upstreams = ["u"]
             last_target: 0,
             cap: 1_000_000,
         }
+    }
+
+    #[test]
+    fn a_key_asked_in_vain_waits_for_the_intervals_round_once() {
+        let mut flag = true;
+        let woken = |flag: &mut bool, recorded: Option<&str>| {
+            waits_for_the_interval(flag, recorded, "b", Round::Woken)
+        };
+        assert!(woken(&mut flag, Some("b")), "same owner: waits");
+        assert!(
+            woken(&mut flag, None),
+            "refused per key (no owner recorded): waits"
+        );
+        assert!(
+            !woken(&mut flag, Some("c")),
+            "its owner moved: asks the new one"
+        );
+        assert!(!waits_for_the_interval(
+            &mut flag,
+            Some("b"),
+            "b",
+            Round::Normal
+        ));
+        assert!(!flag, "the interval's round forgets it");
+        assert!(!woken(&mut flag, Some("b")), "a later burst asks at once");
+        let mut flag = true;
+        assert!(!waits_for_the_interval(
+            &mut flag,
+            Some("b"),
+            "b",
+            Round::ReturnAll
+        ));
     }
 
     #[test]
