@@ -181,21 +181,14 @@ async fn gossip_admits_a_waiter_as_soon_as_its_allowance_rises() {
 /// A bare membership (no gateway) as `node-1` on `ports[1]`, seeded by the node on
 /// `ports[0]`, with valid metadata: a member the node trusts and reads.
 async fn plain_member(ports: &[u16], version: &str) -> tollgate_cluster::membership::Membership {
-    use tollgate_cluster::chitchat::transport::UdpTransport;
-    use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
-    let metadata = NodeMetadata {
+    let metadata = tollgate_cluster::membership::NodeMetadata {
         proxy_addr: "127.0.0.1:1".into(),
         rpc_addr: "127.0.0.1:1".into(),
         version: version.into(),
         sync_mode: "gossip".into(),
         rpc_version: tollgate_cluster::membership::RPC_VERSION,
     };
-    let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
-    let mut config =
-        MembershipConfig::new(format!("test-{}", ports[0]), "node-1", 1, gossip, metadata);
-    config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
-    config.gossip_interval = Duration::from_millis(50);
-    Membership::start(config, &UdpTransport).await.unwrap()
+    bare_member(ports, 1, metadata).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

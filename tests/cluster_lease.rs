@@ -749,9 +749,8 @@ impl BesideAnOwner {
         tenant: &str,
         upstream: tollgate::mock::MockHandle,
     ) -> BesideAnOwner {
-        use tollgate_cluster::chitchat::transport::UdpTransport;
         use tollgate_cluster::lease::rendezvous;
-        use tollgate_cluster::membership::{Membership, MembershipConfig, NodeMetadata};
+        use tollgate_cluster::membership::NodeMetadata;
         let ports = [free_udp_port(), free_udp_port()];
         let toml = (lease_toml(0, &ports, "2s")).replace(
             &format!("rpm = {LIMIT}\n"),
@@ -777,11 +776,7 @@ impl BesideAnOwner {
             sync_mode: "lease".into(),
             rpc_version: version,
         };
-        let cluster_id = format!("test-{}", ports[0]);
-        let mut config = MembershipConfig::new(cluster_id, "node-1", generation, gossip, metadata);
-        config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
-        config.gossip_interval = Duration::from_millis(50);
-        let owner = Membership::start(config, &UdpTransport).await.unwrap();
+        let owner = bare_member(&ports, generation, metadata).await;
         wait_members(&node, 2).await;
         assert_eq!(owner_of(&node, key).await, owner.self_id().to_string());
         let members = admin(&node, "/admin/cluster").await["cluster"]["members"].clone();

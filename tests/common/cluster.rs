@@ -263,3 +263,21 @@ pub async fn load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<u6
 pub fn urls<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Vec<String> {
     nodes.iter().map(|n| n.borrow().url()).collect()
 }
+
+/// A bare membership (no gateway) as `node-1` of generation `generation` on
+/// `ports[1]`, seeded by the node on `ports[0]` and in its cluster, announcing
+/// `metadata`: a member the node trusts and reads (gossip every 50 ms).
+pub async fn bare_member(
+    ports: &[u16],
+    generation: u64,
+    metadata: tollgate_cluster::membership::NodeMetadata,
+) -> tollgate_cluster::membership::Membership {
+    use tollgate_cluster::chitchat::transport::UdpTransport;
+    use tollgate_cluster::membership::{Membership, MembershipConfig};
+    let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
+    let cluster_id = format!("test-{}", ports[0]);
+    let mut config = MembershipConfig::new(cluster_id, "node-1", generation, gossip, metadata);
+    config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
+    config.gossip_interval = Duration::from_millis(50);
+    Membership::start(config, &UdpTransport).await.unwrap()
+}

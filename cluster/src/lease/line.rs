@@ -1038,7 +1038,7 @@ mod tests {
             shares: BTreeMap::from([("a", 60), ("b", 40)]),
             borrow: 0,
             floors: BTreeMap::from([("c", 30)]),
-            held: BTreeMap::new(),
+            ..Terms::default()
         });
         let r = l
             .sync(&"a", &statement(1, &[(0, 50)], 0, 100), 0)
@@ -1056,7 +1056,7 @@ mod tests {
             shares: BTreeMap::from([("a", 50), ("b", 50)]),
             borrow: 20,
             floors: BTreeMap::new(),
-            held: BTreeMap::new(),
+            ..Terms::default()
         });
         let r = l.sync(&"a", &statement(1, &[], 0, 100), 0).expect("ok");
         assert_eq!(r.credit, 70, "share 50 + borrow 20");
@@ -1073,7 +1073,7 @@ mod tests {
             shares: BTreeMap::from([("a", 20), ("b", 80)]),
             borrow: 0,
             floors: BTreeMap::new(),
-            held: BTreeMap::new(),
+            ..Terms::default()
         });
         let mut first = statement(1_000, &[(9, 5)], 0, 1);
         (first.adopted, first.held) = (7, 30);
@@ -1116,7 +1116,7 @@ mod tests {
             shares: BTreeMap::from([("a", 60), ("b", 40)]),
             borrow: 0,
             floors: BTreeMap::new(),
-            held: BTreeMap::new(),
+            ..Terms::default()
         });
         let r = l
             .sync(&"a", &statement(1, &[(0, 10)], 0, 40), 0)
@@ -1231,7 +1231,7 @@ mod tests {
             shares: BTreeMap::from([("a", 40)]),
             borrow: 0,
             floors: BTreeMap::from([("b", 30), ("c", 30)]),
-            held: BTreeMap::new(),
+            ..Terms::default()
         });
         let r = l.sync(&"a", &statement(1, &[], 0, 40), 10).expect("ok");
         assert!(!l.recovering(10), "unreachable members are not waited for");
@@ -1262,7 +1262,7 @@ mod tests {
             shares: BTreeMap::from([("a", 100), ("b2", 100)]),
             borrow: 0,
             floors: BTreeMap::new(),
-            held: BTreeMap::new(),
+            ..Terms::default()
         });
         l.sync(&"a", &statement(1, &[], 0, 0), 10).expect("ok");
         let r = l.sync(&"b2", &statement(1, &[], 0, 100), 20).expect("ok");

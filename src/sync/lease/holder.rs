@@ -19,7 +19,7 @@ use crate::actor::Dimension;
 use crate::actor::credit::{Credit, CreditTable};
 use crate::proxy::AppState;
 use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -104,9 +104,9 @@ pub struct Holder {
     /// The seq of the last statement of a key never used here (its made budget's
     /// statements come after it).
     nothing_held_seq: u64,
-    unreachable: HashSet<String>,
-    /// Per owner, its failed batches in a row (absent: its last one answered).
-    failures: HashMap<String, u32>,
+    /// The owners whose last batch failed (this node is cut off from them), each
+    /// with its failed batches in a row.
+    unreachable: BTreeMap<String, u32>,
     /// `redis-lease`: the reservation Redis last confirmed per key: the cut-off
     /// share.
     reserved: Mutex<Reservations>,
@@ -304,8 +304,7 @@ impl Holder {
             view,
             client: rpc::client(settings.rpc_timeout),
             settings,
-            unreachable: HashSet::new(),
-            failures: HashMap::new(),
+            unreachable: BTreeMap::new(),
             reserved: Mutex::default(),
             cut_off: Arc::default(),
             held: Arc::default(),
@@ -356,8 +355,7 @@ impl Holder {
             // it". Without this a crashed owner stayed listed, and the node
             // degraded, for as long as the process ran (the scale simulation's
             // owner crash at 3 and 5 nodes).
-            (self.unreachable).retain(|id| view.members.iter().any(|m| m.id == *id));
-            (self.failures).retain(|id, _| view.members.iter().any(|m| m.id == *id));
+            (self.unreachable).retain(|id, _| view.members.iter().any(|m| m.id == *id));
         }
         self.publish_cut_off();
         self.mark_moved(&view);
@@ -533,14 +531,14 @@ impl Holder {
     fn note_batches(&mut self, owner: &MemberAddr, failed: Option<&CallError>) {
         match failed {
             Some(e) => {
-                *self.failures.entry(owner.id.clone()).or_insert(0) += 1;
-                if self.unreachable.insert(owner.id.clone()) {
+                let failures = self.unreachable.entry(owner.id.clone()).or_insert(0);
+                *failures += 1;
+                if *failures == 1 {
                     tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
                 }
             }
             None => {
-                self.failures.remove(&owner.id);
-                if self.unreachable.remove(&owner.id) {
+                if self.unreachable.remove(&owner.id).is_some() {
                     tracing::info!(owner = %owner.id, "lease owner reachable again");
                 }
             }
@@ -556,7 +554,7 @@ impl Holder {
     /// interval later.
     fn retried_next_round(&self, owner: &MemberAddr, round: Round) -> bool {
         round == Round::Woken
-            && (self.failures.get(&owner.id)).is_some_and(|n| *n >= FAILURES_BEFORE_BACKOFF)
+            && (self.unreachable.get(&owner.id)).is_some_and(|n| *n >= FAILURES_BEFORE_BACKOFF)
     }
 
     /// `key`'s owner in `view` (Redis for every key in `redis-lease`).
@@ -670,8 +668,7 @@ impl Holder {
 
     /// Tells the engine (status, `degraded`) which owners this node cannot reach.
     fn publish_cut_off(&self) {
-        let mut cut: Vec<String> = self.unreachable.iter().cloned().collect();
-        cut.sort();
+        let cut: Vec<String> = self.unreachable.keys().cloned().collect();
         *self.cut_off.write().unwrap_or_else(|p| p.into_inner()) = cut;
     }
 
