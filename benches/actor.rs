@@ -1,9 +1,12 @@
-//! Actor round trip: admit on a tenant actor through the registry and settle the
-//! permit, the work every proxied request does per scope. Criterion reports the mean;
-//! a second pass records each round trip in an HDR histogram and prints p50/p99/p99.9,
-//! since the target (p99 < 10 us) is about the tail. The two-worker pass runs twice:
-//! on the purely monotonic clock and on the wall-following node clock a running
-//! node uses (actor/wall.rs), with the cost of one clock reading of each.
+//! Decision round trip: admit on a tenant scope through the registry and settle the
+//! permit, the work every proxied request does per scope. With nothing waiting,
+//! both happen in the caller's task under the scope's lock (actor/state.rs); the
+//! actor task is not involved. Criterion reports the mean; a second pass records
+//! each round trip in an HDR histogram and prints p50/p99/p99.9, since the target
+//! (p99 < 10 us) is about the tail. The two-worker pass runs on the purely
+//! monotonic clock and on the wall-following node clock a running node uses
+//! (actor/wall.rs), then with the scope bound as `gossip` (allowances) and as
+//! `lease` (credit held) bind it, with the cost of one clock reading of each clock.
 //! Run: `cargo bench --bench actor`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -13,13 +16,76 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tollgate::actor::clock::Clock;
+use tollgate::actor::credit::{Credit, CreditRecipe, Credits};
 use tollgate::actor::registry::ActorDefaults;
+use tollgate::actor::scope::{Allowance, Allowances};
 use tollgate::actor::task::AcquireRequest;
 use tollgate::actor::{Lane, Permit, Registry, ScopeId, ScopeSpec, SettleWith};
 use tollgate::limiter::{Algorithm, Ceiling, LimitSpec, NANOS_PER_SEC};
 use tollgate::ops::metrics::Metrics;
+use tollgate_cluster::counter::Window;
+use tollgate_cluster::lease::budget::CutOffPolicy;
+use tollgate_cluster::lease::line::SyncReply;
 
-fn registry(clock: Clock) -> (Registry, ScopeId) {
+/// How the cluster binds the measured scope.
+#[derive(Clone, Copy)]
+enum Bound {
+    /// Local limits only.
+    Local,
+    /// `gossip`: a cluster allowance per dimension (one atomic load each).
+    Gossip,
+    /// `lease`: credit per dimension, granted by an owner and held (a lock each).
+    Lease,
+}
+
+/// A credit holding `amount` for the whole run, as a reply from its owner leaves it.
+fn held_credit(key: &str, slots: bool, amount: u64, clock: Clock) -> Credit {
+    let recipe = Arc::new(CreditRecipe {
+        window: Window::try_new(60_000, 60).expect("window"),
+        policy: CutOffPolicy::Share,
+        wake: Arc::default(),
+    });
+    let credit = Credit::new(key.into(), slots, recipe);
+    let now_ms = clock.now_ns() / 1_000_000;
+    credit.with(|budget| {
+        let statement = budget.snapshot(amount, now_ms);
+        let reply = SyncReply {
+            credit: amount,
+            granted: amount,
+            ttl_ms: 1 << 40,
+            cut_off_share: 0,
+        };
+        budget.apply(&statement, &reply, now_ms);
+    });
+    credit
+}
+
+fn allowances(bound: Bound, clock: Clock) -> Allowances {
+    match bound {
+        Bound::Local => Allowances::default(),
+        Bound::Gossip => Allowances {
+            requests: Some(Allowance::new(1 << 40)),
+            tokens: Some(Allowance::new(1 << 50)),
+            concurrency: Some(Allowance::new(1 << 20)),
+            ..Allowances::default()
+        },
+        Bound::Lease => Allowances {
+            credits: Credits {
+                requests: Some(held_credit("tenant:bench:requests", false, 1 << 40, clock)),
+                tokens: Some(held_credit("tenant:bench:tokens", false, 1 << 50, clock)),
+                concurrency: Some(held_credit(
+                    "tenant:bench:concurrency",
+                    true,
+                    1 << 20,
+                    clock,
+                )),
+            },
+            ..Allowances::default()
+        },
+    }
+}
+
+fn registry(clock: Clock, bound: Bound) -> (Registry, ScopeId) {
     let scope = ScopeId::tenant("bench");
     let limit = |capacity| {
         Some(LimitSpec::new(
@@ -33,7 +99,7 @@ fn registry(clock: Clock) -> (Registry, ScopeId) {
         tokens: limit(1 << 50),
         concurrency: Some(1 << 20),
         adaptive: None,
-        allowances: Default::default(),
+        allowances: allowances(bound, clock),
         leased_from: None,
     };
     let defaults = ActorDefaults {
@@ -55,16 +121,18 @@ fn registry(clock: Clock) -> (Registry, ScopeId) {
 
 async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
     let (answer, handle) = registry
-        .acquire(scope, |reply| AcquireRequest {
-            lane: Lane::Interactive,
-            prompt_tokens: 100,
-            max_completion_tokens: 200,
-            model: model.clone(),
-            adaptive: false,
-            max_wait_ns: 0,
-            busy_above: None,
-            reply,
-        })
+        .acquire(
+            scope,
+            &AcquireRequest {
+                lane: Lane::Interactive,
+                prompt_tokens: 100,
+                max_completion_tokens: 200,
+                model: model.clone(),
+                adaptive: false,
+                max_wait_ns: 0,
+                busy_above: None,
+            },
+        )
         .await
         .expect("actor reachable");
     let grant = answer.expect("roomy limits admit");
@@ -75,8 +143,14 @@ async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
 }
 
 /// Measures on `rt`: criterion's mean, then an HDR pass for the tail.
-fn measure(c: &mut Criterion, name: &str, rt: &tokio::runtime::Runtime, clock: fn() -> Clock) {
-    let (registry, scope) = rt.block_on(async { registry(clock()) });
+fn measure(
+    c: &mut Criterion,
+    name: &str,
+    rt: &tokio::runtime::Runtime,
+    clock: fn() -> Clock,
+    bound: Bound,
+) {
+    let (registry, scope) = rt.block_on(async { registry(clock(), bound) });
     let model: Arc<str> = "gpt-4o-mini".into();
     let registry = Arc::new(registry);
     // The measured loop runs in a spawned task, as request handlers do: `block_on`
@@ -127,20 +201,37 @@ fn actor(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    measure(c, "current-thread", &single, Clock::start);
+    measure(c, "current-thread", &single, Clock::start, Bound::Local);
     // As the node runs it: two workers, so a message may wake the other thread.
     let multi = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    measure(c, "multi-thread-2", &multi, Clock::start);
+    measure(c, "multi-thread-2", &multi, Clock::start, Bound::Local);
     // As a running node keeps time: following the wall clock's steps.
+    let wall = Clock::following_wall;
     measure(
         c,
         "multi-thread-2, wall-following clock",
         &multi,
-        Clock::following_wall,
+        wall,
+        Bound::Local,
+    );
+    // As a cluster node decides: `gossip` allowances, `lease` credit.
+    measure(
+        c,
+        "multi-thread-2, wall clock, gossip",
+        &multi,
+        wall,
+        Bound::Gossip,
+    );
+    measure(
+        c,
+        "multi-thread-2, wall clock, lease",
+        &multi,
+        wall,
+        Bound::Lease,
     );
     // One reading of each clock, what every admission and settlement takes.
     for (name, clock) in [

@@ -1,8 +1,9 @@
 //! # Limiter actors
 //!
-//! One actor per active tenant and per upstream, each a plain tokio task that owns
-//! its scope's limiters, waiting queues and in-flight permits, so no lock guards
-//! limiter state (design.md section 5).
+//! One actor per active tenant and per upstream: its scope's limiters, waiting
+//! queues and in-flight permits behind one lock, decided in the request's own task
+//! while nothing waits, and a plain tokio task that queues the rest (design.md
+//! section 5; docs/design/architecture.md, "Decided in the caller's task").
 //!
 //! - [`clock`]: maps `tokio::time::Instant` to the core's [`Nanos`](crate::limiter::Nanos).
 //! - [`wall`]: keeps a running node's clock on the wall clock, never going back.
@@ -11,7 +12,9 @@
 //! - [`credit`]: `lease` mode's credit per key, shared with the sync engine.
 //! - [`queue`]: waiting queues per lane, FIFO with aging. Pure.
 //! - [`estimate`]: adaptive completion estimates from recent completions. Pure.
-//! - [`task`]: the actor loop (mailbox, releases, timers, idle stop).
+//! - [`state`]: the scope's state and decisions, shared under one lock.
+//! - [`task`]: the actor loop (forwarded requests, the release bell, timers, idle
+//!   stop).
 //! - [`registry`]: sharded map of live actors, spawned lazily, retired when idle.
 //! - [`permit`]: what a request holds; released and settled exactly once.
 
@@ -22,6 +25,7 @@ pub mod permit;
 pub mod queue;
 pub mod registry;
 pub mod scope;
+pub mod state;
 pub mod task;
 pub mod wall;
 

@@ -9,8 +9,9 @@
 //! that did no work, the request counts and its tokens do not).
 
 use super::registry::ActorHandle;
+use super::state::Shared;
 use super::task::{Grant, Release};
-use tokio::sync::mpsc;
+use std::sync::Arc;
 use tokio::time::Instant;
 
 pub use super::task::SettleWith;
@@ -30,7 +31,7 @@ pub trait RemoteCharge: Send + Sync + std::fmt::Debug {
 /// A charge on one scope, settled exactly once.
 #[derive(Debug)]
 pub struct Permit {
-    releases: mpsc::UnboundedSender<Release>,
+    shared: Arc<Shared>,
     permit_id: u64,
     settled: bool,
     remote: Option<Box<dyn RemoteCharge>>,
@@ -44,7 +45,7 @@ impl Permit {
     /// Wraps a grant from `handle`'s actor.
     pub fn new(handle: &ActorHandle, grant: &Grant) -> Permit {
         Permit {
-            releases: handle.releases(),
+            shared: handle.shared(),
             permit_id: grant.permit_id,
             settled: false,
             remote: None,
@@ -85,15 +86,14 @@ impl Permit {
         }
     }
 
-    /// Moves the windowed charge to now at once (one message to the actor): a
+    /// Moves the windowed charge to now at once (under the scope's lock): a
     /// stream starts, an attempt will be retried, or the upstream is still silent
     /// half a window on and the charge must keep counting.
     pub fn redate_now(&self) {
         if let Some(remote) = &self.remote {
             remote.redate();
         }
-        // See `send` on why this cannot fail while the runtime runs.
-        let _ = self.releases.send(Release {
+        self.shared.release(Release {
             permit_id: self.permit_id,
             how: None,
             answered_at: Some(Instant::now()),
@@ -111,9 +111,9 @@ impl Permit {
             if let Some(remote) = self.remote.take() {
                 remote.settle(how);
             }
-            // The actor outlives every permit (it cannot retire with permits in
-            // flight), so this send fails only when the runtime is shutting down.
-            let _ = self.releases.send(Release {
+            // Applied under the scope's lock, wherever the permit ends: it cannot
+            // be refused or lost (the scope cannot retire with permits in flight).
+            self.shared.release(Release {
                 permit_id: self.permit_id,
                 how: Some(how),
                 answered_at: self.answered_at,

@@ -7,15 +7,18 @@
 //! never across an await.
 //!
 //! Race with retirement: a caller may hold a handle whose actor has just retired.
-//! Its send fails, or its reply channel closes unanswered; in both cases nothing was
-//! charged, so [`Registry::acquire`] drops the stale handle and asks again.
+//! The scope's lock tells it so ([`Decision::Retired`]: the actor marks itself
+//! retired under that lock), or a forwarded request's reply channel closes
+//! unanswered; in both cases nothing was charged, so [`Registry::acquire`] drops
+//! the stale handle and asks again.
 
 use super::ScopeId;
 use super::clock::Clock;
 use super::credit::CreditTable;
 use super::estimate::AdaptivePolicy;
 use super::scope::{Allowances, ScopeExport, ScopeLimits, ScopeStatus};
-use super::task::{AcquireRequest, Actor, ActorSettings, Command, Grant, Refusal, Release};
+use super::state::{ActorSettings, Core, Decision, Forwarded, Shared};
+use super::task::{AcquireRequest, Command, Grant, Refusal, Release};
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
 use crate::ops::metrics::Metrics;
 use std::collections::HashMap;
@@ -24,7 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot};
 use tollgate_cluster::maps::shrink_if_sparse;
 
-/// Mailbox capacity per actor; senders wait (backpressure) when it is full.
+/// Mailbox capacity per actor (requests on their way to its queue); senders wait
+/// (backpressure) when it is full.
 pub const MAILBOX: usize = 1024;
 /// Shards of the registry map.
 pub const SHARDS: usize = 16;
@@ -67,14 +71,14 @@ pub struct ActorDefaults {
 #[derive(Clone, Debug)]
 pub struct ActorHandle {
     commands: mpsc::Sender<Command>,
-    releases: mpsc::UnboundedSender<Release>,
+    shared: Arc<Shared>,
     generation: u64,
 }
 
 impl ActorHandle {
-    /// The channel permits send their release on.
-    pub fn releases(&self) -> mpsc::UnboundedSender<Release> {
-        self.releases.clone()
+    /// The scope's shared state, which permits settle on.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 }
 
@@ -124,7 +128,7 @@ fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<ScopeId, ActorHandle>> {
 /// charge itself) and cancels a grant that arrived before.
 struct Unclaimed {
     rx: Option<oneshot::Receiver<Result<Grant, Refusal>>>,
-    releases: mpsc::UnboundedSender<Release>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for Unclaimed {
@@ -132,12 +136,28 @@ impl Drop for Unclaimed {
         if let Some(mut rx) = self.rx.take() {
             rx.close();
             if let Ok(Ok(grant)) = rx.try_recv() {
-                let _ = self.releases.send(Release {
+                self.shared.release(Release {
                     permit_id: grant.permit_id,
                     how: Some(super::SettleWith::Cancel),
                     answered_at: None,
                 });
             }
+        }
+    }
+}
+
+/// A forward counted in the scope ([`Core::forwarded`]) until the mailbox took it:
+/// a caller that goes away while the mailbox is full takes it back, or the scope
+/// would count it as waiting for good (never deciding in the caller's task again,
+/// never retiring).
+struct Unsent {
+    shared: Option<Arc<Shared>>,
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.lock().unforward();
         }
     }
 }
@@ -243,34 +263,31 @@ impl Registry {
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (commands_tx, commands_rx) = mpsc::channel(MAILBOX);
-        let (releases_tx, releases_rx) = mpsc::unbounded_channel();
         let shards = self.shards.clone();
         let key = scope.clone();
-        let retire = Box::new(
-            move |commands: &mpsc::Receiver<Command>,
-                  releases: &mpsc::UnboundedReceiver<Release>| {
-                let mut shard = lock(&shards[shard_index]);
-                if !commands.is_empty() || !releases.is_empty() {
-                    return false;
-                }
-                if shard.get(&key).is_some_and(|h| h.generation == generation) {
-                    shard.remove(&key);
-                    shrink_if_sparse(&mut shard);
-                }
-                true
-            },
-        );
-        let actor = Actor::new(
+        let retire = Box::new(move |commands: &mpsc::Receiver<Command>| {
+            let mut shard = lock(&shards[shard_index]);
+            if !commands.is_empty() {
+                return false;
+            }
+            if shard.get(&key).is_some_and(|h| h.generation == generation) {
+                shard.remove(&key);
+                shrink_if_sparse(&mut shard);
+            }
+            true
+        });
+        let core = Core::new(
             settings,
             limits,
             self.defaults.aging_ns,
             self.defaults.max_queue,
         );
+        let shared = Arc::new(Shared::new(core));
         self.metrics.actor_spawned(scope.kind);
-        tokio::spawn(actor.run(commands_rx, releases_rx, retire));
+        tokio::spawn(super::task::run(shared.clone(), commands_rx, retire));
         ActorHandle {
             commands: commands_tx,
-            releases: releases_tx,
+            shared,
             generation,
         }
     }
@@ -285,97 +302,125 @@ impl Registry {
         }
     }
 
-    /// Asks `scope`'s actor to admit a request. Returns the answer and the handle the
+    /// Asks `scope` to admit a request: decided in the caller's task when nothing
+    /// waits there, else queued by its actor. Returns the answer and the handle the
     /// resulting permit must release to.
     pub async fn acquire(
         &self,
         scope: &ScopeId,
-        make: impl Fn(oneshot::Sender<Result<Grant, Refusal>>) -> AcquireRequest,
+        request: &AcquireRequest,
     ) -> Result<(Result<Grant, Refusal>, ActorHandle), RegistryError> {
         for _ in 0..ATTEMPTS {
             let handle = self.handle(scope)?;
+            let (decision, arrived_ns) = {
+                let mut core = handle.shared.lock();
+                let now = core.clock().now_ns();
+                (core.decide_now(now, request), now)
+            };
+            let tokens = match decision {
+                Decision::Granted(grant) => return Ok((Ok(grant), handle)),
+                Decision::Refused(refusal) => return Ok((Err(refusal), handle)),
+                Decision::Retired => {
+                    self.forget(scope, &handle);
+                    continue;
+                }
+                Decision::Forward(tokens) => tokens,
+            };
             let (tx, rx) = oneshot::channel();
-            if handle
-                .commands
-                .send(Command::Acquire(make(tx)))
-                .await
-                .is_err()
-            {
+            let mut unsent = Unsent {
+                shared: Some(handle.shared()),
+            };
+            let forwarded = Forwarded {
+                request: request.clone(),
+                tokens,
+                arrived_ns,
+                reply: tx,
+            };
+            if handle.commands.send(forwarded).await.is_err() {
+                // Only when the runtime shuts down: the actor cannot retire while
+                // a forward is counted.
                 self.forget(scope, &handle);
                 continue;
             }
+            unsent.shared = None;
             let mut waiting = Unclaimed {
                 rx: Some(rx),
-                releases: handle.releases(),
+                shared: handle.shared(),
             };
             let answer = waiting.rx.as_mut().expect("set just above").await;
-            // Answered (or dropped by a retiring actor): nothing left to cancel.
+            // Answered (or dropped by a stopping actor): nothing left to cancel.
             waiting.rx = None;
             match answer {
                 Ok(answer) => return Ok((answer, handle)),
-                // Dropped unanswered by a retiring actor: nothing was charged.
+                // Dropped unanswered by a stopping actor: nothing was charged.
                 Err(_) => self.forget(scope, &handle),
             }
         }
         Err(RegistryError::Unavailable(scope.to_string()))
     }
 
-    /// Current figures of `scope` (spawning its actor if needed).
-    pub async fn status(&self, scope: &ScopeId) -> Result<ScopeStatus, RegistryError> {
+    /// Runs `f` on `scope`'s live state (spawning its actor if needed).
+    fn with_core<T>(
+        &self,
+        scope: &ScopeId,
+        f: impl Fn(&mut Core, Nanos) -> T,
+    ) -> Result<T, RegistryError> {
         for _ in 0..ATTEMPTS {
             let handle = self.handle(scope)?;
-            let (tx, rx) = oneshot::channel();
-            if handle.commands.send(Command::Status(tx)).await.is_ok()
-                && let Ok(status) = rx.await
-            {
-                return Ok(status);
+            let mut core = handle.shared.lock();
+            if core.is_retired() {
+                drop(core);
+                self.forget(scope, &handle);
+                continue;
             }
-            self.forget(scope, &handle);
+            let now = core.clock().now_ns();
+            return Ok(f(&mut core, now));
         }
         Err(RegistryError::Unavailable(scope.to_string()))
+    }
+
+    /// Current figures of `scope` (spawning its actor if needed).
+    pub async fn status(&self, scope: &ScopeId) -> Result<ScopeStatus, RegistryError> {
+        self.with_core(scope, |core, now| core.status(now))
     }
 
     /// Local usage of every live actor, for the cluster counters. Actors not running
     /// are at rest: they have nothing in their windows.
     pub async fn export_live(&self) -> Vec<(ScopeId, ScopeExport)> {
-        let live: Vec<(ScopeId, ActorHandle)> = self
+        let live: Vec<(ScopeId, Arc<Shared>)> = self
             .shards
             .iter()
             .flat_map(|s| {
                 lock(s)
                     .iter()
-                    .map(|(k, h)| (k.clone(), h.clone()))
+                    .map(|(k, h)| (k.clone(), h.shared()))
                     .collect::<Vec<_>>()
             })
             .collect();
         let mut out = Vec::with_capacity(live.len());
-        for (scope, handle) in live {
-            let (tx, rx) = oneshot::channel();
-            if handle.commands.send(Command::Export(tx)).await.is_ok()
-                && let Ok(export) = rx.await
-            {
-                out.push((scope, export));
+        for (scope, shared) in live {
+            let core = shared.lock();
+            if !core.is_retired() {
+                let now = core.clock().now_ns();
+                out.push((scope, core.export(now)));
             }
         }
         out
     }
 
-    /// Makes `scope`'s actor re-check its waiters, if it is running (best effort: a
-    /// full mailbox means it is busy and re-checks anyway).
+    /// Makes `scope`'s actor re-check its waiters, if it is running (`lease` mode:
+    /// credit arrived).
     pub fn wake(&self, scope: &ScopeId) {
         let shard = &self.shards[self.shard_index(scope)];
         let handle = lock(shard).get(scope).cloned();
         if let Some(handle) = handle {
-            let _ = handle.commands.try_send(Command::Wake);
+            handle.shared.ring();
         }
     }
 
-    /// Starts a cool-down of `scope` until `until_ns` (best effort: a full mailbox
-    /// means the actor is busy and will learn of the 429 from the next one).
+    /// Starts a cool-down of `scope` until `until_ns`.
     pub fn cool_down(&self, scope: &ScopeId, until_ns: Nanos) {
-        if let Ok(handle) = self.handle(scope) {
-            let _ = handle.commands.try_send(Command::CoolDown { until_ns });
-        }
+        let _ = self.with_core(scope, |core, _| core.cool_down(until_ns));
     }
 }
 
@@ -430,37 +475,136 @@ mod tests {
         max_wait_ns: Nanos,
     ) -> Result<Permit, Refusal> {
         let (answer, handle) = registry
-            .acquire(scope, |reply| AcquireRequest {
-                lane: Lane::Interactive,
-                prompt_tokens: 10,
-                max_completion_tokens: 10,
-                model: "m".into(),
-                adaptive: false,
-                max_wait_ns,
-                busy_above: None,
-                reply,
-            })
+            .acquire(scope, &request(max_wait_ns))
             .await
             .unwrap();
         answer.map(|grant| Permit::new(&handle, &grant))
     }
 
+    /// A request that waits up to 30 s, in a task of its own.
+    fn waiting_in_background(
+        registry: &Arc<Registry>,
+        scope: &ScopeId,
+    ) -> tokio::task::JoinHandle<Result<Permit, Refusal>> {
+        let (registry, scope) = (registry.clone(), scope.clone());
+        tokio::spawn(async move { acquire_waiting(&registry, &scope, 30 * NANOS_PER_SEC).await })
+    }
+
+    fn request(max_wait_ns: Nanos) -> AcquireRequest {
+        AcquireRequest {
+            lane: Lane::Interactive,
+            prompt_tokens: 10,
+            max_completion_tokens: 10,
+            model: "m".into(),
+            adaptive: false,
+            max_wait_ns,
+            busy_above: None,
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_that_finds_nothing_waiting_is_decided_without_the_actor_task() {
+        use futures_util::FutureExt;
+        let (registry, scope) = registry(20);
+        // Ready at its first poll: no message to the actor task, no wake-up of
+        // another task (on this one-thread runtime the actor never ran).
+        let (answer, handle) = (registry.acquire(&scope, &request(0)).now_or_never())
+            .expect("decided in the caller's task")
+            .unwrap();
+        let grant = answer.unwrap();
+        let _b = acquire(&registry, &scope).await.unwrap();
+        // A refusal too, when the caller will not wait.
+        let (refused, _) = (registry.acquire(&scope, &request(0)).now_or_never())
+            .expect("decided in the caller's task")
+            .unwrap();
+        assert_eq!(
+            refused.unwrap_err().blocked.dimension,
+            crate::actor::Dimension::Concurrency
+        );
+        Permit::new(&handle, &grant).settle(SettleWith::Cancel);
+        assert_eq!(registry.status(&scope).await.unwrap().in_flight, 1);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_newcomer_never_takes_room_ahead_of_a_request_already_waiting() {
+        let (registry, scope) = registry(60);
+        let registry = Arc::new(registry);
+        let a = acquire(&registry, &scope).await.unwrap();
+        let _b = acquire(&registry, &scope).await.unwrap();
+        // Both slots taken: c waits in the queue.
+        let c = waiting_in_background(&registry, &scope);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(registry.status(&scope).await.unwrap().queued, [1, 0]);
+        // A slot frees, and before the actor task has served its queue a newcomer
+        // that would fit arrives: it must not take the slot c waits for.
+        a.settle(SettleWith::Cancel);
+        let newcomer = acquire(&registry, &scope).await;
+        assert_eq!(
+            newcomer.unwrap_err().blocked.dimension,
+            crate::actor::Dimension::Concurrency,
+            "the newcomer took the waiting request's slot"
+        );
+        c.await.unwrap().expect("the waiting request got the slot");
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_retired_scope_decides_nothing_and_the_caller_gets_a_fresh_actor() {
+        let (registry, scope) = registry(20);
+        acquire(&registry, &scope)
+            .await
+            .unwrap()
+            .settle(SettleWith::Cancel);
+        let stale = registry.handle(&scope).unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(45)).await;
+        assert_eq!(registry.live_actors(), 0, "retired");
+        // A caller that took the handle just before: told so, charged nothing.
+        let decision = {
+            let mut core = stale.shared.lock();
+            let now = core.clock().now_ns();
+            core.decide_now(now, &request(0))
+        };
+        assert!(matches!(decision, Decision::Retired));
+        let fresh = acquire(&registry, &scope).await.unwrap();
+        assert_eq!(registry.live_actors(), 1);
+        assert_eq!(registry.status(&scope).await.unwrap().in_flight, 1);
+        drop(fresh);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_forward_taken_back_unsent_leaves_the_scope_deciding_and_able_to_retire() {
+        let (registry, scope) = registry(20);
+        let a = acquire(&registry, &scope).await.unwrap();
+        let b = acquire(&registry, &scope).await.unwrap();
+        let handle = registry.handle(&scope).unwrap();
+        // Told to wait, then the caller goes away before the mailbox took it.
+        let forward = {
+            let mut core = handle.shared.lock();
+            let now = core.clock().now_ns();
+            core.decide_now(now, &request(NANOS_PER_SEC))
+        };
+        assert!(matches!(forward, Decision::Forward(_)));
+        drop(Unsent {
+            shared: Some(handle.shared()),
+        });
+        drop(handle);
+        a.settle(SettleWith::Cancel);
+        b.settle(SettleWith::Cancel);
+        // Decided in the caller's task again (nothing counted as on its way) ...
+        use futures_util::FutureExt;
+        let (answer, handle) = (registry.acquire(&scope, &request(0)).now_or_never())
+            .expect("nothing waits")
+            .unwrap();
+        Permit::new(&handle, &answer.unwrap()).settle(SettleWith::Cancel);
+        drop(handle);
+        // ... and the scope retires once idle.
+        tokio::time::sleep(std::time::Duration::from_secs(45)).await;
+        assert_eq!(registry.live_actors(), 0);
+    }
+
     #[tokio::test]
     async fn a_grant_whose_caller_went_away_before_taking_it_is_cancelled() {
         let (registry, scope) = registry(20);
-        let (answer, handle) = registry
-            .acquire(&scope, |reply| AcquireRequest {
-                lane: Lane::Interactive,
-                prompt_tokens: 10,
-                max_completion_tokens: 10,
-                model: "m".into(),
-                adaptive: false,
-                max_wait_ns: 0,
-                busy_above: None,
-                reply,
-            })
-            .await
-            .unwrap();
+        let (answer, handle) = registry.acquire(&scope, &request(0)).await.unwrap();
         let grant = answer.unwrap();
         assert_eq!(registry.status(&scope).await.unwrap().in_flight, 1);
         // The race: the actor's send succeeded, then the caller's future is
@@ -469,7 +613,7 @@ mod tests {
         tx.send(Ok(grant)).unwrap();
         drop(Unclaimed {
             rx: Some(rx),
-            releases: handle.releases(),
+            shared: handle.shared(),
         });
         let mut in_flight = 1;
         for _ in 0..200 {
@@ -575,12 +719,7 @@ mod tests {
         // Both slots taken: a third request queues for a slot.
         let a = acquire(&registry, &scope).await.unwrap();
         let b = acquire(&registry, &scope).await.unwrap();
-        let queued = {
-            let (registry, scope) = (registry.clone(), scope.clone());
-            tokio::spawn(
-                async move { acquire_waiting(&registry, &scope, 30 * NANOS_PER_SEC).await },
-            )
-        };
+        let queued = waiting_in_background(&registry, &scope);
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         assert_eq!(waiting(&registry).await, 1);
         a.settle(SettleWith::Cancel);
@@ -596,12 +735,7 @@ mod tests {
                 .unwrap()
                 .settle(SettleWith::KeepReserved);
         }
-        let queued = {
-            let (registry, scope) = (registry.clone(), scope.clone());
-            tokio::spawn(
-                async move { acquire_waiting(&registry, &scope, 30 * NANOS_PER_SEC).await },
-            )
-        };
+        let queued = waiting_in_background(&registry, &scope);
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         assert_eq!(registry.status(&scope).await.unwrap().in_flight, 0);
         assert_eq!(

@@ -208,16 +208,18 @@ async fn serve(
         .unwrap_or(0);
         let (answer, handle) = state
             .registry
-            .acquire(&tenant.scope, |reply| AcquireRequest {
-                lane,
-                prompt_tokens: parsed.prompt_tokens,
-                max_completion_tokens: parsed.max_completion_tokens,
-                model: model.clone(),
-                adaptive: state.adaptive(),
-                max_wait_ns,
-                busy_above: None,
-                reply,
-            })
+            .acquire(
+                &tenant.scope,
+                &AcquireRequest {
+                    lane,
+                    prompt_tokens: parsed.prompt_tokens,
+                    max_completion_tokens: parsed.max_completion_tokens,
+                    model: model.clone(),
+                    adaptive: state.adaptive(),
+                    max_wait_ns,
+                    busy_above: None,
+                },
+            )
             .await
             .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
         let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;

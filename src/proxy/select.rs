@@ -60,16 +60,18 @@ async fn try_one_after(
     let wait = wait_until.saturating_duration_since(Instant::now());
     let (answer, handle) = state
         .registry
-        .acquire(&upstream.scope, |reply| AcquireRequest {
-            lane: demand.lane,
-            prompt_tokens: demand.prompt_tokens,
-            max_completion_tokens: demand.completion_tokens,
-            model: demand.model.clone(),
-            adaptive: false,
-            max_wait_ns: u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
-            busy_above,
-            reply,
-        })
+        .acquire(
+            &upstream.scope,
+            &AcquireRequest {
+                lane: demand.lane,
+                prompt_tokens: demand.prompt_tokens,
+                max_completion_tokens: demand.completion_tokens,
+                model: demand.model.clone(),
+                adaptive: false,
+                max_wait_ns: u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
+                busy_above,
+            },
+        )
         .await
         .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
     let grant = match answer {
