@@ -432,6 +432,17 @@ mod tests {
     use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
     fn registry(idle_secs: u64) -> (Registry, ScopeId) {
+        registry_with(5, 2, 4, idle_secs)
+    }
+
+    /// A registry of one tenant scope: `requests` per 10 s, 1000 tokens per 10 s,
+    /// `slots` in flight, queues of `max_queue`.
+    fn registry_with(
+        requests: u64,
+        slots: u64,
+        max_queue: usize,
+        idle_secs: u64,
+    ) -> (Registry, ScopeId) {
         let scope = ScopeId::tenant("t");
         let window = |capacity| {
             Some(LimitSpec::new(
@@ -441,9 +452,9 @@ mod tests {
             ))
         };
         let spec = ScopeSpec {
-            requests: window(5),
-            tokens: window(1000),
-            concurrency: Some(2),
+            requests: window(requests),
+            tokens: window(1_000_000),
+            concurrency: Some(slots),
             adaptive: None,
             allowances: Allowances::default(),
             leased_from: None,
@@ -451,7 +462,7 @@ mod tests {
         let defaults = ActorDefaults {
             batch_ceiling: Ceiling::from_share(0.5),
             aging_ns: NANOS_PER_SEC,
-            max_queue: 4,
+            max_queue,
             idle_timeout_ns: idle_secs * NANOS_PER_SEC,
         };
         let registry = Registry::new(
@@ -599,6 +610,64 @@ mod tests {
         // ... and the scope retires once idle.
         tokio::time::sleep(std::time::Duration::from_secs(45)).await;
         assert_eq!(registry.live_actors(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_racing_on_both_paths_never_exceed_a_limit_and_leave_the_scope_at_rest() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        // 400 callers on two workers for 3 slots: the decision in the caller's
+        // task, the actor task's queue and releases from every thread race. Two
+        // in three wait (up to 5 s, far more than the ~0.2 s all of them need),
+        // the rest will not wait at all.
+        let (registry, scope) = registry_with(10_000, 3, 512, 20);
+        let registry = Arc::new(registry);
+        let held = Arc::new(AtomicU64::new(0));
+        let most = Arc::new(AtomicU64::new(0));
+        let mut callers = tokio::task::JoinSet::new();
+        for i in 0..400u64 {
+            let (registry, scope) = (registry.clone(), scope.clone());
+            let (held, most) = (held.clone(), most.clone());
+            callers.spawn(async move {
+                let max_wait_ns = if i % 3 == 0 { 0 } else { 5 * NANOS_PER_SEC };
+                let Ok(permit) = acquire_waiting(&registry, &scope, max_wait_ns).await else {
+                    return (max_wait_ns, false, false);
+                };
+                most.fetch_max(held.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_micros(300 * (i % 4))).await;
+                held.fetch_sub(1, Ordering::SeqCst);
+                // Half settle with usage; half are dropped before being sent,
+                // which cancels them (their request is not counted).
+                if i % 2 == 0 {
+                    permit.settle(SettleWith::Usage {
+                        prompt: 10,
+                        completion: 3,
+                    });
+                } else {
+                    drop(permit);
+                }
+                (max_wait_ns, i % 2 == 0, true)
+            });
+        }
+        let (mut waiters, mut waiters_served, mut served, mut charged) = (0, 0, 0, 0);
+        while let Some(joined) = callers.join_next().await {
+            let (max_wait_ns, settled, admitted) = joined.unwrap();
+            served += u64::from(admitted);
+            charged += u64::from(admitted && settled);
+            if max_wait_ns > 0 {
+                waiters += 1;
+                waiters_served += u64::from(admitted);
+            }
+        }
+        assert!(most.load(Ordering::SeqCst) <= 3, "more than 3 held at once");
+        assert_eq!(waiters_served, waiters, "a waiting caller was never served");
+        assert!(served > waiters, "no caller that would not wait was served");
+        let status = registry.status(&scope).await.unwrap();
+        assert_eq!((status.in_flight, status.queued), (0, [0, 0]));
+        assert_eq!(
+            status.requests.unwrap().used,
+            charged,
+            "one request per admission settled with usage"
+        );
     }
 
     #[tokio::test]
