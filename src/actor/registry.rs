@@ -8,9 +8,10 @@
 //!
 //! Race with retirement: a caller may hold a handle whose actor has just retired.
 //! The scope's lock tells it so ([`Decision::Retired`]: the actor marks itself
-//! retired under that lock), or a forwarded request's reply channel closes
-//! unanswered; in both cases nothing was charged, so [`Registry::acquire`] drops
-//! the stale handle and asks again.
+//! retired under that lock, and cannot retire while a forwarded request is on its
+//! way). A forwarded request's reply channel closes unanswered only if the actor
+//! task stops otherwise (shutdown, a panic). In both cases nothing was charged, so
+//! [`Registry::acquire`] drops the stale handle and asks again.
 
 use super::ScopeId;
 use super::clock::Clock;
@@ -30,6 +31,8 @@ use tollgate_cluster::maps::shrink_if_sparse;
 /// Mailbox capacity per actor (requests on their way to its queue); senders wait
 /// (backpressure) when it is full.
 pub const MAILBOX: usize = 1024;
+/// Live scopes exported between two yields to the runtime (`export_live`).
+const EXPORT_BATCH: usize = 256;
 /// Shards of the registry map.
 pub const SHARDS: usize = 16;
 /// Attempts to reach an actor that keeps retiring under the caller (practically
@@ -398,7 +401,13 @@ impl Registry {
             })
             .collect();
         let mut out = Vec::with_capacity(live.len());
-        for (scope, shared) in live {
+        for (i, (scope, shared)) in live.into_iter().enumerate() {
+            // Lets the worker's other tasks run between batches of scopes (each
+            // a lock and a copy, ~0.5 us): with many live scopes the loop would
+            // otherwise hold the worker for all of them.
+            if i > 0 && i % EXPORT_BATCH == 0 {
+                tokio::task::yield_now().await;
+            }
             let core = shared.lock();
             if !core.is_retired() {
                 let now = core.clock().now_ns();
@@ -501,6 +510,25 @@ mod tests {
         tokio::spawn(async move { acquire_waiting(&registry, &scope, 30 * NANOS_PER_SEC).await })
     }
 
+    /// Both slots taken (the permits returned) and a third request queued.
+    async fn full_with_one_waiting(
+        idle_secs: u64,
+    ) -> (
+        Arc<Registry>,
+        ScopeId,
+        [Permit; 2],
+        tokio::task::JoinHandle<Result<Permit, Refusal>>,
+    ) {
+        let (registry, scope) = registry(idle_secs);
+        let registry = Arc::new(registry);
+        let a = acquire(&registry, &scope).await.unwrap();
+        let b = acquire(&registry, &scope).await.unwrap();
+        let waiting = waiting_in_background(&registry, &scope);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(registry.status(&scope).await.unwrap().queued, [1, 0]);
+        (registry, scope, [a, b], waiting)
+    }
+
     fn request(max_wait_ns: Nanos) -> AcquireRequest {
         AcquireRequest {
             lane: Lane::Interactive,
@@ -538,14 +566,8 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_newcomer_never_takes_room_ahead_of_a_request_already_waiting() {
-        let (registry, scope) = registry(60);
-        let registry = Arc::new(registry);
-        let a = acquire(&registry, &scope).await.unwrap();
-        let _b = acquire(&registry, &scope).await.unwrap();
         // Both slots taken: c waits in the queue.
-        let c = waiting_in_background(&registry, &scope);
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        assert_eq!(registry.status(&scope).await.unwrap().queued, [1, 0]);
+        let (registry, scope, [a, _b], c) = full_with_one_waiting(60).await;
         // A slot frees, and before the actor task has served its queue a newcomer
         // that would fit arrives: it must not take the slot c waits for.
         a.settle(SettleWith::Cancel);
@@ -668,6 +690,21 @@ mod tests {
             charged,
             "one request per admission settled with usage"
         );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn callers_waiting_on_an_actor_task_that_stops_ask_again() {
+        let (registry, scope, _held, waiting) = full_with_one_waiting(20).await;
+        // What the task's guard does however the task ends, a panic included.
+        let stale = registry.handle(&scope).unwrap();
+        drop(super::super::task::Stopping(stale.shared()));
+        // The waiter is not left waiting for its 30 s: it asks again and is
+        // served by a fresh actor (which knows nothing of the stopped one's
+        // permits, as when the task owned the state and a panic dropped it).
+        let served = tokio::time::timeout(std::time::Duration::from_secs(1), waiting).await;
+        served.expect("still waiting").unwrap().unwrap();
+        let fresh = registry.handle(&scope).unwrap();
+        assert!(!Arc::ptr_eq(&fresh.shared, &stale.shared), "a fresh actor");
     }
 
     #[tokio::test]

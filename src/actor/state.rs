@@ -52,8 +52,10 @@ impl Shared {
         }
     }
 
-    /// The state, locked. Every critical section is a few limiter operations and
-    /// leaves the state consistent, so a poisoned lock is still usable.
+    /// The state, locked. Every critical section is a few limiter operations. A
+    /// panic inside one (a bug) can leave at most the charge it was changing
+    /// half-applied (a slot still counted); the lock is used on rather than
+    /// failing every later request of the scope.
     pub fn lock(&self) -> MutexGuard<'_, Core> {
         self.core
             .lock()
@@ -222,6 +224,13 @@ impl Core {
     /// Marks the scope retired (the actor task stops).
     pub fn retire(&mut self) {
         self.retired = true;
+    }
+
+    /// Drops every waiter unanswered (the actor task is stopping): their callers
+    /// find their answer channel closed, nothing charged, and ask again.
+    pub fn abandon_queue(&mut self) {
+        drop(self.queue.remove_where(|_| true));
+        self.report_depth();
     }
 
     /// The earliest time the actor task must look at its queue again.

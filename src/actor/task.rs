@@ -93,9 +93,24 @@ pub struct Release {
 /// registry checks, under its lock, that no request raced into the mailbox).
 pub type RetireHook = Box<dyn Fn(&mpsc::Receiver<Command>) -> bool + Send>;
 
+/// Stops the scope however its task ends (retired, every handle gone, or a
+/// panic): marks it retired and drops its waiters' answer channels, so a caller
+/// waiting there asks the registry again instead of waiting on a task that is
+/// gone (when the task owned the state, a panic dropped them with it).
+pub(super) struct Stopping(pub(super) Arc<Shared>);
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        let mut core = self.0.lock();
+        core.retire();
+        core.abandon_queue();
+    }
+}
+
 /// Serves `shared`'s queue until retired (idle at rest) or until every handle is
 /// gone.
 pub async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>, retire: RetireHook) {
+    let _stopping = Stopping(shared.clone());
     let (clock, idle_timeout_ns, last_active_ns) = {
         let core = shared.lock();
         (core.clock(), core.idle_timeout_ns(), core.last_active_ns())
