@@ -19,7 +19,7 @@ use super::credit::CreditTable;
 use super::estimate::AdaptivePolicy;
 use super::scope::{Allowances, ScopeExport, ScopeLimits, ScopeStatus};
 use super::state::{ActorSettings, Core, Decision, Forwarded, Shared};
-use super::task::{AcquireRequest, Command, Grant, Refusal, Release};
+use super::task::{AcquireRequest, Grant, Refusal, Release};
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
 use crate::ops::metrics::Metrics;
 use std::collections::HashMap;
@@ -73,7 +73,7 @@ pub struct ActorDefaults {
 /// Handle to one live actor.
 #[derive(Clone, Debug)]
 pub struct ActorHandle {
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::Sender<Forwarded>,
     shared: Arc<Shared>,
     generation: u64,
 }
@@ -268,16 +268,12 @@ impl Registry {
         let (commands_tx, commands_rx) = mpsc::channel(MAILBOX);
         let shards = self.shards.clone();
         let key = scope.clone();
-        let retire = Box::new(move |commands: &mpsc::Receiver<Command>| {
+        let retire = Box::new(move || {
             let mut shard = lock(&shards[shard_index]);
-            if !commands.is_empty() {
-                return false;
-            }
             if shard.get(&key).is_some_and(|h| h.generation == generation) {
                 shard.remove(&key);
                 shrink_if_sparse(&mut shard);
             }
-            true
         });
         let core = Core::new(
             settings,
@@ -441,13 +437,14 @@ mod tests {
     use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
     fn registry(idle_secs: u64) -> (Registry, ScopeId) {
-        registry_with(5, 2, 4, idle_secs)
+        registry_with(5, 1000, 2, 4, idle_secs)
     }
 
-    /// A registry of one tenant scope: `requests` per 10 s, 1000 tokens per 10 s,
-    /// `slots` in flight, queues of `max_queue`.
+    /// A registry of one tenant scope: `requests` and `tokens` per 10 s, `slots`
+    /// in flight, queues of `max_queue`.
     fn registry_with(
         requests: u64,
+        tokens: u64,
         slots: u64,
         max_queue: usize,
         idle_secs: u64,
@@ -462,7 +459,7 @@ mod tests {
         };
         let spec = ScopeSpec {
             requests: window(requests),
-            tokens: window(1_000_000),
+            tokens: window(tokens),
             concurrency: Some(slots),
             adaptive: None,
             allowances: Allowances::default(),
@@ -641,7 +638,7 @@ mod tests {
         // task, the actor task's queue and releases from every thread race. Two
         // in three wait (up to 5 s, far more than the ~0.2 s all of them need),
         // the rest will not wait at all.
-        let (registry, scope) = registry_with(10_000, 3, 512, 20);
+        let (registry, scope) = registry_with(10_000, 1_000_000, 3, 512, 20);
         let registry = Arc::new(registry);
         let held = Arc::new(AtomicU64::new(0));
         let most = Arc::new(AtomicU64::new(0));

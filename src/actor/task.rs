@@ -56,9 +56,6 @@ pub struct Refusal {
     pub status: ScopeStatus,
 }
 
-/// Messages on the bounded mailbox: requests told to wait.
-pub type Command = Forwarded;
-
 /// How a permit ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SettleWith {
@@ -89,9 +86,10 @@ pub struct Release {
     pub answered_at: Option<tokio::time::Instant>,
 }
 
-/// Called when the actor wants to retire; returns true if it was unregistered (the
-/// registry checks, under its lock, that no request raced into the mailbox).
-pub type RetireHook = Box<dyn Fn(&mpsc::Receiver<Command>) -> bool + Send>;
+/// Unregisters the scope from the registry when its actor retires. Called under
+/// the scope's lock once it is idle: nothing is forwarded (`forwarded == 0`), so
+/// the mailbox is empty and no request can race into it.
+pub type RetireHook = Box<dyn Fn() + Send>;
 
 /// Stops the scope however its task ends (retired, every handle gone, or a
 /// panic): marks it retired and drops its waiters' answer channels, so a caller
@@ -109,7 +107,7 @@ impl Drop for Stopping {
 
 /// Serves `shared`'s queue until retired (idle at rest) or until every handle is
 /// gone.
-pub async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>, retire: RetireHook) {
+pub async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Forwarded>, retire: RetireHook) {
     let _stopping = Stopping(shared.clone());
     let (clock, idle_timeout_ns, last_active_ns) = {
         let core = shared.lock();
@@ -141,7 +139,9 @@ pub async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>, ret
                 if now >= core.last_active_ns() + idle_timeout_ns {
                     // Under the scope's lock: no request can be decided here
                     // between the check and the mark.
-                    if core.is_idle(now) && retire(&commands) {
+                    if core.is_idle(now) {
+                        debug_assert!(commands.is_empty(), "idle with a request in the mailbox");
+                        retire();
                         core.retire();
                         return;
                     }
