@@ -139,11 +139,15 @@ fn demo_banner(config: &Config, bound: Bound) {
     println!("Ctrl-C stops it.");
 }
 
-async fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
-    let (config, demo) = match &config_path {
+/// Reads the node's config: the file given, or the embedded demo (`true`).
+fn serve_config(config_path: Option<PathBuf>) -> anyhow::Result<(Config, bool)> {
+    Ok(match &config_path {
         Some(path) => (Config::load(path)?, false),
         None => (Config::demo()?, true),
-    };
+    })
+}
+
+async fn serve(config: Config, demo: bool) -> anyhow::Result<()> {
     init_logging(config.server.log_format);
     let (listener, mock) = server::bind(&config).await?;
     let banner_config = config.clone();
@@ -219,60 +223,85 @@ fn hash_key(key: Option<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// The runtime every command runs on: tokio's multi-threaded one, whose worker
+/// count comes from `TOKIO_WORKER_THREADS` or the cores unless a served config
+/// sets `server.worker_threads` (the config file is read before the runtime
+/// exists, so that it can size it).
+fn runtime(worker_threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n);
+    }
+    builder
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Serve { config: None }) {
-        Command::Serve { config } => serve(config).await,
-        Command::MockUpstream(args) => {
-            init_logging(LogFormat::Text);
-            let listen = args.listen;
-            let config = args.into_config().context("mock-upstream options")?;
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("binding {listen}"))?;
-            println!(
-                "mock upstream on http://{}/v1 (stats at /stats)",
-                listener.local_addr()?
-            );
-            tollgate::mock::serve(listener, config, shutdown_signal()).await?;
-            Ok(())
+        Command::Serve { config } => {
+            let (config, demo) = serve_config(config)?;
+            runtime(config.server.worker_threads)?.block_on(serve(config, demo))
         }
-        Command::CheckConfig { file } => match Config::load(&file) {
-            Ok(config) => {
-                println!(
-                    "{}: ok ({} tenants, {} upstreams, {} routes)",
-                    file.display(),
-                    config.tenants.len(),
-                    config.upstreams.len(),
-                    config.routes.len()
-                );
-                Ok(())
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                std::process::exit(1);
-            }
-        },
+        Command::MockUpstream(args) => runtime(None)?.block_on(mock_upstream(args)),
+        Command::CheckConfig { file } => check_config(&file),
         Command::HashKey { key } => hash_key(key),
         Command::Up {
             nodes,
             mode,
             share,
             redis_url,
-        } => up(nodes, &mode, &share, redis_url).await,
-        Command::Load(args) => {
-            let json = args.json.clone();
-            // Ctrl-C stops sending and still prints what was measured.
-            let summary = tollgate::load::run_until(args, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
-            println!("{}", tollgate::load::render_table(&summary));
-            if let Some(path) = json {
-                tollgate::load::write_json(&summary, &path)?;
-            }
+        } => runtime(None)?.block_on(up(nodes, &mode, &share, redis_url)),
+        Command::Load(args) => runtime(None)?.block_on(load(args)),
+    }
+}
+
+async fn mock_upstream(args: tollgate::mock::MockArgs) -> anyhow::Result<()> {
+    init_logging(LogFormat::Text);
+    let listen = args.listen;
+    let config = args.into_config().context("mock-upstream options")?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    println!(
+        "mock upstream on http://{}/v1 (stats at /stats)",
+        listener.local_addr()?
+    );
+    tollgate::mock::serve(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+    match Config::load(file) {
+        Ok(config) => {
+            println!(
+                "{}: ok ({} tenants, {} upstreams, {} routes)",
+                file.display(),
+                config.tenants.len(),
+                config.upstreams.len(),
+                config.routes.len()
+            );
             Ok(())
         }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
     }
+}
+
+async fn load(args: tollgate::load::LoadArgs) -> anyhow::Result<()> {
+    let json = args.json.clone();
+    // Ctrl-C stops sending and still prints what was measured.
+    let summary = tollgate::load::run_until(args, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    println!("{}", tollgate::load::render_table(&summary));
+    if let Some(path) = json {
+        tollgate::load::write_json(&summary, &path)?;
+    }
+    Ok(())
 }

@@ -120,6 +120,9 @@ pub async fn run_with_transport(
     };
     let cluster = config.cluster.clone();
     let state = Arc::new(AppState::new(config).map_err(|e| ServeError::State(e.message))?);
+    // What `server.worker_threads` (or tokio's default) gave this node, for operators
+    // checking that the setting took.
+    (state.metrics).runtime_workers(tokio::runtime::Handle::current().metrics().num_workers());
     tokio::spawn(state.stall_watch.clone().run());
     let proxy = listener.local_addr()?;
     let sync = match &cluster {

@@ -113,3 +113,55 @@ async fn shutdown_drains_in_flight_requests() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     upstream.shutdown().await.unwrap();
 }
+
+/// Kills the served binary however the test ends.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tollgate serve` on a config whose `[server]` section has `server_lines`, with
+/// `TOKIO_WORKER_THREADS=1` in its environment; returns the worker threads its
+/// `/metrics` reports once it answers.
+async fn served_workers(server_lines: &str) -> i64 {
+    let port = common::cluster::free_tcp_port();
+    let toml = single("rpm = 10")
+        .replace("{MOCK}", "http://127.0.0.1:1/v1")
+        .replace("{HASH}", &key_hash());
+    let toml = format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{server_lines}\n{toml}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.toml");
+    std::fs::write(&path, toml).unwrap();
+    let _served = Served(
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("TOKIO_WORKER_THREADS", "1")
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    for _ in 0..200 {
+        if let Ok(response) = reqwest::get(&url).await {
+            let text = response.text().await.unwrap();
+            let line = (text.lines())
+                .find_map(|l| l.strip_prefix("tollgate_runtime_worker_threads "))
+                .unwrap_or_else(|| panic!("no worker gauge in\n{text}"));
+            return line.trim().parse().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the node never answered on {url}");
+}
+
+#[tokio::test]
+async fn worker_threads_in_the_config_size_the_served_nodes_runtime() {
+    // The file wins over the environment, which still applies when the file is silent.
+    assert_eq!(served_workers("worker_threads = 3").await, 3);
+    assert_eq!(served_workers("").await, 1);
+}

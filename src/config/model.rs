@@ -16,6 +16,8 @@ pub mod defaults {
     pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
     /// Requests in flight across the node before new ones get 503.
     pub const MAX_IN_FLIGHT: usize = 4096;
+    /// Most worker threads `server.worker_threads` may ask for.
+    pub const MAX_WORKER_THREADS: usize = 1024;
     /// Time graceful shutdown waits for in-flight requests.
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
     /// Overall deadline of one request (queueing, retries and upstream time).
@@ -313,6 +315,9 @@ pub struct ServerConfig {
     pub log_format: LogFormat,
     /// Add a `tenant` label to metrics (off by default: unbounded label sets).
     pub metrics_tenant_labels: bool,
+    /// Tokio worker threads serving this node. Absent: tokio's own choice
+    /// (`TOKIO_WORKER_THREADS` from the environment, else one per core).
+    pub worker_threads: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -330,6 +335,7 @@ impl Default for ServerConfig {
             upstream_idle_timeout: defaults::UPSTREAM_IDLE_TIMEOUT,
             log_format: LogFormat::Text,
             metrics_tenant_labels: false,
+            worker_threads: None,
         }
     }
 }

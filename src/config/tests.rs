@@ -84,6 +84,20 @@ fn impossible_combinations_name_the_field() {
 
     let (field, _) = invalid(&MINIMAL.replace("sha256:f778", "sha256:zz78"));
     assert_eq!(field, "tenants[0].api_key_hashes[0]");
+
+    for workers in [0, defaults::MAX_WORKER_THREADS + 1] {
+        let (field, reason) = invalid(&format!("[server]\nworker_threads = {workers}\n{MINIMAL}"));
+        assert_eq!(field, "server.worker_threads");
+        assert!(reason.contains("between 1 and 1024"), "{reason}");
+    }
+    let one = format!("[server]\nworker_threads = 1\n{MINIMAL}");
+    assert_eq!(
+        Config::from_toml(&one, "test.toml")
+            .unwrap()
+            .server
+            .worker_threads,
+        Some(1)
+    );
 }
 
 #[test]

@@ -200,6 +200,13 @@ fn validate_server(config: &Config) -> Result<(), Violation> {
     if server.max_in_flight == 0 {
         return fail("server.max_in_flight", "must be at least 1");
     }
+    let most_workers = super::defaults::MAX_WORKER_THREADS;
+    if (server.worker_threads).is_some_and(|n| !(1..=most_workers).contains(&n)) {
+        return fail(
+            "server.worker_threads",
+            format!("must be between 1 and {most_workers}"),
+        );
+    }
     if server.request_timeout < Duration::from_millis(100) {
         return fail("server.request_timeout", "must be at least 100ms");
     }

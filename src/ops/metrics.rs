@@ -52,6 +52,7 @@ pub struct Metrics {
     requests: Family<ByApiStatus, Counter>,
     tenant_requests: Family<ByTenant, Counter>,
     in_flight: Gauge,
+    runtime_workers: Gauge,
     sync_bytes: Counter,
     sync_round: Histogram,
     gossip_refused: Counter,
@@ -205,6 +206,7 @@ impl Metrics {
             requests: Family::default(),
             tenant_requests: Family::default(),
             in_flight: Gauge::default(),
+            runtime_workers: Gauge::default(),
             sync_bytes: Counter::default(),
             sync_round: micros_histogram(),
             gossip_refused: Counter::default(),
@@ -290,6 +292,11 @@ impl Metrics {
             "in_flight_requests",
             "Client requests being served",
             m.in_flight.clone(),
+        );
+        r.register(
+            "runtime_worker_threads",
+            "Tokio worker threads serving this node (server.worker_threads)",
+            m.runtime_workers.clone(),
         );
         r.register(
             "sync_published_bytes",
@@ -412,6 +419,12 @@ impl Metrics {
                 .get_or_create(&([("tenant", tenant.clone())], [("status", status)]))
                 .inc();
         }
+    }
+
+    /// The runtime serving this node has `workers` worker threads.
+    pub fn runtime_workers(&self, workers: usize) {
+        self.runtime_workers
+            .set(i64::try_from(workers).unwrap_or(i64::MAX));
     }
 
     /// One cluster sync round finished.
