@@ -28,6 +28,9 @@ for target in direct:9190 gateway:8190 lease:8191; do
   name=${target%:*} port=${target#*:}
   run "$name-64" "http://127.0.0.1:$port/v1" --concurrency 64
   run "$name-1k" "http://127.0.0.1:$port/v1" --rate 1000
+  # Issue 6's one-node target held as a rate: 15,000 req/s over at most 64
+  # connections, latency from each slot's due time.
+  run "$name-15k" "http://127.0.0.1:$port/v1" --rate 15000 --max-in-flight 64
   run "$name-c1" "http://127.0.0.1:$port/v1" --concurrency 1
 done
 
@@ -42,9 +45,12 @@ print("|---|---|---|---|---|---|")
 for tag, label, f in [("64", "64 connections, closed loop: req/s", rps),
                       ("64", "64 connections: p99 latency, ms", lambda x: pct(x, "p99")),
                       ("1k", "1,000 req/s open loop: p99 latency, ms", lambda x: pct(x, "p99")),
+                      ("15k", "15,000 req/s open loop, <= 64 in flight: p99 latency, ms", lambda x: pct(x, "p99")),
+                      ("15k", "15,000 req/s open loop, <= 64 in flight: slots dropped, %", lambda x: 100 * x["outcomes"]["dropped"] / x["outcomes"]["total"]),
                       ("c1", "1 connection, closed loop: p50 latency, ms", lambda x: pct(x, "p50"))]:
     a, b, c = (f(s[k + "-" + tag]) for k in ("direct", "gateway", "lease"))
-    print(f"| {label} | {a:,.3f} | {b:,.3f} | {b / a:.3f} | {c:,.3f} | {c / a:.3f} |")
+    ratio = lambda x: f"{x / a:.3f}" if a else "n/a"
+    print(f"| {label} | {a:,.3f} | {b:,.3f} | {ratio(b)} | {c:,.3f} | {ratio(c)} |")
 for tag in ["1k", "c1"]:
     a = s["direct-" + tag]
     for k in ("gateway", "lease"):

@@ -74,6 +74,7 @@ async fn worker(ctx: Arc<Ctx>, budget: Arc<Budget>, id: usize) {
             &ctx.client,
             ctx.target.request(&headers, variant),
             ctx.stream,
+            Instant::now(),
         )
         .await;
         ctx.live.record(sent.sample.outcome);

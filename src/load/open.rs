@@ -104,7 +104,11 @@ pub async fn run(ctx: Arc<Ctx>, schedule: Schedule) {
         match permit {
             Some(permit) => {
                 let variant = rng.random_range(0..ctx.target.variants());
-                tokio::spawn(slot(ctx.clone(), pause.clone(), slots, variant, permit));
+                let due_slot = Due {
+                    slot: slots,
+                    at: due,
+                };
+                tokio::spawn(slot(ctx.clone(), pause.clone(), due_slot, variant, permit));
             }
             None => {
                 dropped += 1;
@@ -120,18 +124,28 @@ pub async fn run(ctx: Arc<Ctx>, schedule: Schedule) {
     let _ = in_flight.acquire_many(all).await;
 }
 
+/// A slot of the schedule: its number and the moment it was due.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    slot: u64,
+    at: Instant,
+}
+
+/// Sends one slot's request, timed from the slot's due time (up to
+/// [`MAX_LATENESS`] before it was sent): latency without coordinated omission.
 async fn slot(
     ctx: Arc<Ctx>,
     pause: Arc<Pause>,
-    slot: u64,
+    due: Due,
     variant: usize,
     permit: OwnedSemaphorePermit,
 ) {
     let req = ctx.target.request(ctx.target.headers(), variant);
-    let sent = send(&ctx.client, req, ctx.stream).await;
+    let sent = send(&ctx.client, req, ctx.stream, due.at).await;
     ctx.live.record(sent.sample.outcome);
     // Spread slots over the shards; truncation only changes which shard is used.
-    ctx.shards.with(slot as usize, |r| r.record(&sent.sample));
+    ctx.shards
+        .with(due.slot as usize, |r| r.record(&sent.sample));
     if let Some(wait) = sent
         .retry_after
         .filter(|w| ctx.honour_retry_after && !w.is_zero())

@@ -25,7 +25,8 @@ pub struct Summary {
     pub interrupted: bool,
     /// Requests (and dropped slots) per outcome.
     pub outcomes: Outcomes,
-    /// Latency of `ok` requests, send to end of body; `None` if there were none.
+    /// Latency of `ok` requests to the end of the body, from the send (closed loop)
+    /// or the slot's due time (open loop); `None` if there were none.
     pub latency_ms: Option<Percentiles>,
     /// Time to first body byte of `ok` streamed requests; `None` without `--stream`.
     pub ttfb_ms: Option<Percentiles>,

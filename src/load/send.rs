@@ -27,10 +27,17 @@ pub struct Sent {
     pub retry_after: Option<Duration>,
 }
 
-/// Executes `req` on `client` and reads the whole answer. Never fails: transport
-/// problems become [`Outcome::TransportError`].
-pub async fn send(client: &reqwest::Client, req: reqwest::Request, stream: bool) -> Sent {
-    let started = Instant::now();
+/// Executes `req` on `client` and reads the whole answer, timing it from `started`
+/// (the moment it was due: in an open loop a slot's scheduled time, so that a
+/// generator that fell behind charges its lateness to the latency instead of
+/// hiding it, as wrk2 does; in a closed loop the send itself). Never fails:
+/// transport problems become [`Outcome::TransportError`].
+pub async fn send(
+    client: &reqwest::Client,
+    req: reqwest::Request,
+    stream: bool,
+    started: Instant,
+) -> Sent {
     let transport = |e: reqwest::Error| {
         tracing::debug!(error = %e, timeout = e.is_timeout(), "transport error");
         Sent {

@@ -422,6 +422,30 @@ async fn open_loop_drops_slots_when_in_flight_is_full() {
     assert!(o.sent() >= 5, "{o:?}");
 }
 
+/// A generator that falls behind its schedule charges the lateness to the
+/// latency (no coordinated omission): one thread, blocked for 60 ms while slots
+/// fall due, sends them late, and the server's instant answers read >= ~60 ms.
+#[tokio::test]
+async fn open_loop_latency_runs_from_each_slots_due_time() {
+    let srv = Srv::new(Duration::ZERO, |_, _| Reply::Ok);
+    let url = serve(srv.clone()).await;
+    tokio::spawn(async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Blocks the runtime's only thread: the schedule cannot send meanwhile.
+        std::thread::sleep(Duration::from_millis(60));
+    });
+    let s = run(args(&url, &["--rate", "100", "--duration", "1s"]))
+        .await
+        .unwrap();
+    assert_eq!(s.outcomes.dropped, 0, "{:?}", s.outcomes);
+    let latency = s.latency_ms.unwrap();
+    assert!(
+        latency.max >= 50.0,
+        "the stalled slots' lateness: {latency:?}"
+    );
+    assert!(latency.p50 < 20.0, "on-time slots: {latency:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_pauses_the_schedule_on_retry_after() {
     let srv = Srv::new(Duration::ZERO, |n, _| {
