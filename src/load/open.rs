@@ -23,6 +23,10 @@ use super::send::send;
 
 /// How late a slot may be sent; later than this it is dropped.
 pub const MAX_LATENESS: Duration = Duration::from_millis(100);
+/// Lateness not charged to a slot's latency: tokio's timer wakes at the first
+/// millisecond tick after a deadline, so every slot may leave up to this late
+/// with nothing behind; a slot later than this was held up, and that is charged.
+pub const TIMER_GRAIN: Duration = Duration::from_millis(2);
 /// Slots the scheduler handles back to back before yielding to other tasks.
 const SLOTS_PER_YIELD: u32 = 1024;
 
@@ -131,8 +135,9 @@ struct Due {
     at: Instant,
 }
 
-/// Sends one slot's request, timed from the slot's due time (up to
-/// [`MAX_LATENESS`] before it was sent): latency without coordinated omission.
+/// Sends one slot's request, timed from its due time plus the timer's grain (or
+/// from the send, if sooner): a slot held up beyond the timer's own resolution
+/// has that delay in its latency, not hidden (coordinated omission).
 async fn slot(
     ctx: Arc<Ctx>,
     pause: Arc<Pause>,
@@ -141,7 +146,8 @@ async fn slot(
     permit: OwnedSemaphorePermit,
 ) {
     let req = ctx.target.request(ctx.target.headers(), variant);
-    let sent = send(&ctx.client, req, ctx.stream, due.at).await;
+    let started = Instant::now().min(due.at + TIMER_GRAIN);
+    let sent = send(&ctx.client, req, ctx.stream, started).await;
     ctx.live.record(sent.sample.outcome);
     // Spread slots over the shards; truncation only changes which shard is used.
     ctx.shards

@@ -28,10 +28,10 @@ pub struct Sent {
 }
 
 /// Executes `req` on `client` and reads the whole answer, timing it from `started`
-/// (the moment it was due: in an open loop a slot's scheduled time, so that a
-/// generator that fell behind charges its lateness to the latency instead of
-/// hiding it, as wrk2 does; in a closed loop the send itself). Never fails:
-/// transport problems become [`Outcome::TransportError`].
+/// (in a closed loop the send itself; in an open loop up to when the slot was due,
+/// so that a generator that fell behind charges its lateness to the latency
+/// instead of hiding it, as wrk2 does). Never fails: transport problems become
+/// [`Outcome::TransportError`].
 pub async fn send(
     client: &reqwest::Client,
     req: reqwest::Request,
