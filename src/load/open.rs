@@ -23,9 +23,10 @@ use super::send::send;
 
 /// How late a slot may be sent; later than this it is dropped.
 pub const MAX_LATENESS: Duration = Duration::from_millis(100);
-/// Lateness not charged to a slot's latency: tokio's timer wakes at the first
-/// millisecond tick after a deadline, so every slot may leave up to this late
-/// with nothing behind; a slot later than this was held up, and that is charged.
+/// Lateness not charged to a slot's latency: tokio's timer rounds a deadline up to
+/// its next millisecond tick and its driver's wait rounds up to whole milliseconds
+/// again, so every slot may leave up to this late with nothing behind; a slot later
+/// than this was held up, and that is charged.
 pub const TIMER_GRAIN: Duration = Duration::from_millis(2);
 /// Slots the scheduler handles back to back before yielding to other tasks.
 const SLOTS_PER_YIELD: u32 = 1024;
