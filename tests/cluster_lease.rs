@@ -4,7 +4,9 @@
 //! `tests/conformance.rs`, with every other mode): owner death moves ownership
 //! without exceeding L; a
 //! killed node's slots come back within one lease ttl; a gossip partition keeps
-//! both sides within L together while each serves its share.
+//! both sides within L together while each serves its share, for a cut shorter
+//! than `dead_node_grace` (a longer one is held only to L per side, the known gap
+//! of docs/design/cluster.md).
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
@@ -323,14 +325,32 @@ async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
 const PARTITION_L: u64 = 120;
 
 async fn partition(max_borrow: f64, ports: [u16; 3]) -> (u64, Vec<u64>) {
+    partition_for(max_borrow, None, 4.0, ports).await
+}
+
+/// As [`partition`], with `dead_node_grace` set when given and the cut held for
+/// `cut_secs` of load.
+async fn partition_for(
+    max_borrow: f64,
+    dead_node_grace: Option<&str>,
+    cut_secs: f64,
+    ports: [u16; 3],
+) -> (u64, Vec<u64>) {
     let upstream = mock(|_| {}).await;
     let toml = |i: usize, ports: &[u16]| {
         format!(
             "{}max_borrow = {max_borrow:?}\n",
-            lease_toml(i, ports, "300ms").replace(
-                &format!("rpm = {LIMIT}\n"),
-                &format!("rpm = {PARTITION_L}\n")
-            )
+            lease_toml(i, ports, "300ms")
+                .replace(
+                    &format!("rpm = {LIMIT}\n"),
+                    &format!("rpm = {PARTITION_L}\n")
+                )
+                .replace(
+                    "gossip_interval = \"50ms\"\n",
+                    &dead_node_grace.map_or("gossip_interval = \"50ms\"\n".into(), |g| {
+                        format!("gossip_interval = \"50ms\"\ndead_node_grace = \"{g}\"\n")
+                    })
+                )
         )
     };
     let (transport, nodes) = channel_cluster(ports, toml, &upstream).await;
@@ -338,8 +358,8 @@ async fn partition(max_borrow: f64, ports: [u16; 3]) -> (u64, Vec<u64>) {
     let warm = load(urls(&nodes), &[4, 4, 8], 1.0).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     cut_off_third(&transport, ports, &nodes).await;
-    // Both sides push well above the limit: 4 s at 30 + 15 + 30 requests/s.
-    let during = load(urls(&nodes), &[30, 15, 30], 4.0).await;
+    // Both sides push well above the limit: at 30 + 15 + 30 requests/s.
+    let during = load(urls(&nodes), &[30, 15, 30], cut_secs).await;
     let truth = upstream.stats().admitted;
     println!(
         "lease partition {{1,2}} | {{3}}, max_borrow {max_borrow}: warm-up {warm:?}, during {during:?}; upstream admitted {truth} of L = {PARTITION_L}"
@@ -388,6 +408,24 @@ async fn a_gossip_partition_keeps_both_sides_within_l_and_each_serves_its_share(
         "the majority side served nothing"
     );
     assert!(during[2] > 0, "the minority side served nothing");
+}
+
+/// The partition promise's time bound (docs/design/cluster.md, "A cut longer than
+/// `dead_node_grace`"): an unreachable member is charged its floor only until
+/// chitchat collects it, so a cut that outlasts the grace (here 2 s, cut for 8 s)
+/// has each side forget the other and serve up to L on its own. The excess is
+/// printed; each side stays within L, so both together within 2 L. With the
+/// default grace (60 s) the same 8 s cut admitted <= L.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_longer_than_the_dead_node_grace_is_held_to_l_per_side() {
+    let (truth, during) = partition_for(0.0, Some("2s"), 8.0, [12_021, 12_022, 12_023]).await;
+    println!(
+        "a cut of 8 s with a 2 s grace: excess over L = {}",
+        truth.saturating_sub(PARTITION_L)
+    );
+    assert!(during[0] + during[1] <= PARTITION_L, "{during:?}");
+    assert!(during[2] <= PARTITION_L, "{during:?}");
+    assert!(truth <= 2 * PARTITION_L, "admitted {truth} > 2 L");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
