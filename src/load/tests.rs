@@ -439,8 +439,10 @@ async fn open_loop_latency_runs_from_each_slots_due_time() {
         .unwrap();
     assert_eq!(s.outcomes.dropped, 0, "{:?}", s.outcomes);
     let latency = s.latency_ms.unwrap();
+    // The first slot due in the block (slots 10 ms apart) leaves 50-60 ms late,
+    // less the 2 ms timer grain: at least 48 ms; timed from the send, ~1 ms.
     assert!(
-        latency.max >= 50.0,
+        latency.max >= 40.0,
         "the stalled slots' lateness: {latency:?}"
     );
     assert!(latency.p50 < 20.0, "on-time slots: {latency:?}");
