@@ -223,10 +223,11 @@ fn hash_key(key: Option<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The runtime every command runs on: tokio's multi-threaded one, whose worker
-/// count comes from `TOKIO_WORKER_THREADS` or the cores unless a served config
-/// sets `server.worker_threads` (the config file is read before the runtime
-/// exists, so that it can size it).
+/// The runtime of the commands that do I/O (`check-config` and `hash-key` need
+/// none): tokio's multi-threaded one, whose worker count comes from
+/// `TOKIO_WORKER_THREADS` or the cores unless a served config sets
+/// `server.worker_threads` (the config file is read before the runtime exists, so
+/// that it can size it).
 fn runtime(worker_threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = worker_threads {

@@ -338,7 +338,7 @@ async fn partition_for(
 ) -> (u64, Vec<u64>) {
     let upstream = mock(|_| {}).await;
     let toml = |i: usize, ports: &[u16]| {
-        format!(
+        let toml = format!(
             "{}max_borrow = {max_borrow:?}\n",
             lease_toml(i, ports, "300ms")
                 .replace(
@@ -351,7 +351,10 @@ async fn partition_for(
                         format!("gossip_interval = \"50ms\"\ndead_node_grace = \"{g}\"\n")
                     })
                 )
-        )
+        );
+        // The grace must have reached the [cluster] table, or the test is of nothing.
+        assert_eq!(toml.contains("dead_node_grace"), dead_node_grace.is_some());
+        toml
     };
     let (transport, nodes) = channel_cluster(ports, toml, &upstream).await;
     // Healthy: every node shows demand, node 3 (the minority side) more.
@@ -390,7 +393,11 @@ async fn partition_for(
         "lease: views converged {:?} after healing",
         healed.elapsed()
     );
-    assert!(healed.elapsed() < Duration::from_secs(1));
+    // Members collected during a cut longer than the grace are recreated by
+    // chitchat on healing, which the 1 s bound is not about.
+    if dead_node_grace.is_none() {
+        assert!(healed.elapsed() < Duration::from_secs(1));
+    }
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();
     (truth, during)
@@ -413,19 +420,24 @@ async fn a_gossip_partition_keeps_both_sides_within_l_and_each_serves_its_share(
 /// The partition promise's time bound (docs/design/cluster.md, "A cut longer than
 /// `dead_node_grace`"): an unreachable member is charged its floor only until
 /// chitchat collects it, so a cut that outlasts the grace (here 2 s, cut for 8 s)
-/// has each side forget the other and serve up to L on its own. The excess is
-/// printed; each side stays within L, so both together within 2 L. With the
-/// default grace (60 s) the same 8 s cut admitted <= L.
+/// has each side forget the other and serve up to L on its own. Each side stays
+/// within L; both together went over L (the known gap: asserted, so that this
+/// test turns red when a rule that closes it lands, and is then flipped). The
+/// same 8 s cut with the default grace (60 s) stays within L.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_longer_than_the_dead_node_grace_is_held_to_l_per_side() {
     let (truth, during) = partition_for(0.0, Some("2s"), 8.0, [12_021, 12_022, 12_023]).await;
-    println!(
-        "a cut of 8 s with a 2 s grace: excess over L = {}",
-        truth.saturating_sub(PARTITION_L)
-    );
     assert!(during[0] + during[1] <= PARTITION_L, "{during:?}");
     assert!(during[2] <= PARTITION_L, "{during:?}");
-    assert!(truth <= 2 * PARTITION_L, "admitted {truth} > 2 L");
+    assert!(
+        truth > PARTITION_L,
+        "admitted {truth} <= L through a cut longer than the grace: the known gap closed?"
+    );
+    let (within, _) = partition_for(0.0, None, 8.0, [12_031, 12_032, 12_033]).await;
+    assert!(
+        within <= PARTITION_L,
+        "the default grace admitted {within} > L"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

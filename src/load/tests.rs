@@ -437,7 +437,8 @@ async fn open_loop_latency_runs_from_each_slots_due_time() {
     let s = run(args(&url, &["--rate", "100", "--duration", "1s"]))
         .await
         .unwrap();
-    assert_eq!(s.outcomes.dropped, 0, "{:?}", s.outcomes);
+    // (No check on `dropped`: a VM stall on top of the block could push a slot past
+    // the 100 ms it may be late, and that is not what this test is about.)
     let latency = s.latency_ms.unwrap();
     // The first slot due in the block (slots 10 ms apart) leaves 50-60 ms late,
     // less the 2 ms timer grain: at least 48 ms; timed from the send, ~1 ms.

@@ -172,8 +172,8 @@ impl MembershipConfig {
                 initial_interval: self.gossip_interval,
                 dead_node_grace_period: self.dead_node_grace,
             },
-            // We never delete keys (counters use a fixed ring), so tombstones are rare;
-            // keep them as long as dead nodes.
+            // Tombstones come only from a quiet key's ring being deleted (a few per
+            // key gone quiet); keep them as long as dead nodes.
             marked_for_deletion_grace_period: self.dead_node_grace,
             catchup_callback: None,
             extra_liveness_predicate: None,
