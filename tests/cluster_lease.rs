@@ -246,51 +246,6 @@ async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incar
     upstream.shutdown().await.unwrap();
 }
 
-/// The ids `node` lists as unreachable (charged a partition floor).
-async fn dead_seen_by(node: &Node) -> Vec<String> {
-    let body = admin(node, "/admin/cluster").await;
-    (body["cluster"]["dead"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default())
-    .iter()
-    .filter_map(|d| d.as_str().map(str::to_owned))
-    .collect()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_node_is_charged_no_floor_once_its_successor_is_live() {
-    // A node killed without a goodbye is unreachable to its peers, charged its
-    // frozen share (a cut-off node would spend it). Once it restarts (same node
-    // id, a new generation) the old process is provably gone: its floor ends then,
-    // not when chitchat collects it (`dead_node_grace`, 60 s here).
-    let upstream = mock(|_| {}).await;
-    let (ports, mut nodes) = lease_nodes(3, "300ms", &upstream).await;
-    let old = self_id(&nodes[2]).await;
-    nodes.pop().unwrap().crash().await;
-    let declared = Instant::now() + Duration::from_secs(10);
-    while !dead_seen_by(&nodes[0]).await.contains(&old) {
-        assert!(Instant::now() < declared, "the crash was never detected");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    nodes.push(node(&lease_toml(2, &ports, "300ms"), &[&upstream]).await);
-    for n in &nodes {
-        wait_members(n, 3).await;
-    }
-    let released = Instant::now() + Duration::from_secs(5);
-    for n in &nodes {
-        while dead_seen_by(n).await.contains(&old) {
-            assert!(
-                Instant::now() < released,
-                "{old} still charged as unreachable with its successor live"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    stop_all(nodes.into_iter().map(Arc::new).collect()).await;
-    upstream.shutdown().await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
     let upstream = mock(|m| {

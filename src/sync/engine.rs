@@ -351,13 +351,9 @@ impl Engine {
         };
         let (decode_errors, received, lag_ms) = self.read_cluster(now_ms).await;
         let dead = self.membership.dead_members().await;
-        let members = self.membership.live_members().await;
         // A member that left gracefully spends nothing more: it is departed (its
-        // counters count), not unreachable (no floor for what it might spend). So
-        // is an incarnation whose node has a live successor: at most one process
-        // carries a node id, so the old one is gone, not cut off.
+        // counters count), not unreachable (no floor for what it might spend).
         let dead_now: Vec<String> = (dead.iter())
-            .filter(|d| !superseded(d, &members))
             .map(ToString::to_string)
             .filter(|d| !self.left.contains(d))
             .collect();
@@ -375,6 +371,7 @@ impl Engine {
         }
         self.dead = dead_now;
         self.lag_ms = lag_ms;
+        let members = self.membership.live_members().await;
         let settled = self.settle(&dead, members.len(), now_ms);
         // The round's O(configured keys) part is plain CPU (113 ms at 10,000
         // tenants, docs/BENCHMARKS.md "Scale"): run it where it holds no request
@@ -1106,15 +1103,6 @@ fn lease_terms(
         held,
     }
 }
-/// Whether `dead` has a live successor: a later incarnation of the same node id.
-/// Membership admits one live process per node id, so the old incarnation is
-/// gone (crashed, then restarted) rather than cut off and still spending: it is
-/// treated as departed (its counters count until they leave the window) and
-/// charged no partition floor, instead of its frozen share until collected.
-fn superseded(dead: &MemberId, live: &[Member]) -> bool {
-    (live.iter()).any(|m| m.id.node_id == dead.node_id && m.id.generation > dead.generation)
-}
-
 /// What unreachable members are charged for `binding`: each its share of the
 /// capacity frozen at the demands last seen, or its last published usage if more.
 fn dead_charge(
