@@ -338,20 +338,17 @@ async fn partition_for(
 ) -> (u64, Vec<u64>) {
     let upstream = mock(|_| {}).await;
     let toml = |i: usize, ports: &[u16]| {
-        let toml = format!(
+        let mut toml = format!(
             "{}max_borrow = {max_borrow:?}\n",
-            lease_toml(i, ports, "300ms")
-                .replace(
-                    &format!("rpm = {LIMIT}\n"),
-                    &format!("rpm = {PARTITION_L}\n")
-                )
-                .replace(
-                    "gossip_interval = \"50ms\"\n",
-                    &dead_node_grace.map_or("gossip_interval = \"50ms\"\n".into(), |g| {
-                        format!("gossip_interval = \"50ms\"\ndead_node_grace = \"{g}\"\n")
-                    })
-                )
+            lease_toml(i, ports, "300ms").replace(
+                &format!("rpm = {LIMIT}\n"),
+                &format!("rpm = {PARTITION_L}\n")
+            )
         );
+        if let Some(grace) = dead_node_grace {
+            let gossip = "gossip_interval = \"50ms\"\n";
+            toml = toml.replace(gossip, &format!("{gossip}dead_node_grace = \"{grace}\"\n"));
+        }
         // The grace must have reached the [cluster] table, or the test is of nothing.
         assert_eq!(toml.contains("dead_node_grace"), dead_node_grace.is_some());
         toml
