@@ -378,3 +378,72 @@ async fn gossip_through_a_partition_and_convergence_after_healing() {
     }
     upstream.shutdown().await.unwrap();
 }
+
+/// Node ids name one process at a time. A process that sees a newer generation
+/// of its own id live (peers follow that one, docs/design/membership.md) stops
+/// admitting for good: what it spent would be outside every peer's account, and
+/// a crashed incarnation's floor ends a window after its successor appears on
+/// the strength of this rule (`src/sync/successor.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_superseded_under_its_node_id_refuses_every_request() {
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
+    // Requests may wait for the node's first credit.
+    let toml = |i: usize, ports: &[u16]| {
+        cluster_toml(i, ports, "lease", "full").replace("max_wait = \"0s\"", "max_wait = \"2s\"")
+    };
+    let first = node(&toml(0, &ports), &[&upstream]).await;
+    let old = node(&toml(1, &ports), &[&upstream]).await;
+    wait_members(&first, 2).await;
+    wait_members(&old, 2).await;
+    let chat = || chat_body("hi", 5);
+    assert_eq!(
+        post(&old, "/chat/completions", chat(), &[]).await.status(),
+        200
+    );
+    // A second process under `node-1`, started later (a higher generation), on
+    // another gossip port.
+    let newer_ports = [ports[0], free_udp_port()];
+    let newer = node(&toml(1, &newer_ports), &[&upstream]).await;
+    let ready = |n: &Node| {
+        reqwest::Client::new()
+            .get(format!("http://{}/readyz", n.addr))
+            .send()
+    };
+    let fenced = Instant::now() + Duration::from_secs(10);
+    while ready(&old).await.unwrap().status() != 503 {
+        assert!(Instant::now() < fenced, "the older process never noticed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = post(&old, "/chat/completions", chat(), &[]).await;
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body = json(refused).await;
+    assert_eq!(body["error"]["code"], "service_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("node_id"), "{message}");
+    let status = admin(&old, "/admin/cluster").await;
+    let degraded = status["cluster"]["degraded"].as_str().unwrap_or_default();
+    assert!(degraded.starts_with("superseded"), "{status}");
+    assert!(
+        metrics(&old)
+            .await
+            .contains(r#"tollgate_degraded{scope="cluster",reason="superseded"} 1"#)
+    );
+    // The newer process serves; the older one stays fenced.
+    assert_eq!(ready(&newer).await.unwrap().status(), 200);
+    assert_eq!(
+        post(&newer, "/chat/completions", chat(), &[])
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        post(&old, "/chat/completions", chat(), &[]).await.status(),
+        503
+    );
+    for n in [first, old, newer] {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}

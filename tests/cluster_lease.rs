@@ -324,6 +324,31 @@ async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
 /// spent, conservatively, up to a quarter of L each).
 const PARTITION_L: u64 = 120;
 
+/// Node `i` of the partition tests: L = [`PARTITION_L`], `max_borrow`, and
+/// `dead_node_grace` when given.
+fn partition_toml(
+    i: usize,
+    ports: &[u16],
+    max_borrow: f64,
+    dead_node_grace: Option<&str>,
+) -> String {
+    let mut toml = format!(
+        "{}max_borrow = {max_borrow:?}\n",
+        lease_toml(i, ports, "300ms").replace(
+            &format!("rpm = {LIMIT}\n"),
+            &format!("rpm = {PARTITION_L}\n")
+        )
+    );
+    assert!(toml.contains(&format!("rpm = {PARTITION_L}\n")));
+    if let Some(grace) = dead_node_grace {
+        let gossip = "gossip_interval = \"50ms\"\n";
+        toml = toml.replace(gossip, &format!("{gossip}dead_node_grace = \"{grace}\"\n"));
+    }
+    // The grace must have reached the [cluster] table, or the test is of nothing.
+    assert_eq!(toml.contains("dead_node_grace"), dead_node_grace.is_some());
+    toml
+}
+
 async fn partition(max_borrow: f64, ports: [u16; 3]) -> (u64, Vec<u64>) {
     partition_for(max_borrow, None, 4.0, ports).await
 }
@@ -337,22 +362,7 @@ async fn partition_for(
     ports: [u16; 3],
 ) -> (u64, Vec<u64>) {
     let upstream = mock(|_| {}).await;
-    let toml = |i: usize, ports: &[u16]| {
-        let mut toml = format!(
-            "{}max_borrow = {max_borrow:?}\n",
-            lease_toml(i, ports, "300ms").replace(
-                &format!("rpm = {LIMIT}\n"),
-                &format!("rpm = {PARTITION_L}\n")
-            )
-        );
-        if let Some(grace) = dead_node_grace {
-            let gossip = "gossip_interval = \"50ms\"\n";
-            toml = toml.replace(gossip, &format!("{gossip}dead_node_grace = \"{grace}\"\n"));
-        }
-        // The grace must have reached the [cluster] table, or the test is of nothing.
-        assert_eq!(toml.contains("dead_node_grace"), dead_node_grace.is_some());
-        toml
-    };
+    let toml = |i: usize, ports: &[u16]| partition_toml(i, ports, max_borrow, dead_node_grace);
     let (transport, nodes) = channel_cluster(ports, toml, &upstream).await;
     // Healthy: every node shows demand, node 3 (the minority side) more.
     let warm = load(urls(&nodes), &[4, 4, 8], 1.0).await;
@@ -435,6 +445,74 @@ async fn a_partition_longer_than_the_dead_node_grace_is_held_to_l_per_side() {
         within <= PARTITION_L,
         "the default grace admitted {within} > L"
     );
+}
+
+/// The ids `node` lists as unreachable (charged a partition floor).
+async fn dead_seen_by(node: &Node) -> Vec<String> {
+    let body = admin(node, "/admin/cluster").await;
+    (body["cluster"]["dead"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+    .iter()
+    .filter_map(|d| d.as_str().map(str::to_owned))
+    .collect()
+}
+
+/// A restarted node's previous incarnation keeps its floor for a window after its
+/// successor was first seen (`src/sync/successor.rs`): not when the successor
+/// appears (an incarnation cut off before it crashed spent a share nobody here
+/// saw), and not until chitchat collects it (`dead_node_grace`, 60 s here). A 3 s
+/// window keeps the test short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_nodes_previous_incarnation_is_released_one_window_after_its_successor() {
+    let upstream = mock(|_| {}).await;
+    let short_window = |i: usize, ports: &[u16]| {
+        lease_toml(i, ports, "300ms") + "\n[limits]\nwindow = \"3s\"\nbuckets = 6\n"
+    };
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(node(&short_window(i, &ports), &[&upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let old = self_id(&nodes[2]).await;
+    nodes.pop().unwrap().crash().await;
+    let declared = Instant::now() + Duration::from_secs(10);
+    while !dead_seen_by(&nodes[0]).await.contains(&old) {
+        assert!(Instant::now() < declared, "the crash was never detected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nodes.push(node(&short_window(2, &ports), &[&upstream]).await);
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let seen = Instant::now();
+    // Hold: 3 s + 0.5 s + 0.1 s from the first round that saw the successor,
+    // which came before `seen`.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    for n in &nodes[..2] {
+        assert!(
+            dead_seen_by(n).await.contains(&old),
+            "{old} released before a window had passed"
+        );
+    }
+    for n in &nodes[..2] {
+        while dead_seen_by(n).await.contains(&old) {
+            assert!(
+                seen.elapsed() < Duration::from_secs(8),
+                "{old} still charged as unreachable 8 s after its successor came up"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    println!("previous incarnation released after {:?}", seen.elapsed());
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! Health, readiness, metrics and the admin API.
 //!
 //! - `GET /healthz`: the process serves HTTP.
-//! - `GET /readyz`: 200 while accepting traffic, 503 once draining for shutdown.
+//! - `GET /readyz`: 200 while accepting traffic, 503 once draining for shutdown or
+//!   superseded (a newer process runs under this node's `node_id`).
 //! - `GET /metrics`: Prometheus text.
 //! - `GET /admin/cluster`: members, liveness, addresses, mode, degraded state, and
 //!   every cluster-bound key's current allowance (admin token).
@@ -33,6 +34,8 @@ pub fn routes() -> Router<Arc<AppState>> {
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+    } else if state.superseded.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "superseded").into_response()
     } else {
         "ready".into_response()
     }

@@ -154,6 +154,13 @@ async fn serve(
     tenant_id: &mut Option<Arc<str>>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    if state.superseded.load(std::sync::atomic::Ordering::Relaxed) {
+        // Its peers follow the newer process: spending here would go uncounted.
+        return Err(ApiError::unavailable(
+            "This node no longer serves: a newer process runs under its cluster node_id. Send requests to another node.",
+            Duration::from_secs(1),
+        ));
+    }
     let slot = state.in_flight.clone().try_acquire_owned().map_err(|_| {
         ApiError::unavailable(
             "This node is at its in-flight request limit.",

@@ -100,6 +100,9 @@ pub struct AppState {
     pub default_encoding: Encoding,
     /// Set when shutdown starts (readyz turns 503).
     pub draining: AtomicBool,
+    /// Set for good once a newer process runs under this node's `node_id`
+    /// (`sync::engine`): peers follow that one, so this one admits nothing more.
+    pub superseded: AtomicBool,
     /// Seeds per-request RNGs (backoff jitter) from one configured stream.
     pub rng_counter: AtomicU64,
     /// Keys whose cluster allowance the sync engine maintains (empty on one node
@@ -364,6 +367,7 @@ impl AppState {
             metrics,
             default_encoding,
             draining: AtomicBool::new(false),
+            superseded: AtomicBool::new(false),
             rng_counter: AtomicU64::new(0),
             bindings,
             credits,

@@ -10,6 +10,7 @@ use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
 use super::redis_loss::{Announced, Loss, REDIS_CHARGING_KEY, RedisLosses};
 use super::status::{ClusterStatus, HeldKeys, MemberStatus};
+use super::successor::Successors;
 use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
@@ -131,6 +132,9 @@ pub struct Engine {
     /// Members that announced a graceful leave ([`LEFT_KEY`]): departed, never
     /// treated as unreachable (no floor, no frozen share).
     left: BTreeSet<String>,
+    /// Crashed incarnations whose node came back: their floors end a window
+    /// after the successor was first seen.
+    successors: Successors,
     /// When this process joined (ms), and whether its view of the members has
     /// settled since (see [`Engine::settle`]).
     joined_ms: Option<u64>,
@@ -212,6 +216,10 @@ impl Engine {
             redis_loss: None,
             dead_node_grace_ms: config.dead_node_grace.as_millis() as u64,
             left: BTreeSet::new(),
+            successors: Successors::new(Successors::hold_for(
+                window.window_ms(),
+                window.bucket_ms(),
+            )),
             joined_ms: None,
             settled: false,
             status,
@@ -351,11 +359,18 @@ impl Engine {
         };
         let (decode_errors, received, lag_ms) = self.read_cluster(now_ms).await;
         let dead = self.membership.dead_members().await;
+        let members = self.membership.live_members().await;
+        let live_ids: Vec<MemberId> = members.iter().map(|m| m.id.clone()).collect();
+        self.fence_if_superseded();
+        self.successors.observe(&dead, &live_ids, now_ms);
         // A member that left gracefully spends nothing more: it is departed (its
-        // counters count), not unreachable (no floor for what it might spend).
+        // counters count), not unreachable (no floor for what it might spend). So
+        // is a crashed incarnation a window after its successor came up
+        // (`super::successor`): all it spent has left the window.
         let dead_now: Vec<String> = (dead.iter())
             .map(ToString::to_string)
             .filter(|d| !self.left.contains(d))
+            .filter(|d| !self.successors.ended(d, now_ms))
             .collect();
         let newly_dead: Vec<String> = (dead_now.iter())
             .filter(|d| !self.dead.contains(d))
@@ -371,7 +386,6 @@ impl Engine {
         }
         self.dead = dead_now;
         self.lag_ms = lag_ms;
-        let members = self.membership.live_members().await;
         let settled = self.settle(&dead, members.len(), now_ms);
         // The round's O(configured keys) part is plain CPU (113 ms at 10,000
         // tenants, docs/BENCHMARKS.md "Scale"): run it where it holds no request
@@ -387,7 +401,12 @@ impl Engine {
         let redis_lost = self.redis_lost_here();
         metrics.degraded("owner_unreachable", !cut_off.is_empty() && !redis_lost);
         metrics.degraded("redis_unreachable", redis_lost);
+        let superseded = self.state.superseded.load(Ordering::Relaxed);
         let degraded = match (&publish_error, self.dead.is_empty(), cut_off.is_empty()) {
+            _ if superseded => Some(
+                "superseded: a newer process runs under this node id; this one refuses every request"
+                    .to_owned(),
+            ),
             (Some(e), _, _) => Some(format!("publish_failed: {e}")),
             _ if redis_lost => Some(
                 "redis_unreachable: admitting within this node's share (after any credit held); peers charge that share in Redis; reconciled when Redis answers".to_owned(),
@@ -427,6 +446,26 @@ impl Engine {
             }
         }
         status.degraded = degraded;
+    }
+
+    /// Stops admitting for good once a newer process runs under this node's id.
+    ///
+    /// Node ids name one process at a time: peers follow the highest generation
+    /// of an id (docs/design/membership.md), so an older process that goes on
+    /// serving spends outside every owner's and counter's account, and a crashed
+    /// incarnation's floor ends a window after its successor appears
+    /// (`super::successor`) on the strength of this rule. A process cut off when
+    /// its successor started cannot see it until the cut heals: that case is the
+    /// operator's (docs/config.md, `node_id`); this fence ends it at the heal.
+    fn fence_if_superseded(&self) {
+        let superseded = self.membership.watch_live().borrow().self_superseded;
+        if superseded && !self.state.superseded.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                node = %self.self_id,
+                "a newer process runs under this node id: refusing every request from now on (503); stop this process"
+            );
+            self.state.metrics.degraded("superseded", true);
+        }
     }
 
     /// A write to the cluster state succeeded, leaving it at `size`, with the

@@ -13,6 +13,7 @@
 //! - [`lease`]: `lease` mode: the owner book, the internal RPC, the holder loop.
 //! - [`redis_loss`]: `redis` mode: who charges whom while a node cannot reach Redis.
 //! - [`status`]: what `/admin/cluster` shows.
+//! - [`successor`]: when a crashed member's floor ends after it restarted.
 
 pub mod allowance;
 pub mod demand;
@@ -22,6 +23,7 @@ pub mod history;
 pub mod lease;
 pub mod redis_loss;
 pub mod status;
+pub mod successor;
 
 use crate::config::{ClusterConfig, SyncMode};
 use crate::proxy::AppState;
