@@ -256,15 +256,15 @@ async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
     .await;
     let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
     let mut nodes = Vec::new();
-    // Requests per window far above what the test sends: only the slots may
-    // hold the waiting stream back. At rpm = LIMIT the crashed node's frozen
-    // share of the request window could leave the waiting node no request
-    // credit for the whole window, whatever the slots did (seen once in a full
-    // local suite run: the slot had come back, the requests line read 31
-    // committed of 30).
+    // Concurrency only: the slots alone may hold the waiting stream back. With
+    // a request limit, however high, the crashed node is charged its frozen
+    // share of the request window, and with the only demand at the cut that
+    // share is all of it: the waiting node got no request credit for the whole
+    // window, whatever the slots did (the requests line read 3,001 committed of
+    // 3,000 once the cut froze at the crashed node's last round).
     for i in 0..3 {
-        let toml = lease_toml(i, &ports, "10s")
-            .replace(&format!("rpm = {LIMIT}\n"), "rpm = 3000\nconcurrency = 2\n");
+        let toml =
+            lease_toml(i, &ports, "10s").replace(&format!("rpm = {LIMIT}\n"), "concurrency = 2\n");
         assert!(
             toml.contains("concurrency = 2"),
             "the limits were not replaced"
@@ -457,6 +457,104 @@ async fn dead_seen_by(node: &Node) -> Vec<String> {
     .iter()
     .filter_map(|d| d.as_str().map(str::to_owned))
     .collect()
+}
+
+/// A restarted node's previous incarnation keeps its floor for a window after
+/// its successor is first seen (`src/sync/successor.rs`), not until it appears:
+/// cut off before it crashed, it spent a share nobody on this side saw. Here node
+/// 3 spends during a cut, crashes still cut off, and comes back (same node id, a
+/// new generation) on healed links; then every node pushes above the limit again,
+/// within the same window. Ending the floor when the successor appeared (the
+/// reverted rule of c7ff826) lets nodes 1 and 2 be granted node 3's spent share
+/// a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_then_crashed_keeps_its_floor_while_its_successor_is_new() {
+    let upstream = mock(|_| {}).await;
+    let ports = [12_041, 12_042, 12_043];
+    let toml = |i: usize, ports: &[u16]| partition_toml(i, ports, 0.0, None);
+    let (transport, mut nodes) = channel_cluster(ports, toml, &upstream).await;
+    let old = self_id(&nodes[2]).await;
+    let warm = load(urls(&nodes), &[4, 4, 8], 1.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cut_off_third(&transport, ports, &nodes).await;
+    // Node 3 spends its share where nodes 1 and 2 cannot see it, then crashes.
+    let during = load(urls(&nodes), &[30, 15, 30], 3.0).await;
+    let Ok(third) = Arc::try_unwrap(nodes.pop().unwrap()) else {
+        panic!("node 3 still shared");
+    };
+    third.crash().await;
+    heal_third(&transport, ports).await;
+    let shared: Arc<dyn tollgate_cluster::chitchat::transport::Transport> =
+        Arc::new(transport.clone());
+    let successor = node_with_transport(&toml(2, &ports), &[&upstream], Some(shared)).await;
+    nodes.push(Arc::new(successor));
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let new = self_id(&nodes[2]).await;
+    assert_ne!(old, new, "the successor is a new incarnation");
+    for n in &nodes[..2] {
+        let dead = dead_seen_by(n).await;
+        assert!(
+            dead.contains(&old),
+            "{old} not charged by a survivor: {dead:?}"
+        );
+    }
+    // The successor did not see the cut begin: it charges the old incarnation
+    // at least what the survivors, which did, charge it (`src/sync/cut.rs`).
+    let charged =
+        |body: &serde_json::Value| body["cluster"]["unreachable_charged"][KEY_REQUESTS].as_u64();
+    let adopted = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut witnessed = Vec::new();
+        for n in &nodes[..2] {
+            witnessed.push(charged(&admin(n, "/admin/cluster").await).unwrap_or(0));
+        }
+        let successor = admin(&nodes[2], "/admin/cluster").await;
+        let adopts = successor["cluster"]["cut_adopted"] == true;
+        let own = charged(&successor);
+        if adopts && own.is_some_and(|c| witnessed.iter().all(|w| c >= *w)) {
+            println!("charged for {old}: survivors {witnessed:?}, successor {own:?}");
+            assert!(
+                witnessed.iter().all(|w| *w > PARTITION_L / 4),
+                "{witnessed:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < adopted,
+            "the successor charges {own:?} (adopting: {adopts}), the survivors {witnessed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = load(urls(&nodes), &[30, 15, 30], 3.0).await;
+    let truth = upstream.stats().admitted;
+    println!(
+        "cut-off crash and successor: warm-up {warm:?}, cut {during:?}, after {after:?}; upstream admitted {truth} of L = {PARTITION_L}"
+    );
+    assert!(
+        during[2] > 0,
+        "node 3 spent nothing while cut off: {during:?}"
+    );
+    assert!(
+        truth <= PARTITION_L,
+        "admitted {truth} > L: the crashed incarnation's spent share was granted again"
+    );
+    for n in &nodes[..2] {
+        assert!(
+            dead_seen_by(n).await.contains(&old),
+            "{old}'s floor ended within the window"
+        );
+        // Nor was it frozen again at the successor's first rounds (which moved
+        // it to the demands of that moment: 69 to 17).
+        let still = charged(&admin(n, "/admin/cluster").await).unwrap_or(0);
+        assert!(
+            still > PARTITION_L / 4,
+            "{old} charged {still} after the load"
+        );
+    }
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
 }
 
 /// A restarted node's previous incarnation keeps its floor for a window after its

@@ -3,6 +3,7 @@
 //! ever read an atomic.
 
 use super::allowance::{KeyFigures, SyncPolicy, policy};
+use super::cut::{CUT_CHARGE_PREFIX, CUT_KEY, CutKnowledge, side_budget};
 use super::demand::Demand;
 use super::echo::OwnEcho;
 use super::history::DemandHistory;
@@ -135,6 +136,12 @@ pub struct Engine {
     /// Crashed incarnations whose node came back: their floors end a window
     /// after the successor was first seen.
     successors: Successors,
+    /// What peers charge the unreachable, for a node that did not see the cut
+    /// begin, and what this node charges, for the next one (`super::cut`).
+    cut: CutKnowledge,
+    /// Whether some unreachable member's last rounds came before this node's
+    /// records do: its frozen figures would be wrong, so it adopts its peers'.
+    unwitnessed: bool,
     /// When this process joined (ms), and whether its view of the members has
     /// settled since (see [`Engine::settle`]).
     joined_ms: Option<u64>,
@@ -220,6 +227,8 @@ impl Engine {
                 window.window_ms(),
                 window.bucket_ms(),
             )),
+            cut: CutKnowledge::default(),
+            unwitnessed: false,
             joined_ms: None,
             settled: false,
             status,
@@ -335,6 +344,12 @@ impl Engine {
             let lost = self.redis_lost_here();
             published.push((REDIS_LOST_KEY.to_owned(), u8::from(lost).to_string()));
         }
+        // What this node charges the unreachable, for peers that did not see the
+        // cut begin (written last: the marker after the charges).
+        let (cut_deletes, cut_writes) = self.cut.publish(!self.dead.is_empty());
+        let mut deletes = deletes;
+        deletes.extend(cut_deletes);
+        published.extend(cut_writes);
         let bytes: usize = published.iter().map(|(k, v)| k.len() + v.len()).sum();
         let publish_error = match self.membership.publish(&deletes, published).await {
             Ok(size) => {
@@ -350,6 +365,7 @@ impl Engine {
                 // The deletions alone only shrink the state, so they go now: at
                 // the cap, they are what makes room again.
                 self.counters.unpublish();
+                self.cut.unpublish();
                 match self.membership.publish(&deletes, Vec::new()).await {
                     Ok(size) => self.wrote(size, retired.len()),
                     Err(_) => self.counters.retire_again(retired),
@@ -372,8 +388,14 @@ impl Engine {
             .filter(|d| !self.left.contains(d))
             .filter(|d| !self.successors.ended(d, now_ms))
             .collect();
+        // A member this node never saw live (one joining, whose first heartbeats
+        // have not arrived; a crashed node's incarnation from before this one
+        // started) went silent at no moment this node saw: it is charged, but it
+        // is no cut to freeze at. Freezing again at a joining node's first
+        // rounds moved an earlier unreachable member's floor to the demands of
+        // that moment (69 of L = 120 to 17, in the successor test).
         let newly_dead: Vec<String> = (dead_now.iter())
-            .filter(|d| !self.dead.contains(d))
+            .filter(|d| !self.dead.contains(d) && self.last_fresh.contains_key(*d))
             .cloned()
             .collect();
         if !newly_dead.is_empty() {
@@ -387,6 +409,7 @@ impl Engine {
         self.dead = dead_now;
         self.lag_ms = lag_ms;
         let settled = self.settle(&dead, members.len(), now_ms);
+        self.unwitnessed = self.unwitnessed_cut();
         // The round's O(configured keys) part is plain CPU (113 ms at 10,000
         // tenants, docs/BENCHMARKS.md "Scale"): run it where it holds no request
         // worker, so requests keep both workers while the OS shares the cores.
@@ -432,6 +455,8 @@ impl Engine {
         status.bytes_published_total += bytes as u64;
         status.decode_errors_total += decode_errors;
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
+        status.unreachable_charged.clone_from(self.cut.recorded());
+        status.cut_adopted = self.unwitnessed;
         status.bytes_received_total += received;
         status.state_keys = self.state_size.keys;
         status.state_bytes = self.state_size.bytes;
@@ -612,6 +637,8 @@ impl Engine {
         let mut redis_lost = Vec::new();
         let mut left = BTreeSet::new();
         let mut live = HashSet::new();
+        let mut marked = BTreeSet::new();
+        self.cut.clear_heard();
         let values = self.membership.values("").await;
         let (members, departed) = (values.live, values.departed);
         let mut usage = lock(&self.usage);
@@ -641,6 +668,15 @@ impl Engine {
                 if key == LEFT_KEY {
                     if value == "1" {
                         left.insert(node.clone());
+                    }
+                    continue;
+                }
+                if key == CUT_KEY || key.starts_with(CUT_CHARGE_PREFIX) {
+                    if node != self.self_id {
+                        self.cut.hear(&node, key, value);
+                        if key == CUT_KEY {
+                            marked.insert(node.clone());
+                        }
                     }
                     continue;
                 }
@@ -708,6 +744,9 @@ impl Engine {
                 if key == ROUND_AT_KEY {
                     if let Ok(at) = value.parse::<u64>() {
                         usage.observe_round(&node, at, now_ms, false);
+                        // Its last round, for `unwitnessed_cut` (not a sign of life:
+                        // `last_fresh` is not touched).
+                        self.round_seen.insert(node.clone(), at);
                     }
                     continue;
                 }
@@ -715,6 +754,9 @@ impl Engine {
                     if value == "1" {
                         left.insert(node.clone());
                     }
+                    continue;
+                }
+                if key == CUT_KEY || key.starts_with(CUT_CHARGE_PREFIX) {
                     continue;
                 }
                 // Errors were logged while it was live; stale values are ignored.
@@ -725,6 +767,7 @@ impl Engine {
                 announced.push(redis);
             }
         }
+        self.cut.keep_marked(&marked);
         usage.retain_nodes(&live);
         // Registers that read 0 carry nothing (a ring its owner deleted keeps its
         // last, zero, values here until collected); one still published comes
@@ -742,11 +785,11 @@ impl Engine {
                 usage.forget_node(&node);
             }
         }
-        // Bounded: members live or awaiting GC only.
-        let dead = &self.dead;
-        let keep = |n: &String| live.contains(n) || dead.contains(n);
-        self.round_seen.retain(|n, _| keep(n));
-        self.last_fresh.retain(|n, _| keep(n));
+        // Bounded: members chitchat still holds (live, dead or superseded). A
+        // member that just went silent keeps its last fresh round: the cut's time
+        // for `freeze`, and what tells a witness of the cut (`unwitnessed_cut`).
+        self.round_seen.retain(|n, _| known.contains(n));
+        self.last_fresh.retain(|n, _| known.contains(n));
         redis_lost.sort();
         self.redis_lost = redis_lost;
         if self.redis_gate.is_some() {
@@ -884,11 +927,16 @@ impl Engine {
                 }
                 continue;
             }
+            // What a node that did not see the cut begin charges at least: the
+            // most its peers charge, or all of L while none has told it.
+            let adopted = (self.unwitnessed && binding.dimension != Dimension::Concurrency)
+                .then(|| (self.cut.adopted_charge(&binding.key)).unwrap_or(binding.capacity));
             if let Some(feed) = &self.lease {
                 let frozen = self.history.frozen(&binding.key);
                 let cut = Cut {
                     dead: &self.dead,
                     frozen,
+                    at_least: adopted.unwrap_or(0),
                 };
                 let borrow = if self.lag_ms <= feed.fresh_within_ms {
                     feed.max_borrow
@@ -915,7 +963,9 @@ impl Engine {
                 if idle {
                     idle_terms.entry(binding.capacity).or_insert_with(&make);
                 } else {
-                    lease_view.terms.insert(binding.key.to_string(), make());
+                    let terms = make();
+                    self.record_cut_charge(&binding.key, terms.floors.values().sum());
+                    lease_view.terms.insert(binding.key.to_string(), terms);
                 }
                 if mine.demand > 0 {
                     // Read as 0 when absent: an idle key costs no entry.
@@ -925,6 +975,7 @@ impl Engine {
                 }
                 continue;
             }
+            let mut capacity = binding.capacity;
             let (others_used, demands) = match (binding.dimension, self.mode) {
                 // A crashed node's requests died with it: its slots come back as soon
                 // as it is declared dead.
@@ -937,27 +988,30 @@ impl Engine {
                         .sum();
                     (live, demands)
                 }
-                // Split: unreachable members keep their equal share until GC, so two
-                // sides of a cut never hand out more than L between them.
-                (_, SyncMode::Local) => {
-                    let mut all = demands;
-                    all.extend(self.dead.iter().map(|d| (d.clone(), 0)));
-                    (0, all)
+                // Split: during a cut, this side's part of L, by its members at the
+                // cut, goes equally to those live now (a node that joined since
+                // shares it), so two sides never hand out more than L between them.
+                (_, SyncMode::Local) if !self.dead.is_empty() => {
+                    capacity = self.split_budget(binding.capacity);
+                    (0, demands)
                 }
+                (_, SyncMode::Local) => (0, demands),
                 // Gossip: unreachable members are charged their frozen share (or
                 // what they last published, if more) until GC; other departed
                 // members (a restarted node's previous incarnation, before it is
                 // declared dead) what they last published.
                 _ => {
                     let frozen = self.history.frozen(&binding.key).unwrap_or(&[]);
-                    let dead = dead_charge(&usage, &self.dead, frozen, binding, now_ms);
+                    let dead = dead_charge(&usage, &self.dead, frozen, binding, now_ms)
+                        .max(adopted.unwrap_or(0));
+                    self.record_cut_charge(&binding.key, dead);
                     let departed = usage.departed_usage_except(&binding.key, &self.dead, now_ms);
                     let others = others_live.saturating_add(dead).saturating_add(departed);
                     (others, demands)
                 }
             };
             let figures = KeyFigures {
-                capacity: binding.capacity,
+                capacity,
                 self_id: &self.self_id,
                 own_used: mine.used,
                 own_seen: mine.seen,
@@ -1047,6 +1101,44 @@ impl Engine {
         quietest.map_or(healthy, |q| q.min(healthy))
     }
 
+    /// Whether some unreachable member's last round came before this node's
+    /// records reach: it joined after (or too soon before) that member went
+    /// silent, so the figures it would freeze are not the ones the far side
+    /// froze. A member with no round at all (one still joining, whose first
+    /// heartbeats have not arrived, or a bare membership) has spent nothing and
+    /// does not count: every join would otherwise look like an unseen cut.
+    fn unwitnessed_cut(&self) -> bool {
+        let records_from = (self.joined_ms.unwrap_or(0)).saturating_add(self.demand_lag_ms);
+        (self.dead.iter()).any(|d| self.round_seen.get(d).is_some_and(|at| *at < records_from))
+    }
+
+    /// Records what this node charges the unreachable for `key`, for a node
+    /// that did not see the cut begin; only the figures above one unit per
+    /// unreachable member (what a quiet key is charged anyway).
+    fn record_cut_charge(&mut self, key: &str, charge: u64) {
+        if !self.dead.is_empty() && charge > self.dead.len() as u64 {
+            self.cut.record(key, charge);
+        }
+    }
+
+    /// `local split` during a cut: this side's part of `capacity` by the members
+    /// at the cut, as this node froze them or, if it did not see the cut begin,
+    /// the least any peer's members give (nothing while none has told it).
+    fn split_budget(&mut self, capacity: u64) -> u64 {
+        if !self.unwitnessed {
+            let at_cut = self.history.frozen_members();
+            self.cut.record_members(&at_cut);
+            return side_budget(capacity, &at_cut, &self.dead);
+        }
+        let told = (self.cut.adopted_members())
+            .min_by_key(|at_cut| side_budget(capacity, at_cut, &self.dead))
+            .map(<[String]>::to_vec);
+        let Some(at_cut) = told else { return 0 };
+        let budget = side_budget(capacity, &at_cut, &self.dead);
+        self.cut.record_members(&at_cut);
+        budget
+    }
+
     /// Freezes every key's demands as last seen, this node's own as it stood
     /// before the cut (when the newly unreachable were last heard from, less the
     /// time a value takes to reach them): the figure the other side holds.
@@ -1070,6 +1162,9 @@ fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
 struct Cut<'a> {
     dead: &'a [String],
     frozen: Option<&'a [(String, u64)]>,
+    /// The least the unreachable are charged in all (what peers that saw the
+    /// cut begin charge, for a node that did not: `super::cut`).
+    at_least: u64,
 }
 
 /// The figure published for a told cut-off share: rounded up to a sixteenth of
@@ -1103,7 +1198,11 @@ fn lease_terms(
     max_borrow: f64,
     now_ms: u64,
 ) -> Terms<String> {
-    let Cut { dead, frozen } = *cut;
+    let Cut {
+        dead,
+        frozen,
+        at_least,
+    } = *cut;
     // Max-min fair, not proportional: near-equal demands jitter, and proportional
     // shares of a saturated key jittered with them (`fair_shares`' docs).
     use tollgate_cluster::share::fair_shares;
@@ -1133,6 +1232,7 @@ fn lease_terms(
         let published = usage.usage_of(node, &binding.key, now_ms).unwrap_or(0);
         floors.insert(node.clone(), share.max(published).min(binding.capacity));
     }
+    raise_floors(&mut floors, at_least.min(binding.capacity));
     let charged: u64 = floors.values().sum();
     let live = fair_shares(binding.capacity.saturating_sub(charged), demands);
     Terms {
@@ -1142,6 +1242,23 @@ fn lease_terms(
         held,
     }
 }
+/// Raises `floors` to `at_least` in all, the shortfall spread as evenly as the
+/// units allow (the first members in order take the remainder).
+fn raise_floors(floors: &mut BTreeMap<String, u64>, at_least: u64) {
+    let total: u64 = floors.values().sum();
+    let Some(short) = at_least.checked_sub(total).filter(|s| *s > 0) else {
+        return;
+    };
+    let n = floors.len() as u64;
+    if n == 0 {
+        return;
+    }
+    for (i, floor) in floors.values_mut().enumerate() {
+        let extra = short / n + u64::from((i as u64) < short % n);
+        *floor = floor.saturating_add(extra);
+    }
+}
+
 /// What unreachable members are charged for `binding`: each its share of the
 /// capacity frozen at the demands last seen, or its last published usage if more.
 fn dead_charge(

@@ -161,6 +161,12 @@ impl DemandHistory {
         self.frozen_quiet.clear();
     }
 
+    /// The members live or awaiting GC when the cut was frozen (empty when
+    /// nothing is frozen).
+    pub fn frozen_members(&self) -> Vec<String> {
+        self.frozen_quiet.iter().map(|(n, _)| n.clone()).collect()
+    }
+
     /// `key`'s vector frozen at the cut (`None` when nothing is frozen).
     pub fn frozen(&self, key: &str) -> Option<&[(String, u64)]> {
         match self.frozen.get(key) {

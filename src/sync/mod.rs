@@ -7,6 +7,7 @@
 //! publish. Promises and arguments: `docs/design/cluster.md`.
 //!
 //! - [`allowance`]: per-mode arithmetic (pure).
+//! - [`cut`]: what a node that joined during a cut adopts from those that saw it.
 //! - [`demand`]: demand over the last window from the actors' cumulative counters.
 //! - [`echo`]: this node's usage as its peers have surely seen it (`gossip`).
 //! - [`engine`]: one round: export, publish, read, recompute.
@@ -16,6 +17,7 @@
 //! - [`successor`]: when a crashed member's floor ends after it restarted.
 
 pub mod allowance;
+pub mod cut;
 pub mod demand;
 pub mod echo;
 pub mod engine;

@@ -77,6 +77,12 @@ pub struct ClusterStatus {
     pub decode_errors_total: u64,
     /// Other processes seen claiming this cluster's node ids.
     pub duplicate_ids_seen: u64,
+    /// While members are unreachable: per limit key, what this node charges them
+    /// in all (floors), where that is more than one unit each.
+    pub unreachable_charged: std::collections::BTreeMap<String, u64>,
+    /// Whether this node did not see the current cut begin, and so charges at
+    /// least what its peers publish (docs/design/cluster.md, "Joining during a cut").
+    pub cut_adopted: bool,
     /// Why this node is degraded, if it is.
     pub degraded: Option<String>,
     /// This node's view of each key's global usage (its own plus the live members'
@@ -132,6 +138,8 @@ impl ClusterStatus {
             unreachable_owners: Vec::new(),
             decode_errors_total: 0,
             duplicate_ids_seen: 0,
+            unreachable_charged: Default::default(),
+            cut_adopted: false,
             degraded: None,
             global_usage: Default::default(),
             held: HeldKeys::default(),
