@@ -173,6 +173,18 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
         .unwrap();
     assert_eq!(wrong.status(), 405);
     assert_eq!(json(wrong).await["type"], "error", "Anthropic's shape");
+    // An unknown path: 404, in Anthropic's shape under /v1/messages/ (its SDK's
+    // count_tokens and batches), OpenAI's elsewhere.
+    let unknown = raw(&node, "/messages/count_tokens", b"{}".to_vec(), &auth).await;
+    assert_eq!(unknown.status(), 404);
+    let body = json(unknown).await;
+    assert_eq!(body["type"], "error", "Anthropic's shape: {body}");
+    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
+    let unknown = raw(&node, "/nothing/here", b"{}".to_vec(), &auth).await;
+    assert_eq!(
+        expect_error(unknown, 404).await["error"]["code"],
+        "not_found"
+    );
     // Nothing was charged or held by any of it, and the node still serves.
     let status = node.key("tenant:t").await;
     assert_eq!(

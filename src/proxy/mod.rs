@@ -89,12 +89,19 @@ async fn method_not_allowed(uri: axum::http::Uri) -> Response {
     response
 }
 
-async fn not_found() -> Response {
+async fn not_found(uri: axum::http::Uri) -> Response {
     let mut e = error::ApiError::bad_request(
         "Unknown path. tollgate serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/messages.",
         None,
     );
     e.status = axum::http::StatusCode::NOT_FOUND;
     e.code = "not_found";
-    e.into_response()
+    // Anthropic's SDK calls paths under /v1/messages tollgate does not serve
+    // (count_tokens, batches): it reads Anthropic's error shape.
+    let flavor = if uri.path().starts_with("/v1/messages/") {
+        error::Flavor::Anthropic
+    } else {
+        error::Flavor::OpenAi
+    };
+    e.with_flavor(flavor).into_response()
 }

@@ -307,6 +307,10 @@ fn with_usage_requested(body: &Bytes) -> Result<Bytes, ApiError> {
     let options = value
         .entry("stream_options")
         .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    // `null` is what clients that serialise unset fields send: the same as absent.
+    if options.is_null() {
+        *options = serde_json::Value::Object(Default::default());
+    }
     match options {
         serde_json::Value::Object(map) => {
             map.insert("include_usage".into(), serde_json::Value::Bool(true));
@@ -361,6 +365,11 @@ mod tests {
         )
         .unwrap();
         assert!(!q.strip_usage_chunk);
+        // `null` (clients that serialise unset fields) is the same as absent.
+        let n = chat(r#"{"model":"m","messages":[],"stream":true,"stream_options":null}"#).unwrap();
+        assert!(n.strip_usage_chunk);
+        let v: serde_json::Value = serde_json::from_slice(&n.body).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct Snapshot {
     pub at_ms: u64,
     /// [`Budget`]'s running total spent beyond the credit, when it was taken.
     pub cut_off_spent: u64,
+    /// [`Budget`]'s running total refunded into the credit, when it was taken.
+    pub refunded: u64,
 }
 
 /// One key's budget on a holder.
@@ -75,6 +77,9 @@ pub struct Budget {
     /// Running total spent beyond the credit (windowed): what a reply to an earlier
     /// statement does not know of.
     cut_off_spent: u64,
+    /// Running total refunded into the credit (windowed): what a reply to an
+    /// earlier statement does not carry over ([`Budget::apply`]).
+    refunded: u64,
     policy: CutOffPolicy,
     last_seq: u64,
     /// The statement whose reply was adopted last (the credit's origin).
@@ -95,6 +100,7 @@ impl Budget {
             told_share: 0,
             owes_statement: false,
             cut_off_spent: 0,
+            refunded: 0,
             policy,
             last_seq: 0,
             adopted_seq: 0,
@@ -201,6 +207,14 @@ impl Budget {
     /// same move from usage to credit in the next statement. A spend whose bucket
     /// already left the window is not corrected (it no longer counts anywhere, so
     /// refunding it would mint credit: the property test found exactly that).
+    ///
+    /// Nor does a refund go back into the credit when its bucket leaves the
+    /// owner's window before this credit ends (plus the skew the owner
+    /// tolerates): until the next statement the owner still counts the cost as
+    /// usage in that bucket and the credit as it was, and once the bucket has
+    /// left, it counted the refund nowhere while the holder could spend it (a
+    /// review found 130 of L = 100 that way: `refund_at_a_buckets_edge` below).
+    /// The usage is still corrected, so the next statement frees it at the owner.
     /// Slots: returns the slot.
     pub fn settle(&mut self, spent: Spent, reserved: u64, actual: u64, now_ms: u64) {
         match self.kind {
@@ -208,12 +222,18 @@ impl Budget {
                 if !w.counts(spent.bucket, now_ms) {
                     return;
                 }
+                let lasts = w.counts(
+                    spent.bucket,
+                    self.until_ms
+                        .saturating_add(crate::counter::SKEW_TOLERANCE_MS),
+                );
                 let entry = self.usage.entry(spent.bucket).or_insert(0);
                 if actual < reserved {
                     let refund = (reserved - actual).min(*entry);
                     *entry -= refund;
-                    if spent.from_credit {
+                    if spent.from_credit && lasts {
                         self.credit = self.credit.saturating_add(refund);
+                        self.refunded = self.refunded.saturating_add(refund);
                     }
                 } else {
                     let debt = actual - reserved;
@@ -272,6 +292,7 @@ impl Budget {
             },
             at_ms: now_ms,
             cut_off_spent: self.cut_off_spent,
+            refunded: self.refunded,
         }
     }
 
@@ -282,15 +303,20 @@ impl Budget {
     /// Spending beyond the credit since the snapshot (cut off meanwhile) counts too:
     /// the owner granted against the usage stated, so a reply that ignored it would
     /// let the holder spend it twice (the property test found exactly that).
+    /// Refunds since the snapshot are not carried into the new credit: the reply
+    /// may outlive their buckets at the owner ([`Budget::settle`]); the next
+    /// statement shows them as lower usage and the owner grants them anew.
     pub fn apply(&mut self, snapshot: &Snapshot, reply: &SyncReply, now_ms: u64) {
         match self.kind {
             Kind::Windowed(_) => {
                 let now = self.credit(now_ms);
                 let stated = snapshot.request.remaining;
                 let beyond = self.cut_off_spent.saturating_sub(snapshot.cut_off_spent);
+                let refunded = self.refunded.saturating_sub(snapshot.refunded);
                 // now - stated = refunds - spends since the snapshot (may be < 0).
                 self.credit = (reply.credit.saturating_add(now))
                     .saturating_sub(stated)
+                    .saturating_sub(refunded)
                     .saturating_sub(beyond);
             }
             Kind::Slots => self.credit = reply.credit,

@@ -939,6 +939,42 @@ mod tests {
         }
     }
 
+    use crate::lease::budget::Budget;
+
+    /// A holder's statement and the owner's reply, adopted at once.
+    fn state(l: &mut Line<&'static str>, h: &'static str, b: &mut Budget, want: u64, now: u64) {
+        let snap = b.snapshot(want, now);
+        let reply = l.sync(&h, &snap.request, now).expect("accepted");
+        b.apply(&snap, &reply, now);
+    }
+
+    /// Found by a review: a refund settled just before its bucket leaves the
+    /// window went back into the holder's credit, while the owner, until the
+    /// next statement, counted the cost in that bucket (then nowhere) and the
+    /// credit as it was: 130 of L = 100 admitted.
+    #[test]
+    fn refund_at_a_buckets_edge_is_not_spent_beyond_l() {
+        use crate::lease::budget::CutOffPolicy;
+        let mut l = line(100, 40);
+        let w = Window::try_new(1_000, 10).expect("window");
+        let budget = || Budget::new(Kind::Windowed(w), CutOffPolicy::Share);
+        let (a, b, c) = (&mut budget(), &mut budget(), &mut budget());
+        state(&mut l, "a", a, 40, 0);
+        // 30 reserved in bucket 0, which counts until 1,100.
+        let spent = a.try_spend(30, 50).expect("fits");
+        state(&mut l, "a", a, 30, 700); // credit until 1,200
+        state(&mut l, "b", b, 40, 700);
+        // The request used nothing: settled at 1,050, 50 ms before its bucket leaves.
+        a.settle(spent, 30, 0, 1_050);
+        // At 1,150 the owner no longer counts bucket 0: c is granted what is left.
+        state(&mut l, "c", c, 40, 1_150);
+        let admitted = a.credit(1_150) + b.credit(1_150) + c.credit(1_150);
+        assert!(admitted <= 100, "{admitted} spendable in one window");
+        // The refund is not lost: the next statement frees it at the owner.
+        state(&mut l, "a", a, 40, 1_160);
+        assert_eq!(l.charge_of(&"a", 1_160), a.credit(1_160));
+    }
+
     #[test]
     fn an_expired_credit_counts_as_spent_until_its_bucket_leaves_the_window() {
         let mut l = line(100, 40);

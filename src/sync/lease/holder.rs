@@ -228,6 +228,7 @@ fn nothing_held(seq: u64, now_ms: u64) -> Snapshot {
         },
         at_ms: now_ms,
         cut_off_spent: 0,
+        refunded: 0,
     }
 }
 
