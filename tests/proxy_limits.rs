@@ -321,6 +321,70 @@ async fn provider_remaining_zero_cools_the_upstream_before_any_429() {
     fallback.shutdown().await.unwrap();
 }
 
+/// A retry's tenant charge counts from its send. The provider (1 request per 4 s)
+/// is used up by a direct call, so the node's first attempt gets a 429 and a
+/// retry-after of a few seconds; the retry waits it out and then takes 1.5 s to
+/// answer. Dated at the 429 and not again (a review found it: only the first
+/// attempt was checked), the charge had left the node's 2 s window while the
+/// provider was serving the retry, and the tenant read 0 used.
+#[tokio::test]
+async fn a_retry_that_waited_out_a_cool_down_is_charged_from_its_send() {
+    let upstream = mock(|m| {
+        m.rpm = 1;
+        m.window_ms = 4_000;
+        m.latency_ms = 1_500;
+    })
+    .await;
+    let direct = reqwest::Client::new()
+        .post(format!("{}/chat/completions", upstream.base_url()))
+        .json(&chat_body("first", 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 200);
+    let config = format!(
+        "{}\n[limits]\nwindow = \"2s\"\nbuckets = 4\n",
+        single("rpm = 5\nmax_wait = \"10s\"")
+    );
+    let node = node(&config, &[&upstream]).await;
+    let request = tokio::spawn({
+        let url = node.url();
+        async move {
+            post_url(&url, "/chat/completions", chat_body("hi", 5))
+                .await
+                .status()
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen_in_flight = 0;
+    while !request.is_finished() {
+        assert!(Instant::now() < deadline, "the request never ended");
+        let used = node.key("tenant:t").await["requests"]["used"].as_u64();
+        // The retry has reached the provider and is being served.
+        if upstream.stats().admitted == 2 && !request.is_finished() {
+            assert_eq!(
+                used,
+                Some(1),
+                "the provider serves it, the tenant counts none"
+            );
+            seen_in_flight += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(request.await.unwrap(), 200);
+    assert!(
+        seen_in_flight >= 10,
+        "observed the retry in flight {seen_in_flight} times"
+    );
+    assert_eq!(
+        upstream.stats().refused.requests,
+        1,
+        "the first attempt's 429"
+    );
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn remaining_zero_pauses_until_one_request_is_back_not_until_the_window_empties() {
     // The provider's window (2 s, 4 requests) and the node's agree. Two requests

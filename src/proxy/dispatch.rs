@@ -87,6 +87,9 @@ pub async fn dispatch(
     let mut guard = Some(guard);
     let mut sent = false;
     let mut last_error = None;
+    // When the tenant's charge was last dated: its admission, then each failed
+    // attempt's answer (`None`: not sent yet).
+    let mut tenant_dated: Option<Instant> = None;
     for attempt in 0..retry.max_attempts {
         // After an upstream's 429 there is no backoff: the deadline is checked
         // here, so no attempt starts that could only time out at once.
@@ -118,7 +121,7 @@ pub async fn dispatch(
             upstream: permit,
             guard: held_guard,
         };
-        match attempt_once(state, &req, &upstream, held, attempt == 0).await {
+        match attempt_once(state, &req, &upstream, held, tenant_dated).await {
             Attempt::Done(response) => return Ok(response),
             Attempt::Fatal(error) => return Err(error),
             Attempt::Retry {
@@ -127,6 +130,8 @@ pub async fn dispatch(
                 tenant: back,
                 guard: back_guard,
             } => {
+                // `retry` dated the tenant's charge at this answer.
+                tenant_dated = Some(Instant::now());
                 tenant = Some(back);
                 guard = Some(back_guard);
                 last_error = Some(error);
@@ -250,12 +255,14 @@ fn provider_exhausted_for(
         .filter(|wait| !wait.is_zero())
 }
 
+/// One attempt. `retried_at`: when an earlier attempt's answer dated the
+/// tenant's charge (`None` on the first, dated at admission).
 async fn attempt_once(
     state: &AppState,
     req: &Admitted<'_>,
     upstream: &Upstream,
     mut held: Held,
-    first: bool,
+    retried_at: Option<Instant>,
 ) -> Attempt {
     let started = Instant::now();
     // If this node stalled between admitting and sending (SIGSTOP, a frozen VM),
@@ -264,16 +271,29 @@ async fn attempt_once(
     // retry). A request that only waited for an upstream is sent; its tenant's
     // charge moves to now first, so it counts a window from the send
     // (`super::stall` on telling the two apart).
+    // A retry's charge was dated at the failed answer, and the backoff and the
+    // wait for an upstream since are the same gap (before, only the first
+    // attempt was checked, and a retry that waited out a 4 s cool-down was sent
+    // with a tenant charge that had left the 2 s window).
     let limits = &state.config.limits;
-    if first && state.stall_watch.stalled_since(req.admitted_at) {
-        held.settle(SettleWith::Cancel);
+    let dated = retried_at.unwrap_or(req.admitted_at);
+    if state.stall_watch.stalled_since(dated) {
+        // An earlier attempt reached the upstream, which did no work: the tenant
+        // keeps the request, as `retry` left it.
+        let tenant_how = if retried_at.is_some() {
+            SettleWith::RefundTokens
+        } else {
+            SettleWith::Cancel
+        };
+        held.tenant.settle(tenant_how);
+        held.upstream.settle(SettleWith::Cancel);
         return Attempt::Fatal(ApiError::unavailable(
             "This request's admission expired before it could be sent (the gateway was stalled); retry.",
             Duration::from_millis(1),
         ));
     }
     let bucket = limits.window / limits.buckets.max(1);
-    if first && started.saturating_duration_since(req.admitted_at) > bucket {
+    if started.saturating_duration_since(dated) > bucket {
         held.tenant.redate_now();
     }
     // From here the provider may count it: a permit dropped unsettled (the client
