@@ -450,6 +450,45 @@ async fn client_disconnect_mid_stream_frees_the_slot() {
     upstream.shutdown().await.unwrap();
 }
 
+/// A client that leaves before its answer is recorded as such (status 499 in
+/// `tollgate_requests_total`), and its reservation is kept (the provider may
+/// have counted the request): nothing is lost from the books.
+#[tokio::test]
+async fn a_client_that_leaves_before_its_answer_is_recorded() {
+    let upstream = mock(|m| m.latency_ms = 1_500).await;
+    let node = node(&single("rpm = 10\nmax_wait = \"0s\""), &[&upstream]).await;
+    let gone = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .post(format!("{}/chat/completions", node.url()))
+        .bearer_auth(KEY)
+        .json(&chat_body("hi", 5))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up first");
+    let status = node.wait_idle("t").await;
+    assert_eq!(status["requests"]["used"], 1, "sent: its reservation kept");
+    let recorded = |text: &str| {
+        text.lines().any(|l| {
+            l.starts_with("tollgate_requests_total{")
+                && l.contains("status=\"499\"")
+                && l.ends_with(" 1")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !recorded(&metrics(&node).await) {
+        assert!(
+            Instant::now() < deadline,
+            "no 499 recorded:\n{}",
+            metrics(&node).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
 /// An upstream whose streamed completion never ends: 16 KB events, as fast as
 /// they are taken.
 async fn endless_stream_upstream() -> String {

@@ -22,10 +22,39 @@ pub const PRIORITY_HEADER: &str = "x-tollgate-priority";
 /// Header bounding the queue wait, in milliseconds (0 = fail fast).
 pub const MAX_WAIT_HEADER: &str = "x-tollgate-max-wait-ms";
 
+/// Status recorded for a request whose client went away before its answer
+/// (nginx's convention; never sent: nobody is left to read it).
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// Records a request's outcome once: its answer's status, or, when the client
+/// leaves first (the server drops the request's future, and with it this),
+/// [`CLIENT_CLOSED`]. Its permits settle on their own drop.
+struct Outcome {
+    state: Arc<AppState>,
+    api: Api,
+    tenant: Option<Arc<str>>,
+    status: Option<u16>,
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        let status = self.status.unwrap_or(CLIENT_CLOSED);
+        if status == CLIENT_CLOSED {
+            tracing::debug!(api = self.api.as_str(), "client left before the answer");
+        }
+        (self.state.metrics).request_done(self.api.as_str(), self.tenant.as_ref(), status);
+    }
+}
+
 /// Serves one proxied request and records its outcome.
 pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Body) -> Response {
-    let mut tenant_id = None;
-    let response = match serve(&state, api, &headers, body, &mut tenant_id).await {
+    let mut outcome = Outcome {
+        state: state.clone(),
+        api,
+        tenant: None,
+        status: None,
+    };
+    let response = match serve(&state, api, &headers, body, &mut outcome.tenant).await {
         Ok(response) => response,
         Err(error) => {
             if error.status.is_server_error() {
@@ -34,9 +63,7 @@ pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
             error.with_flavor(api.flavor()).into_response()
         }
     };
-    state
-        .metrics
-        .request_done(api.as_str(), tenant_id.as_ref(), response.status().as_u16());
+    outcome.status = Some(response.status().as_u16());
     response
 }
 
