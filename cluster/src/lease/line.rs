@@ -243,6 +243,9 @@ struct Account {
     seq: u64,
     /// Cut-off shares it may still hold ([`SyncReply::cut_off_share`]).
     reserves: Reserves,
+    /// Slots: the credit it held before its last statement, and until when
+    /// (owner clock): it may start slots from it until the reply arrives.
+    previous: (u64, u64),
 }
 
 /// The holders' accounts of one line, sorted by holder. A key has a handful of
@@ -574,6 +577,7 @@ impl<H: Ord + Clone> Line<H> {
             lapsed: Vec::new(),
             seq: 0,
             reserves: Reserves::default(),
+            previous: (0, 0),
         });
         account.seq = request.seq;
         let (own, accepted) = match self.config.kind {
@@ -610,7 +614,25 @@ impl<H: Ord + Clone> Line<H> {
                 (used.saturating_add(lapsed), accepted)
             }
             // Slots in use are real whatever the owner thinks: always counted.
-            Kind::Slots => (0, request.remaining),
+            // The credit this statement replaces still binds until the holder
+            // adopts the reply: slots it starts from it meanwhile are not in the
+            // statement (a review found 6 slots in use of C = 4 that way, with
+            // borrowing on). It stays charged until its own end, as before, so a
+            // silent holder's slots still come back within one ttl.
+            Kind::Slots => {
+                if let Some(a) = &known {
+                    let live =
+                        |(credit, until): (u64, u64)| if until > now_ms { credit } else { 0 };
+                    let current = live((a.credit, a.until_ms));
+                    let earlier = live(a.previous);
+                    account.previous = if current >= earlier {
+                        (a.credit, a.until_ms)
+                    } else {
+                        a.previous
+                    };
+                }
+                (0, request.remaining)
+            }
         };
         if let Some(r) = &mut self.recovery {
             r.unknown.remove(holder);
@@ -781,7 +803,10 @@ impl<H: Ord + Clone> Line<H> {
                     .saturating_add(expired_now)
                     .saturating_add(credit)
             }
-            Kind::Slots => credit,
+            Kind::Slots => {
+                let (previous, until) = a.previous;
+                credit.max(if until > now_ms { previous } else { 0 })
+            }
         };
         // What it may spend cut off from this owner, on any figure it may hold.
         stated.max(a.reserves.max())
@@ -1195,6 +1220,63 @@ mod tests {
             "nothing kept for a holder that gave back"
         );
         assert_eq!(l.charge_of(&"a", 4_000), 0);
+    }
+
+    /// A review's suspected case, kept as a guard: slots started from the old
+    /// credit between a holder's snapshot and the reply (which grants it nothing:
+    /// its share moved) stay charged, because the figure told with the reply it
+    /// still spends on is kept until it says it adopted a later one.
+    #[test]
+    fn slots_started_during_a_round_trip_stay_charged_until_the_next_statement() {
+        use crate::lease::budget::{Budget, CutOffPolicy};
+        let config = LineConfig::try_new(4, Kind::Slots, 4, 8, 1_000).expect("config");
+        let mut l: Line<&str> = Line::new(config);
+        let shares = |s: &[(&'static str, u64)]| Terms {
+            shares: s.iter().copied().collect(),
+            ..Terms::default()
+        };
+        l.set_terms(shares(&[("a", 2), ("b", 2)]));
+        let budget = || Budget::new(Kind::Slots, CutOffPolicy::Share);
+        let (a, b) = (&mut budget(), &mut budget());
+        state(&mut l, "a", a, 2, 0);
+        assert_eq!(a.credit(0), 2);
+        l.set_terms(shares(&[("a", 0), ("b", 4)]));
+        // a states (nothing in use), then starts two slots before the reply.
+        let snap = a.snapshot(2, 10);
+        let started = [a.try_spend(1, 11), a.try_spend(1, 11)];
+        assert!(started.iter().all(Option::is_some));
+        let reply = l.sync(&"a", &snap.request, 12).expect("ok");
+        a.apply(&snap, &reply, 12);
+        state(&mut l, "b", b, 4, 13);
+        assert!(
+            2 + b.credit(13) <= 4,
+            "b may start {} beside a's 2",
+            b.credit(13)
+        );
+        // a's next statement (its two slots, the reply adopted) frees nothing more.
+        state(&mut l, "a", a, 0, 20);
+        assert_eq!(l.charge_of(&"a", 20), 2);
+        // With borrowing on, the credit is above the told share: it is the
+        // credit that stays charged.
+        let mut l: Line<&str> = Line::new(config);
+        l.set_terms(Terms {
+            borrow: 2,
+            ..shares(&[("a", 2), ("b", 2)])
+        });
+        let (a, b) = (&mut budget(), &mut budget());
+        state(&mut l, "a", a, 4, 0);
+        assert_eq!(a.credit(0), 4, "its share and 2 borrowed");
+        l.set_terms(shares(&[("a", 0), ("b", 4)]));
+        let snap = a.snapshot(0, 10);
+        assert!((0..4).all(|_| a.try_spend(1, 11).is_some()));
+        let reply = l.sync(&"a", &snap.request, 12).expect("ok");
+        a.apply(&snap, &reply, 12);
+        state(&mut l, "b", b, 4, 13);
+        assert!(
+            4 + b.credit(13) <= 4,
+            "b may start {} beside a's 4",
+            b.credit(13)
+        );
     }
 
     #[test]
