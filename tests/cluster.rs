@@ -447,3 +447,53 @@ async fn a_process_superseded_under_its_node_id_refuses_every_request() {
     }
     upstream.shutdown().await.unwrap();
 }
+
+/// `x-ratelimit-remaining-*` is what the node may still admit: within its
+/// cluster allowance, not only within L by its own count (a review found a
+/// refused request told "2 remaining" by a `local split` node whose share was
+/// spent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_headers_count_the_nodes_cluster_allowance() {
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..2).map(|_| free_udp_port()).collect();
+    let toml = |i: usize| {
+        let toml = cluster_toml(i, &ports, "local", "split")
+            .replace(&format!("rpm = {LIMIT}\n"), "rpm = 4\n");
+        assert!(toml.contains("rpm = 4\n"));
+        toml
+    };
+    let a = node(&toml(0), &[&upstream]).await;
+    let b = node(&toml(1), &[&upstream]).await;
+    wait_members(&a, 2).await;
+    wait_members(&b, 2).await;
+    let split = Instant::now() + Duration::from_secs(10);
+    while allowance(&admin(&a, "/admin/cluster").await, "tenant:t:requests") != 2 {
+        assert!(Instant::now() < split, "the split never reached node a");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let remaining = |r: &reqwest::Response| {
+        r.headers()["x-ratelimit-remaining-requests"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let first = post(&a, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(
+        (first.status().as_u16(), remaining(&first)),
+        (200, "1".to_owned())
+    );
+    let second = post(&a, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(
+        (second.status().as_u16(), remaining(&second)),
+        (200, "0".to_owned())
+    );
+    let refused = post(&a, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(
+        (refused.status().as_u16(), remaining(&refused)),
+        (429, "0".to_owned())
+    );
+    for n in [a, b] {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}

@@ -506,10 +506,27 @@ impl ScopeLimits {
     }
 
     /// Figures for headers and the admin API (queue depths filled in by the actor).
+    ///
+    /// `remaining` is what this node may still admit: within its cluster
+    /// allowance too (`gossip`, `local split`, `redis`'s fallback), not only
+    /// within L by its own count (a review found a refused request told
+    /// `x-ratelimit-remaining-requests: 2`, its node's share spent). `lease`
+    /// credit is not read here: a node gets more of it as it spends, so what
+    /// it holds is no bound on what it may admit.
     pub fn status(&self, now: Nanos) -> ScopeStatus {
+        let window = |limiter: &Option<Limiter>, allowance: &Option<Allowance>| {
+            limiter.as_ref().map(|l| {
+                let mut status = WindowStatus::from(l.snapshot(now));
+                if let Some(allowance) = allowance {
+                    let left = allowance.get().saturating_sub(status.used);
+                    status.remaining = status.remaining.min(left);
+                }
+                status
+            })
+        };
         ScopeStatus {
-            requests: self.requests.as_ref().map(|l| l.snapshot(now).into()),
-            tokens: self.tokens.as_ref().map(|l| l.snapshot(now).into()),
+            requests: window(&self.requests, &self.allowances.requests),
+            tokens: window(&self.tokens, &self.allowances.tokens),
             in_flight: self.in_flight,
             concurrency_limit: self.concurrency,
             queued: [0, 0],
