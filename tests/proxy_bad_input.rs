@@ -406,8 +406,10 @@ concurrency = 2
     );
     let status = node.wait_idle("t").await;
     assert_eq!(status["concurrency"]["in_flight"], 0);
-    // Failed attempts refunded the tenant's tokens except where usage is unknown
-    // (the hung request and the cut stream keep their reservation: conservative).
+    // Failed attempts refunded the tenant's tokens, the hung request's too (the
+    // upstream's permit keeps its reservation: the provider may have counted it;
+    // the tenant pays for what it was served, docs/design/architecture.md); the
+    // cut stream keeps its reservation (part of it was served, its usage unknown).
     let used = status["tokens"]["used"].as_u64().unwrap();
     assert!(used > 0 && used <= 2 * (5 + 20), "{status}");
     node.stop().await;
