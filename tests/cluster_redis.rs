@@ -445,3 +445,61 @@ async fn an_admission_whose_client_left_mid_call_is_cancelled_in_redis() {
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();
 }
+
+/// A running stream's slot that Redis loses (a stall past its ttl, a restart
+/// with nothing kept) is held again at the next heartbeat, even if that takes
+/// it over C: the stream runs whatever Redis remembers. Found by a review: the
+/// heartbeat's "no longer held" answer was ignored, so other nodes could take
+/// the slot and concurrency went over C until the stream ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
+    let redis = RedisServer::start();
+    let upstream = mock(|m| {
+        m.inter_token_ms = 100;
+        m.completion_min_tokens = 60;
+        m.completion_max_tokens = 60;
+    })
+    .await;
+    let nodes = redis_cluster_edited(
+        ("redis", "share"),
+        |_| redis.url(),
+        300,
+        &upstream,
+        |toml| {
+            toml.replace("rpm = 300\n", "rpm = 300\nconcurrency = 8\n")
+                .replace(
+                    "timeout = \"50ms\"\n",
+                    "timeout = \"50ms\"\nslot_ttl = \"900ms\"\n",
+                )
+        },
+    )
+    .await;
+    let mut body = chat_body("a long story", 60);
+    body["stream"] = serde_json::json!(true);
+    let mut stream = post(&nodes[0], "/chat/completions", body, &[]).await;
+    assert_eq!(stream.status(), 200);
+    assert!(stream.chunk().await.unwrap().is_some());
+    assert_eq!(slots_held(&redis).await, 1);
+    // Redis forgets every slot (as a restart with nothing persisted would).
+    let store = direct(&redis);
+    let keys: Vec<String> = store
+        .command(::redis::cmd("KEYS").arg("*:c"))
+        .await
+        .unwrap();
+    for key in &keys {
+        let _: u64 = store.command(::redis::cmd("DEL").arg(key)).await.unwrap();
+    }
+    assert_eq!(slots_held(&redis).await, 0);
+    // Within a heartbeat (every 300 ms) the running stream's slot is back.
+    let deadline = Instant::now() + std::time::Duration::from_secs(2);
+    while slots_held(&redis).await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the running stream's slot never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    drop(stream);
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}

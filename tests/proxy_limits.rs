@@ -823,3 +823,18 @@ async fn idle_upstream_connections_are_reused_or_not_kept_as_configured() {
     }
     upstream.shutdown().await.unwrap();
 }
+
+/// A token-bucket tenant's `burst` bounds its request limit only (a review found
+/// one figure for both: with `burst = 60` every request costing more than 60
+/// tokens was refused for good, 413).
+#[tokio::test]
+async fn a_token_bucket_request_burst_does_not_bound_the_token_limit() {
+    let upstream = mock(|_| {}).await;
+    let tenant =
+        "rpm = 60\ntpm = 100000\nalgorithm = \"token-bucket\"\nburst = 60\nmax_wait = \"0s\"";
+    let node = node(&single(tenant), &[&upstream]).await;
+    let response = post(&node, "/chat/completions", chat_body("hi", 500), &[]).await;
+    assert_eq!(response.status(), 200);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}

@@ -471,8 +471,10 @@ pub struct Quota {
     pub concurrency: Option<u64>,
     /// Algorithm override for this scope's request and token limits.
     pub algorithm: Option<Algorithm>,
-    /// Burst for `token-bucket` (default: the capacity).
+    /// Burst of the request limit for `token-bucket` (default: rpm).
     pub burst: Option<u64>,
+    /// Burst of the token limit for `token-bucket` (default: tpm).
+    pub burst_tokens: Option<u64>,
 }
 
 /// `[[tenants]]`.

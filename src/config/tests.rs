@@ -234,3 +234,50 @@ fn cluster_settings_that_break_the_promises_are_refused() {
         .replace("secret = \"0123456789abcdef\"\n", "");
     assert!(Config::from_toml(&gossip, "test.toml").is_ok());
 }
+
+/// Found by a review: one `burst` for both limits had to be at most the smaller
+/// of rpm and tpm, so a token-bucket tenant's token burst was its rpm, and every
+/// request costing more tokens than that was refused for good (413).
+#[test]
+fn each_limit_has_its_own_burst_for_token_bucket_only() {
+    let tenant = |extra: &str| {
+        MINIMAL.replace(
+            "tpm = 100\n",
+            &format!("rpm = 60\ntpm = 100000\nalgorithm = \"token-bucket\"\n{extra}"),
+        )
+    };
+    let config = Config::from_toml(&tenant("burst = 60\nburst_tokens = 20000\n"), "test.toml")
+        .expect("a burst per limit");
+    assert_eq!(config.tenants[0].quota.burst_tokens, Some(20_000));
+    let (field, reason) = invalid(&tenant("burst_tokens = 200000\n"));
+    assert_eq!(field, "tenants[0].burst_tokens");
+    assert!(reason.contains("tpm"), "{reason}");
+    let (field, _) = invalid(&tenant("burst = 61\n"));
+    assert_eq!(field, "tenants[0].burst");
+    // Ignored by the sliding window: refused rather than silently unused.
+    let sliding = MINIMAL.replace("tpm = 100\n", "tpm = 100\nburst_tokens = 50\n");
+    let (field, reason) = invalid(&sliding);
+    assert_eq!(field, "tenants[0].burst_tokens");
+    assert!(reason.contains("token-bucket"), "{reason}");
+}
+
+/// Values that `serve` would refuse later, unnamed, are refused here (a review).
+#[test]
+fn values_serve_cannot_use_are_refused_with_their_field() {
+    let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nbuckets = 5000\n"));
+    assert_eq!(field, "limits.buckets");
+    let (field, _) = invalid(&MINIMAL.replace("tpm = 100\n", "tpm = 2000000000000000\n"));
+    assert_eq!(field, "tenants[0].tpm");
+    let (field, _) = invalid(&format!(
+        "{MINIMAL}\n[estimation]\ndefault_max_tokens = 4611686018427387904\n"
+    ));
+    assert_eq!(field, "estimation.default_max_tokens");
+    let zero_idle = MINIMAL.replace("rpm = 10\n", "rpm = 10\nstream_idle_timeout = \"0s\"\n");
+    let (field, _) = invalid(&zero_idle);
+    assert_eq!(field, "upstreams[0].stream_idle_timeout");
+    // A [redis] table no mode reads would be silently ignored.
+    let (field, _) = invalid(&format!(
+        "{MINIMAL}\n[redis]\nurl = \"redis://127.0.0.1\"\n"
+    ));
+    assert_eq!(field, "redis");
+}

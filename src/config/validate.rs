@@ -2,6 +2,7 @@
 //! field by its dotted path so [`super::ConfigError`] can point at it.
 
 use super::{Config, Quota, normalize_key_hash};
+use crate::limiter::Algorithm;
 use crate::tokens::Encoding;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -31,13 +32,19 @@ pub fn validate(config: &Config) -> Result<(), Violation> {
     validate_upstreams(config)?;
     validate_routes(config)?;
     if let Some(mock) = &config.builtin_mock {
-        validate_quota("builtin_mock", &mock.quota())?;
+        validate_quota("builtin_mock", &mock.quota(), config.limits.algorithm)?;
     }
     validate_cluster(config)
 }
 
 fn validate_cluster(config: &Config) -> Result<(), Violation> {
     let Some(cluster) = &config.cluster else {
+        if config.redis.is_some() {
+            return fail(
+                "redis",
+                "is read only by the redis and redis-lease cluster modes; remove it or add [cluster]",
+            );
+        }
         return Ok(());
     };
     check_id("cluster.cluster_id", &cluster.cluster_id)?;
@@ -79,6 +86,11 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
     }
     if cluster.mode.uses_redis() {
         validate_redis(config)?;
+    } else if config.redis.is_some() {
+        return fail(
+            "redis",
+            "is read only by the redis and redis-lease cluster modes; remove it or set [cluster] mode",
+        );
     }
     // Cluster counters publish the local window's buckets, which only the bucketed
     // sliding window has.
@@ -228,10 +240,14 @@ fn validate_limits(config: &Config) -> Result<(), Violation> {
     if limits.window < Duration::from_secs(1) {
         return fail("limits.window", "must be at least 1s");
     }
-    if limits.buckets == 0 || limits.window / limits.buckets < Duration::from_millis(1) {
+    let most = crate::limiter::LimitSpec::MAX_BUCKETS;
+    if limits.buckets == 0
+        || limits.buckets > most
+        || limits.window / limits.buckets < Duration::from_millis(1)
+    {
         return fail(
             "limits.buckets",
-            "must be >= 1 with buckets no narrower than 1ms",
+            format!("must be in 1..={most} with buckets no narrower than 1ms"),
         );
     }
     if !(limits.batch_share > 0.0 && limits.batch_share <= 1.0) {
@@ -251,8 +267,12 @@ fn validate_limits(config: &Config) -> Result<(), Violation> {
 
 fn validate_estimation(config: &Config) -> Result<(), Violation> {
     let est = &config.estimation;
-    if est.default_max_tokens == 0 {
-        return fail("estimation.default_max_tokens", "must be at least 1");
+    let most = crate::proxy::request::MAX_TOKENS_CAP.unsigned_abs();
+    if est.default_max_tokens == 0 || est.default_max_tokens > most {
+        return fail(
+            "estimation.default_max_tokens",
+            format!("must be in 1..={most} (what a request may ask)"),
+        );
     }
     if !(est.adaptive_headroom >= 1.0 && est.adaptive_headroom <= 10.0) {
         return fail("estimation.adaptive_headroom", "must be in [1.0, 10.0]");
@@ -271,7 +291,11 @@ fn validate_estimation(config: &Config) -> Result<(), Violation> {
         .or_else(|reason| fail("estimation.default_encoding", reason))
 }
 
-fn validate_quota(path: &str, quota: &Quota) -> Result<(), Violation> {
+fn validate_quota(
+    path: &str,
+    quota: &Quota,
+    default_algorithm: Algorithm,
+) -> Result<(), Violation> {
     for (name, value) in [
         ("rpm", quota.rpm),
         ("tpm", quota.tpm),
@@ -284,12 +308,42 @@ fn validate_quota(path: &str, quota: &Quota) -> Result<(), Violation> {
             );
         }
     }
-    if let Some(burst) = quota.burst {
-        let smallest = [quota.rpm, quota.tpm].into_iter().flatten().min();
-        if burst == 0 || smallest.is_some_and(|cap| burst > cap) {
+    // The lease and counter arithmetic bounds every amount (a capacity above it
+    // passed here and stopped `serve` in a cluster mode, unnamed).
+    let most = tollgate_cluster::lease::MAX_AMOUNT;
+    for (name, value) in [
+        ("rpm", quota.rpm),
+        ("tpm", quota.tpm),
+        ("concurrency", quota.concurrency),
+    ] {
+        if value.is_some_and(|v| v > most) {
+            return fail(format!("{path}.{name}"), format!("must be at most {most}"));
+        }
+    }
+    // Each limit has its own burst: one figure for both made any token-bucket
+    // tenant with rpm below its requests' token cost refuse them all (413).
+    let token_bucket = quota.algorithm.unwrap_or(default_algorithm) == Algorithm::TokenBucket;
+    for (name, burst, capacity, limit) in [
+        ("burst", quota.burst, quota.rpm, "rpm"),
+        ("burst_tokens", quota.burst_tokens, quota.tpm, "tpm"),
+    ] {
+        let Some(burst) = burst else { continue };
+        if !token_bucket {
             return fail(
-                format!("{path}.burst"),
-                "must be between 1 and the smallest of rpm and tpm",
+                format!("{path}.{name}"),
+                "applies only to algorithm = \"token-bucket\"",
+            );
+        }
+        let Some(capacity) = capacity else {
+            return fail(
+                format!("{path}.{name}"),
+                format!("is the burst of {limit}, which is not set"),
+            );
+        };
+        if burst == 0 || burst > capacity {
+            return fail(
+                format!("{path}.{name}"),
+                format!("must be between 1 and {limit} ({capacity})"),
             );
         }
     }
@@ -329,7 +383,7 @@ fn validate_tenants(config: &Config) -> Result<(), Violation> {
                 );
             }
         }
-        validate_quota(&path, &tenant.quota)?;
+        validate_quota(&path, &tenant.quota, config.limits.algorithm)?;
         // The default too: otherwise a request could wait in the queue past its
         // own deadline instead of getting a 429 with retry-after in time.
         let max_wait = tenant.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT);
@@ -367,9 +421,15 @@ fn validate_upstreams(config: &Config) -> Result<(), Violation> {
                 );
             }
         }
-        validate_quota(&path, &upstream.quota)?;
-        if upstream.timeout.is_zero() || upstream.stream_idle_timeout.is_zero() {
-            return fail(format!("{path}.timeout"), "timeouts must be greater than 0");
+        validate_quota(&path, &upstream.quota, config.limits.algorithm)?;
+        if upstream.timeout.is_zero() {
+            return fail(format!("{path}.timeout"), "must be greater than 0");
+        }
+        if upstream.stream_idle_timeout.is_zero() {
+            return fail(
+                format!("{path}.stream_idle_timeout"),
+                "must be greater than 0",
+            );
         }
     }
     Ok(())

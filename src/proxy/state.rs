@@ -124,21 +124,27 @@ pub struct AppState {
     pub stall_watch: Arc<super::stall::StallWatch>,
 }
 
-fn limit_spec(capacity: Option<u64>, quota: &Quota, config: &Config) -> Option<LimitSpec> {
+/// One limit's spec: `capacity` per window, `burst` (token-bucket) its own.
+fn limit_spec(
+    capacity: Option<u64>,
+    burst: Option<u64>,
+    quota: &Quota,
+    config: &Config,
+) -> Option<LimitSpec> {
     let capacity = capacity?;
     Some(LimitSpec {
         capacity,
         window_ns: u64::try_from(config.limits.window.as_nanos()).unwrap_or(u64::MAX),
         algorithm: quota.algorithm.unwrap_or(config.limits.algorithm),
         buckets: config.limits.buckets,
-        burst: quota.burst.unwrap_or(capacity).min(capacity),
+        burst: burst.unwrap_or(capacity).min(capacity),
     })
 }
 
 fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) -> ScopeSpec {
     ScopeSpec {
-        requests: limit_spec(quota.rpm, quota, config),
-        tokens: limit_spec(quota.tpm, quota, config),
+        requests: limit_spec(quota.rpm, quota.burst, quota, config),
+        tokens: limit_spec(quota.tpm, quota.burst_tokens, quota, config),
         concurrency: quota.concurrency,
         adaptive,
         allowances: Default::default(),

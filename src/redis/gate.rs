@@ -667,7 +667,15 @@ impl RedisGate {
                     tokio::select! {
                         _ = &mut stopped => break,
                         () = tokio::time::sleep(every) => {
-                            let _ = gate.store.semaphore(&key, "heartbeat", &id, 0, gate.slot_ttl_ms).await;
+                            // 0: Redis no longer holds the slot (a stall past
+                            // its ttl, a restart): the stream still runs, so it
+                            // is counted again, cap or not (a review found
+                            // other nodes filling it, 16 in flight of C = 8).
+                            let beat = gate.store.semaphore(&key, "heartbeat", &id, 0, gate.slot_ttl_ms).await;
+                            if matches!(beat, Ok(0)) {
+                                tracing::warn!(%key, "a running stream's slot was gone from Redis: held again");
+                                let _ = gate.store.semaphore(&key, "restore", &id, 0, gate.slot_ttl_ms).await;
+                            }
                         }
                     }
                 }

@@ -1101,15 +1101,24 @@ impl Engine {
         quietest.map_or(healthy, |q| q.min(healthy))
     }
 
-    /// Whether some unreachable member's last round came before this node's
-    /// records reach: it joined after (or too soon before) that member went
-    /// silent, so the figures it would freeze are not the ones the far side
-    /// froze. A member with no round at all (one still joining, whose first
-    /// heartbeats have not arrived, or a bare membership) has spent nothing and
-    /// does not count: every join would otherwise look like an unseen cut.
+    /// Whether some unreachable member went silent before this node joined (its
+    /// last round known here is more than a detection time older than the
+    /// join): this node has no figures from that moment, so the ones it would
+    /// freeze are not the ones the far side froze. A member with no round at all
+    /// (a bare membership) has spent nothing. A member still joining, dead to
+    /// chitchat until its first heartbeats arrive, publishes rounds as it goes:
+    /// its last round is recent, so a cluster forming does not look like an
+    /// unseen cut (it did with "older than this node's records", and every node
+    /// of a forming 3-node cluster charged all of L and published a charge for
+    /// each of 900 keys, which `tests/scale.rs` caught).
     fn unwitnessed_cut(&self) -> bool {
-        let records_from = (self.joined_ms.unwrap_or(0)).saturating_add(self.demand_lag_ms);
-        (self.dead.iter()).any(|d| self.round_seen.get(d).is_some_and(|at| *at < records_from))
+        let Some(joined) = self.joined_ms else {
+            return false;
+        };
+        (self.dead.iter()).any(|d| {
+            (self.round_seen.get(d))
+                .is_some_and(|at| at.saturating_add(self.demand_lag_ms) < joined)
+        })
     }
 
     /// Records what this node charges the unreachable for `key`, for a node
