@@ -497,3 +497,51 @@ async fn rate_limit_headers_count_the_nodes_cluster_allowance() {
     }
     upstream.shutdown().await.unwrap();
 }
+
+/// `local split` with a node joining during a cut: the side's part of L, by its
+/// members at the cut (2 of 3: 20 of L = 30), is shared by the members live now,
+/// the newcomer included. Before, every node divided L by all the members it
+/// knew, the newcomer among them, so each joiner added a share: 3 x 30/4 = 22 on
+/// a side whose far side kept its 10 (docs/design/cluster.md, "Joining during a
+/// cut").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_split_shares_a_sides_part_of_l_with_a_node_that_joined_during_the_cut() {
+    use tollgate_cluster::chitchat::transport::Transport;
+    let upstream = mock(|_| {}).await;
+    let ports = [12_051, 12_052, 12_053];
+    let toml = |i: usize, ports: &[u16]| cluster_toml(i, ports, "local", "split");
+    let (transport, mut nodes) = channel_cluster(ports, toml, &upstream).await;
+    cut_off_third(&transport, ports, &nodes).await;
+    // The newcomer joins the majority side, well after node 3 went silent.
+    let newcomer_port = 12_054;
+    let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+    transport
+        .remove_link(addr(newcomer_port), addr(ports[2]))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let all = [ports[0], ports[1], ports[2], newcomer_port];
+    let shared: Arc<dyn Transport> = Arc::new(transport.clone());
+    nodes.push(Arc::new(
+        node_with_transport(&toml(3, &all), &[&upstream], Some(shared)).await,
+    ));
+    let side = [&nodes[0], &nodes[1], &nodes[3]];
+    for n in side {
+        wait_members(n, 3).await;
+    }
+    let newcomer = admin(side[2], "/admin/cluster").await;
+    assert_eq!(newcomer["cluster"]["cut_adopted"], true, "{newcomer}");
+    // A few sync rounds (100 ms) for every allowance to follow the membership.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let key = "tenant:t:requests";
+    let mut shares = Vec::new();
+    for n in side {
+        shares.push(allowance(&admin(n, "/admin/cluster").await, key));
+    }
+    assert!(shares.iter().all(|s| *s > 0), "each serves: {shares:?}");
+    println!(
+        "a side of 2 of 3 at the cut, a newcomer joined: allowances {shares:?} of L = {LIMIT}"
+    );
+    assert!(shares.iter().sum::<u64>() <= LIMIT * 2 / 3, "{shares:?}");
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}

@@ -29,14 +29,14 @@ pub const CLIENT_CLOSED: u16 = 499;
 /// Records a request's outcome once: its answer's status, or, when the client
 /// leaves first (the server drops the request's future, and with it this),
 /// [`CLIENT_CLOSED`]. Its permits settle on their own drop.
-struct Outcome {
-    state: Arc<AppState>,
+struct Outcome<'a> {
+    state: &'a AppState,
     api: Api,
     tenant: Option<Arc<str>>,
     status: Option<u16>,
 }
 
-impl Drop for Outcome {
+impl Drop for Outcome<'_> {
     fn drop(&mut self) {
         let status = self.status.unwrap_or(CLIENT_CLOSED);
         if status == CLIENT_CLOSED {
@@ -49,7 +49,7 @@ impl Drop for Outcome {
 /// Serves one proxied request and records its outcome.
 pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Body) -> Response {
     let mut outcome = Outcome {
-        state: state.clone(),
+        state: &state,
         api,
         tenant: None,
         status: None,

@@ -21,7 +21,7 @@
 //! changes (its sequence number moves), and chitchat ships a node's values oldest
 //! version first: a peer that has the marker has every charge written with it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 /// Marker: `"<seq> <member> <member> ..."`, the members at the cut; present while
 /// this node charges anyone as unreachable.
@@ -32,8 +32,15 @@ pub const CUT_CHARGE_PREFIX: &str = "sync:cut:";
 /// What one peer told of the cut.
 #[derive(Debug, Default)]
 struct Told {
+    /// Whether its marker came: without it its charges may be partial.
+    marked: bool,
     members: Vec<String>,
     charges: HashMap<String, u64>,
+}
+
+/// Whether `key` is one of the cut's keys (the marker or a charge).
+pub fn is_cut_key(key: &str) -> bool {
+    key == CUT_KEY || key.starts_with(CUT_CHARGE_PREFIX)
 }
 
 /// Charges heard from peers, and this node's own for publishing.
@@ -62,6 +69,7 @@ impl CutKnowledge {
     pub fn hear(&mut self, node: &str, key: &str, value: &str) -> bool {
         if key == CUT_KEY {
             let told = self.heard.entry(node.to_owned()).or_default();
+            told.marked = true;
             told.members = value.split(' ').skip(1).map(str::to_owned).collect();
             return true;
         }
@@ -75,10 +83,10 @@ impl CutKnowledge {
         true
     }
 
-    /// Drops what came from peers that published no marker: without it their
-    /// charges may be partial.
-    pub fn keep_marked(&mut self, marked: &BTreeSet<String>) {
-        self.heard.retain(|node, _| marked.contains(node));
+    /// Drops what came from peers that published no marker (once every peer's
+    /// values of the round were heard).
+    pub fn drop_unmarked(&mut self) {
+        self.heard.retain(|_, told| told.marked);
     }
 
     /// The most any peer charges for `limit_key` (0 from a peer that published
@@ -193,7 +201,7 @@ mod tests {
         assert!(k.hear("a", CUT_KEY, "3 a b c"));
         assert!(!k.hear("a", "d:t:requests", "7"), "not a cut key");
         // b's marker has not arrived: its charges may be partial.
-        k.keep_marked(&names(&["a"]).into_iter().collect());
+        k.drop_unmarked();
         assert_eq!(k.adopted_charge("t:requests"), Some(41));
         assert_eq!(
             k.adopted_charge("t:tokens"),

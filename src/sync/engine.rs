@@ -3,7 +3,7 @@
 //! ever read an atomic.
 
 use super::allowance::{KeyFigures, SyncPolicy, policy};
-use super::cut::{CUT_CHARGE_PREFIX, CUT_KEY, CutKnowledge, side_budget};
+use super::cut::{CutKnowledge, is_cut_key, side_budget};
 use super::demand::Demand;
 use super::echo::OwnEcho;
 use super::history::DemandHistory;
@@ -637,7 +637,6 @@ impl Engine {
         let mut redis_lost = Vec::new();
         let mut left = BTreeSet::new();
         let mut live = HashSet::new();
-        let mut marked = BTreeSet::new();
         self.cut.clear_heard();
         let values = self.membership.values("").await;
         let (members, departed) = (values.live, values.departed);
@@ -671,12 +670,9 @@ impl Engine {
                     }
                     continue;
                 }
-                if key == CUT_KEY || key.starts_with(CUT_CHARGE_PREFIX) {
+                if is_cut_key(key) {
                     if node != self.self_id {
                         self.cut.hear(&node, key, value);
-                        if key == CUT_KEY {
-                            marked.insert(node.clone());
-                        }
                     }
                     continue;
                 }
@@ -756,7 +752,7 @@ impl Engine {
                     }
                     continue;
                 }
-                if key == CUT_KEY || key.starts_with(CUT_CHARGE_PREFIX) {
+                if is_cut_key(key) {
                     continue;
                 }
                 // Errors were logged while it was live; stale values are ignored.
@@ -767,7 +763,7 @@ impl Engine {
                 announced.push(redis);
             }
         }
-        self.cut.keep_marked(&marked);
+        self.cut.drop_unmarked();
         usage.retain_nodes(&live);
         // Registers that read 0 carry nothing (a ring its owner deleted keeps its
         // last, zero, values here until collected); one still published comes
