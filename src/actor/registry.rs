@@ -213,6 +213,12 @@ impl Registry {
         self.specs.contains_key(scope)
     }
 
+    /// `lease` modes: the index of `scope`'s first credit binding (its others
+    /// follow it); `None` for a scope with no cluster-wide limit.
+    pub fn leased_from(&self, scope: &ScopeId) -> Option<u32> {
+        self.specs.get(scope).and_then(|s| s.leased_from)
+    }
+
     fn shard_index(&self, scope: &ScopeId) -> usize {
         (self.hasher.hash_one(scope) as usize) % SHARDS
     }

@@ -245,6 +245,13 @@ pub struct LeaseConfig {
     /// Timeout of one statement round trip to an owner.
     #[serde(with = "super::duration")]
     pub rpc_timeout: Duration,
+    /// Spillover: a request this node would refuse for want of its own share is
+    /// sent, over the internal RPC, to a peer whose share has room by the
+    /// gossiped figures (docs/design/spillover.md). Off by default.
+    pub spillover: bool,
+    /// How long a spilled request may wait at the peer for credit.
+    #[serde(with = "super::duration")]
+    pub spillover_wait: Duration,
 }
 
 impl Default for LeaseConfig {
@@ -255,6 +262,8 @@ impl Default for LeaseConfig {
             max_borrow: 0.0,
             cut_off: CutOff::Share,
             rpc_timeout: Duration::from_millis(250),
+            spillover: false,
+            spillover_wait: Duration::from_millis(250),
         }
     }
 }

@@ -219,6 +219,16 @@ fn cluster_settings_that_break_the_promises_are_refused() {
     assert_eq!(field, "cluster.lease.max_borrow");
     let (field, _) = invalid(&lease("max_credit = 0.0"));
     assert_eq!(field, "cluster.lease.max_credit");
+    // Spillover: `lease` mode only (it needs the internal RPC), a bounded wait.
+    assert!(Config::from_toml(&lease("spillover = true"), "test.toml").is_ok());
+    let (field, _) = invalid(&lease("spillover = true\nspillover_wait = \"11s\""));
+    assert_eq!(field, "cluster.lease.spillover_wait");
+    let (field, reason) = invalid(&format!(
+        "{}\n[cluster.lease]\nspillover = true\n",
+        cluster("mode = \"gossip\"")
+    ));
+    assert_eq!(field, "cluster.lease.spillover");
+    assert!(reason.contains("`lease` mode"), "{reason}");
     match Config::from_toml(&lease("cut_off = \"sometimes\""), "test.toml") {
         Err(ConfigError::Parse { message, .. }) => {
             assert!(

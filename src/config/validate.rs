@@ -84,6 +84,12 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
     if cluster.mode.leases() {
         validate_lease(cluster, detection)?;
     }
+    if cluster.lease.spillover && cluster.mode != super::SyncMode::Lease {
+        return fail(
+            "cluster.lease.spillover",
+            "is read only by `lease` mode (it sends requests over the internal RPC); remove it or set [cluster] mode = \"lease\"",
+        );
+    }
     if cluster.mode.uses_redis() {
         validate_redis(config)?;
     } else if config.redis.is_some() {
@@ -160,6 +166,9 @@ fn validate_lease(cluster: &super::ClusterConfig, detection: Duration) -> Result
             "cluster.lease.rpc_timeout",
             "must be > 0 and at most half of cluster.lease.ttl",
         );
+    }
+    if lease.spillover_wait > Duration::from_secs(10) {
+        return fail("cluster.lease.spillover_wait", "must be at most 10 s");
     }
     Ok(())
 }

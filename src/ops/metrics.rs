@@ -65,6 +65,8 @@ pub struct Metrics {
     lease_granted: Counter,
     lease_expired: Counter,
     rpc_refused: Family<Static<1>, Counter>,
+    spilled: Family<Static<1>, Counter>,
+    spill_received: Family<ByApiStatus, Counter>,
     redis_latency: HistogramFamily<Static<1>>,
     redis_errors: Family<Static<2>, Counter>,
     redis_orphans_released: Counter,
@@ -219,6 +221,8 @@ impl Metrics {
             lease_granted: Counter::default(),
             lease_expired: Counter::default(),
             rpc_refused: Family::default(),
+            spilled: Family::default(),
+            spill_received: Family::default(),
             redis_latency: Family::new_with_constructor(micros_histogram),
             redis_errors: Family::default(),
             redis_orphans_released: Counter::default(),
@@ -373,6 +377,16 @@ impl Metrics {
             "Internal RPCs refused, by reason (wrong secret, other cluster, bad input)",
             m.rpc_refused.clone(),
         );
+        r.register(
+            "spilled",
+            "Requests this node would have refused and sent to a peer instead (spillover), by outcome: served (the peer answered other than 429), refused (the peer's 429), failed (no answer: the client got this node's own 429), no_peer (no peer had room by the gossiped figures)",
+            m.spilled.clone(),
+        );
+        r.register(
+            "spill_received",
+            "Requests a peer spilled to this node, by API and status (counted here instead of tollgate_requests_total, which the sending node counts)",
+            m.spill_received.clone(),
+        );
         m
     }
 
@@ -483,6 +497,18 @@ impl Metrics {
     /// An internal RPC refused for `reason`.
     pub fn rpc_refused(&self, reason: &'static str) {
         self.rpc_refused.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// A request spillover handled, by `outcome`.
+    pub fn spilled(&self, outcome: &'static str) {
+        self.spilled.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    /// A request a peer spilled here ended with `status`.
+    pub fn spill_received(&self, api: &'static str, status: u16) {
+        self.spill_received
+            .get_or_create(&([("api", api)], [("status", status)]))
+            .inc();
     }
 
     /// Sets whether this node is degraded for `reason` (cluster scope).

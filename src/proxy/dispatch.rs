@@ -155,7 +155,12 @@ pub async fn dispatch(
             SettleWith::Cancel
         });
     }
-    Err(last_error.unwrap_or_else(|| ApiError::bad_gateway("no upstream attempt could be made")))
+    let mut error =
+        last_error.unwrap_or_else(|| ApiError::bad_gateway("no upstream attempt could be made"));
+    // A request the upstream saw is this node's to answer: sent elsewhere, it
+    // would be sent twice.
+    error.spillable &= !sent;
+    Err(error)
 }
 
 fn upstream_request(

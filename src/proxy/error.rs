@@ -51,6 +51,9 @@ pub struct ApiError {
     pub rate_headers: Option<Box<RateHeaders>>,
     /// Body shape.
     pub flavor: Flavor,
+    /// This node's own refusal of a request never sent upstream: spillover may
+    /// send it to a peer with room instead (`super::spill`).
+    pub spillable: bool,
 }
 
 impl ApiError {
@@ -69,6 +72,7 @@ impl ApiError {
             retry_after: None,
             rate_headers: None,
             flavor: Flavor::OpenAi,
+            spillable: false,
         }
     }
 

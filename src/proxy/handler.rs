@@ -6,6 +6,7 @@ use super::error::ApiError;
 use super::headers::RateHeaders;
 use super::request::{Api, ParseSettings, parse};
 use super::select::UpstreamDemand;
+use super::spill::{self, Refused};
 use super::state::{AppState, Route, Tenant};
 use crate::actor::task::{AcquireRequest, Refusal};
 use crate::actor::{Lane, Permit};
@@ -26,12 +27,23 @@ pub const MAX_WAIT_HEADER: &str = "x-tollgate-max-wait-ms";
 /// (nginx's convention; never sent: nobody is left to read it).
 pub const CLIENT_CLOSED: u16 = 499;
 
+/// Where a request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hop {
+    /// A client called this node.
+    Client,
+    /// A peer spilled it here (`super::spill`): never spilled again, and counted
+    /// as received, not as a client's request (the peer counted that).
+    Spilled,
+}
+
 /// Records a request's outcome once: its answer's status, or, when the client
 /// leaves first (the server drops the request's future, and with it this),
 /// [`CLIENT_CLOSED`]. Its permits settle on their own drop.
 struct Outcome<'a> {
     state: &'a AppState,
     api: Api,
+    hop: Hop,
     tenant: Option<Arc<str>>,
     status: Option<u16>,
 }
@@ -42,19 +54,30 @@ impl Drop for Outcome<'_> {
         if status == CLIENT_CLOSED {
             tracing::debug!(api = self.api.as_str(), "client left before the answer");
         }
-        (self.state.metrics).request_done(self.api.as_str(), self.tenant.as_ref(), status);
+        let metrics = &self.state.metrics;
+        match self.hop {
+            Hop::Client => metrics.request_done(self.api.as_str(), self.tenant.as_ref(), status),
+            Hop::Spilled => metrics.spill_received(self.api.as_str(), status),
+        }
     }
 }
 
 /// Serves one proxied request and records its outcome.
-pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Body) -> Response {
+pub async fn handle(
+    state: Arc<AppState>,
+    api: Api,
+    headers: HeaderMap,
+    body: Body,
+    hop: Hop,
+) -> Response {
     let mut outcome = Outcome {
         state: &state,
         api,
+        hop,
         tenant: None,
         status: None,
     };
-    let response = match serve(&state, api, &headers, body, &mut outcome.tenant).await {
+    let response = match serve(&state, api, hop, &headers, body, &mut outcome.tenant).await {
         Ok(response) => response,
         Err(error) => {
             if error.status.is_server_error() {
@@ -68,9 +91,17 @@ pub async fn handle(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
 }
 
 /// Decrements the in-flight gauge and frees the node slot when the response ends.
-struct InFlight {
+pub(super) struct InFlight {
     state: Arc<AppState>,
     _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl InFlight {
+    /// Counts `slot` in the in-flight gauge until dropped.
+    pub(super) fn new(state: Arc<AppState>, slot: tokio::sync::OwnedSemaphorePermit) -> InFlight {
+        state.metrics.in_flight(1);
+        InFlight { state, _slot: slot }
+    }
 }
 
 impl Drop for InFlight {
@@ -163,19 +194,22 @@ fn tenant_refusal(refusal: &Refusal) -> ApiError {
         return e;
     }
     let retry = Duration::from_nanos(refusal.blocked.retry_after_ns).max(Duration::from_millis(1));
-    ApiError::rate_limited(
+    let mut error = ApiError::rate_limited(
         format!(
             "Rate limit reached for {dimension}. Retry after {} ms.",
             retry.as_millis()
         ),
         retry,
         headers,
-    )
+    );
+    error.spillable = refusal.blocked.dimension != crate::actor::Dimension::Cooldown;
+    error
 }
 
 async fn serve(
     state: &Arc<AppState>,
     api: Api,
+    hop: Hop,
     headers: &HeaderMap,
     body: Body,
     tenant_id: &mut Option<Arc<str>>,
@@ -194,17 +228,15 @@ async fn serve(
             Duration::from_secs(1),
         )
     })?;
-    state.metrics.in_flight(1);
-    let guard = InFlight {
-        state: state.clone(),
-        _slot: slot,
-    };
+    let guard = InFlight::new(state.clone(), slot);
     let tenant = authenticate(state, headers)?;
     *tenant_id = Some(tenant.id.clone());
     let lane = lane(headers)?;
     let max_wait = max_wait(headers, tenant.max_wait)?;
     let deadline = started + state.config.server.request_timeout;
     let bytes = read_body(state, headers, body, deadline).await?;
+    // What a refusal spills to a peer (`spill`): the body as the client sent it.
+    let as_sent = bytes.clone();
     let route_cell: Cell<Option<&Route>> = Cell::new(None);
     let settings = ParseSettings {
         default_max_tokens: state.config.estimation.default_max_tokens,
@@ -228,79 +260,99 @@ async fn serve(
         .collect();
     let model: Arc<str> = parsed.model.as_str().into();
     let wait_until = (started + max_wait).min(deadline);
-    // At most twice: a request whose Redis call found Redis lost is re-admitted
-    // under the fallback allowance the loss just set (never on the old one),
-    // within what is left of the same wait.
-    let mut attempts = 0;
-    let (grant, permit) = loop {
-        attempts += 1;
-        let max_wait_ns = u64::try_from(
-            wait_until
-                .saturating_duration_since(Instant::now())
-                .as_nanos(),
-        )
-        .unwrap_or(0);
-        let (answer, handle) = state
-            .registry
-            .acquire(
-                &tenant.scope,
-                &AcquireRequest {
-                    lane,
-                    prompt_tokens: parsed.prompt_tokens,
-                    max_completion_tokens: parsed.max_completion_tokens,
-                    model: model.clone(),
-                    adaptive: state.adaptive(),
-                    max_wait_ns,
-                    busy_above: None,
-                },
+    let served = async {
+        // At most twice: a request whose Redis call found Redis lost is re-admitted
+        // under the fallback allowance the loss just set (never on the old one),
+        // within what is left of the same wait.
+        let mut attempts = 0;
+        let (grant, permit) = loop {
+            attempts += 1;
+            let max_wait_ns = u64::try_from(
+                wait_until
+                    .saturating_duration_since(Instant::now())
+                    .as_nanos(),
             )
-            .await
-            .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-        let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;
-        let permit = Permit::new(&handle, &grant);
-        let Some(gate) = state.redis_gate.get() else {
-            break (grant, permit);
+            .unwrap_or(0);
+            let (answer, handle) = state
+                .registry
+                .acquire(
+                    &tenant.scope,
+                    &AcquireRequest {
+                        lane,
+                        prompt_tokens: parsed.prompt_tokens,
+                        max_completion_tokens: parsed.max_completion_tokens,
+                        model: model.clone(),
+                        adaptive: state.adaptive(),
+                        max_wait_ns,
+                        busy_above: None,
+                    },
+                )
+                .await
+                .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
+            let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;
+            let permit = Permit::new(&handle, &grant);
+            let Some(gate) = state.redis_gate.get() else {
+                break (grant, permit);
+            };
+            match gate
+                .admit(&tenant.scope, permit, grant.tokens_reserved, wait_until)
+                .await
+            {
+                Ok(permit) => break (grant, permit),
+                Err(r) if r.is_redis_lost() && attempts < 2 => continue,
+                Err(r) => return Err(tenant_refusal(&r.into_refusal(grant.status.clone()))),
+            }
         };
-        match gate
-            .admit(&tenant.scope, permit, grant.tokens_reserved, wait_until)
-            .await
-        {
-            Ok(permit) => break (grant, permit),
-            Err(r) if r.is_redis_lost() && attempts < 2 => continue,
-            Err(r) => return Err(tenant_refusal(&r.into_refusal(grant.status.clone()))),
+        let rate_headers = RateHeaders::from_status(&grant.status);
+        // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
+        let completion_tokens = if grant.tokens_reserved > 0 {
+            grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)
+        } else {
+            parsed.max_completion_tokens
+        };
+        let demand = UpstreamDemand {
+            lane,
+            prompt_tokens: parsed.prompt_tokens,
+            completion_tokens,
+            model,
+            wait_until,
+        };
+        let admitted = Admitted {
+            api,
+            parsed: &parsed,
+            candidates: &candidates,
+            demand,
+            deadline,
+            client_headers: headers,
+            admitted_at: Instant::now(),
+        };
+        match dispatch(state, admitted, permit, Box::new(guard)).await {
+            Ok(mut response) => {
+                rate_headers.apply(response.headers_mut());
+                Ok(response)
+            }
+            Err(mut error) => {
+                error.rate_headers = Some(Box::new(rate_headers));
+                Err(error)
+            }
         }
     };
-    let rate_headers = RateHeaders::from_status(&grant.status);
-    // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
-    let completion_tokens = if grant.tokens_reserved > 0 {
-        grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)
-    } else {
-        parsed.max_completion_tokens
-    };
-    let demand = UpstreamDemand {
-        lane,
-        prompt_tokens: parsed.prompt_tokens,
-        completion_tokens,
-        model,
-        wait_until,
-    };
-    let admitted = Admitted {
-        api,
-        parsed: &parsed,
-        candidates: &candidates,
-        demand,
-        deadline,
-        client_headers: headers,
-        admitted_at: Instant::now(),
-    };
-    match dispatch(state, admitted, permit, Box::new(guard)).await {
-        Ok(mut response) => {
-            rate_headers.apply(response.headers_mut());
-            Ok(response)
+    match served.await {
+        Err(refusal) if refusal.spillable => {
+            let request = Refused {
+                api,
+                hop,
+                tenant: &tenant.scope,
+                upstreams: &candidates,
+                tokens: parsed
+                    .prompt_tokens
+                    .saturating_add(parsed.max_completion_tokens),
+                headers,
+                body: as_sent,
+                deadline,
+            };
+            spill::or_refuse(state, refusal, request).await
         }
-        Err(mut error) => {
-            error.rate_headers = Some(Box::new(rate_headers));
-            Err(error)
-        }
+        served => served,
     }
 }

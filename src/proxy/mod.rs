@@ -12,6 +12,7 @@ pub mod handler;
 pub mod headers;
 pub mod request;
 pub mod select;
+pub mod spill;
 pub mod stall;
 pub mod state;
 pub mod stream;
@@ -33,7 +34,7 @@ macro_rules! api_route {
     ($api:expr) => {
         post(
             |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| async move {
-                handler::handle(state, $api, headers, body).await
+                handler::handle(state, $api, headers, body, handler::Hop::Client).await
             },
         )
     };

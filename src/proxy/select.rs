@@ -145,7 +145,7 @@ pub async fn choose(
 }
 
 fn upstream_busy(refusal: &Refusal, retry: Duration) -> ApiError {
-    ApiError::rate_limited(
+    let mut error = ApiError::rate_limited(
         format!(
             "Upstream capacity for this model is exhausted ({} limit). Retry after {} ms.",
             refusal.blocked.dimension.as_str(),
@@ -153,5 +153,8 @@ fn upstream_busy(refusal: &Refusal, retry: Duration) -> ApiError {
         ),
         retry.max(Duration::from_millis(1)),
         Some(RateHeaders::from_status(&refusal.status)),
-    )
+    );
+    // A cooling-down upstream is the provider's word, not this node's share.
+    error.spillable = refusal.blocked.dimension != crate::actor::Dimension::Cooldown;
+    error
 }

@@ -122,6 +122,9 @@ pub struct AppState {
     /// Whether this process stalled since a request was admitted (its ticker is
     /// started with the server).
     pub stall_watch: Arc<super::stall::StallWatch>,
+    /// `lease` mode with `cluster.lease.spillover`: the peers' room, which the
+    /// sync engine writes each round (`super::spill`).
+    pub spill: Option<Arc<super::spill::Board>>,
 }
 
 /// One limit's spec: `capacity` per window, `burst` (token-bucket) its own.
@@ -321,6 +324,16 @@ impl AppState {
             .collect();
         let credit_wake = Arc::new(tokio::sync::Notify::new());
         let (bindings, credits) = bind_allowances(&config, &mut specs, &credit_wake);
+        let spill = (config.cluster.as_ref())
+            .filter(|c| c.mode == crate::config::SyncMode::Lease && c.lease.spillover)
+            .map(|c| {
+                Arc::new(super::spill::Board::new(
+                    &c.node_id,
+                    &c.cluster_id,
+                    c.secret.as_deref().unwrap_or_default(),
+                    c.lease.spillover_wait,
+                ))
+            });
         let cluster_status = config.cluster.as_ref().map(|c| {
             let id = c.node_id.clone();
             Arc::new(std::sync::Mutex::new(
@@ -381,6 +394,7 @@ impl AppState {
             lease_book: std::sync::OnceLock::new(),
             redis_gate: std::sync::OnceLock::new(),
             cluster_status,
+            spill,
         })
     }
 

@@ -16,9 +16,10 @@ use crate::actor::scope::{Allowance, ScopeExport};
 use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
 use crate::proxy::AppState;
+use crate::proxy::spill::{Room, Row};
 use crate::redis::gate::{Fallback, RedisGate};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
@@ -839,7 +840,13 @@ impl Engine {
         let mut live_nodes = usage.live_nodes();
         live_nodes.push(self.self_id.clone());
         self.history.set_members(&live_nodes, &self.dead);
-        for binding in state.bindings.iter() {
+        // Spillover: each peer's room per key this round (`crate::proxy::spill`).
+        let spill_peers: Vec<MemberAddr> = (lease_view.members.iter())
+            .filter(|m| m.id != self.self_id)
+            .cloned()
+            .collect();
+        let mut spill_rows = HashMap::new();
+        for (index, binding) in state.bindings.iter().enumerate() {
             let mine = own.get(&*binding.key).copied().unwrap_or(Own {
                 used: 0,
                 seen: 0,
@@ -960,6 +967,15 @@ impl Engine {
                     idle_terms.entry(binding.capacity).or_insert_with(&make);
                 } else {
                     let terms = make();
+                    if state.spill.is_some() {
+                        let free = match binding.dimension {
+                            Dimension::Concurrency => u64::MAX,
+                            _ => binding.capacity.saturating_sub(global),
+                        };
+                        let peers = spill_room(&usage, &terms, binding, &spill_peers, now_ms);
+                        let free = AtomicU64::new(free);
+                        spill_rows.insert(index as u32, Row { free, peers });
+                    }
                     self.record_cut_charge(&binding.key, terms.floors.values().sum());
                     lease_view.terms.insert(binding.key.to_string(), terms);
                 }
@@ -1032,6 +1048,21 @@ impl Engine {
             let confirmed = self.cut_off == CutOff::FailOpen
                 || self.redis_losses.confirmed(epoch, alone_by_design);
             gate.set_confirmed(if confirmed { epoch } else { 0 });
+        }
+        if let Some(board) = &state.spill {
+            let idle = (idle_terms.iter())
+                .map(|(capacity, terms)| {
+                    let shares = (spill_peers.iter())
+                        .map(|p| terms.shares.get(&p.id).map_or(0, |s| s + terms.borrow))
+                        .collect();
+                    (*capacity, shares)
+                })
+                .collect();
+            board.set(Room {
+                peers: spill_peers,
+                by_binding: spill_rows,
+                idle,
+            });
         }
         if let Some(feed) = &self.lease {
             lease_view.idle_terms = idle_terms;
@@ -1249,6 +1280,31 @@ fn lease_terms(
 }
 /// Raises `floors` to `at_least` in all, the shortfall spread as evenly as the
 /// units allow (the first members in order take the remainder).
+/// Each peer's room on a leased key: its share plus borrowing, less what it
+/// last published it used (requests in flight for concurrency).
+fn spill_room(
+    usage: &ClusterUsage,
+    terms: &Terms<String>,
+    binding: &Binding,
+    peers: &[MemberAddr],
+    now_ms: u64,
+) -> Vec<AtomicU64> {
+    let in_flight = (binding.dimension == Dimension::Concurrency)
+        .then(|| usage.in_flight_by_node(&binding.key));
+    (peers.iter())
+        .map(|peer| {
+            let share = (terms.shares.get(&peer.id)).map_or(0, |s| s.saturating_add(terms.borrow));
+            let used = match &in_flight {
+                Some(by_node) => (by_node.iter())
+                    .find(|(node, _)| *node == peer.id)
+                    .map_or(0, |(_, n)| *n),
+                None => usage.usage_of(&peer.id, &binding.key, now_ms).unwrap_or(0),
+            };
+            AtomicU64::new(share.saturating_sub(used))
+        })
+        .collect()
+}
+
 fn raise_floors(floors: &mut BTreeMap<String, u64>, at_least: u64) {
     let total: u64 = floors.values().sum();
     let Some(short) = at_least.checked_sub(total).filter(|s| *s > 0) else {

@@ -369,6 +369,7 @@ async fn serve_rpc(
         cluster_id: config.cluster_id.clone(),
         metrics: state.metrics.clone(),
         read_timeout: config.lease.rpc_timeout,
+        proxy: state.spill.is_some().then(|| state.clone()),
     });
     let mut rpc_stop = stopped.clone();
     Ok(tokio::spawn(async move {

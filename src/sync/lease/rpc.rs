@@ -7,9 +7,11 @@
 use super::owner::OwnerBook;
 use super::wire::{self, Answer, Answers, Batch, Nudge};
 use crate::ops::metrics::Metrics;
+use crate::proxy::AppState;
+use crate::proxy::spill;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -30,6 +32,9 @@ pub struct RpcState {
     pub metrics: Arc<Metrics>,
     /// Longest time to read a request body.
     pub read_timeout: Duration,
+    /// The proxy, when spillover is on: requests peers spill here are served by
+    /// it (`crate::proxy::spill`).
+    pub proxy: Option<Arc<AppState>>,
 }
 
 /// The router (also used by tests on their own listener).
@@ -37,7 +42,25 @@ pub fn app(state: Arc<RpcState>) -> Router {
     Router::new()
         .route(wire::SYNC_PATH, post(sync))
         .route(wire::NUDGE_PATH, post(nudge))
+        .route(SPILL_ROUTE, post(spilled))
         .with_state(state)
+}
+
+/// [`spill::PATH_PREFIX`] with the API's name.
+const SPILL_ROUTE: &str = "/internal/v1/spill/{api}";
+
+/// A request a peer spilled here: served by the proxy (404 with spillover off
+/// here, or for an API it does not know).
+async fn spilled(
+    State(state): State<Arc<RpcState>>,
+    Path(api): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match (&state.proxy, spill::api_named(&api)) {
+        (Some(proxy), Some(api)) => spill::accept(proxy.clone(), api, headers, body).await,
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// Serves until `shutdown` resolves.

@@ -49,6 +49,9 @@ enum Cmd {
         /// `[cluster.lease] max_borrow` (0-1).
         #[arg(long)]
         max_borrow: Option<f64>,
+        /// `[cluster.lease] spillover = true`.
+        #[arg(long)]
+        spillover: bool,
         /// Break every node's limiter on purpose (`skip-cluster-sync`): the checks
         /// must fail.
         #[arg(long)]
@@ -69,7 +72,8 @@ enum Cmd {
         /// cells (every other option is ignored).
         #[arg(long)]
         quick: bool,
-        /// Modes, comma-separated (`lease-borrow`: lease with `max_borrow` 0.2).
+        /// Modes, comma-separated (`lease-borrow`: lease with `max_borrow` 0.2;
+        /// `lease-spill`: lease with spillover on).
         #[arg(
             long,
             default_value = "local-full,local-split,gossip,lease,lease-borrow,redis,redis-lease"
@@ -182,6 +186,7 @@ async fn main() -> anyhow::Result<()> {
             tenants,
             policy,
             max_borrow,
+            spillover,
             fault,
             concurrency,
             replay,
@@ -205,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
                     tenants,
                     cut_off: policy,
                     max_borrow,
+                    spillover,
                     fault,
                     concurrency,
                     pattern: tollgate_jepsen::workload::Pattern::default(),

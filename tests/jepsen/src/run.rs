@@ -42,6 +42,9 @@ pub struct RunSpec {
     pub cut_off: Option<String>,
     /// `[cluster.lease] max_borrow`, if set.
     pub max_borrow: Option<f64>,
+    /// `[cluster.lease] spillover` (lease mode only).
+    #[serde(default)]
+    pub spillover: bool,
     /// A deliberately broken limiter on every node (`skip-cluster-sync`), to
     /// prove the checker catches it.
     pub fault: Option<String>,
@@ -207,6 +210,9 @@ fn lease_toml(spec: &RunSpec) -> String {
     }
     if let Some(borrow) = spec.max_borrow {
         out.push_str(&format!("max_borrow = {borrow}\n"));
+    }
+    if spec.spillover {
+        out.push_str("spillover = true\n");
     }
     if out.is_empty() {
         return out;

@@ -50,6 +50,7 @@ fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
         tenants: 1,
         cut_off: None,
         max_borrow: None,
+        spillover: false,
         fault: None,
         concurrency: None,
         pattern: tollgate_jepsen::workload::Pattern::default(),

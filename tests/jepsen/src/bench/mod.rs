@@ -164,10 +164,12 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Results> {
             for mode in &spec.modes {
                 let name = format!("{mode}-{nodes}n-{}", pattern.name());
                 let tenants = if *pattern == Pattern::HotTenant { 3 } else { 1 };
-                // `lease-borrow`: lease mode with borrowing on.
-                let (run_mode, max_borrow) = match mode.as_str() {
-                    "lease-borrow" => ("lease", Some(BORROW)),
-                    other => (other, None),
+                // `lease-borrow`: lease mode with borrowing on; `lease-spill`:
+                // with spillover on.
+                let (run_mode, max_borrow, spillover) = match mode.as_str() {
+                    "lease-borrow" => ("lease", Some(BORROW), false),
+                    "lease-spill" => ("lease", None, true),
+                    other => (other, None, false),
                 };
                 let cell_spec = RunSpec {
                     mode: run_mode.into(),
@@ -180,6 +182,7 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Results> {
                     tenants,
                     cut_off: None,
                     max_borrow,
+                    spillover,
                     fault: None,
                     concurrency: None,
                     pattern: *pattern,

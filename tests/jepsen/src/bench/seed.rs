@@ -93,6 +93,7 @@ pub async fn run(spec: &BenchSpec, first_index: u8) -> anyhow::Result<Vec<SeedFi
             tenants: 1,
             cut_off: None,
             max_borrow: None,
+            spillover: false,
             fault: None,
             concurrency: None,
             pattern: Default::default(),

@@ -1,0 +1,453 @@
+//! Spillover (docs/design/spillover.md): a request this node would refuse for want
+//! of its own share of a `lease` key goes, once, to a peer whose share has room by
+//! the gossiped figures, over the internal RPC. The peer admits it on its own
+//! credit, as if the client had called it, so every node still spends only what
+//! its owners granted it and every promise of `lease` mode holds: what moves
+//! between nodes is the request, not the capacity.
+//!
+//! - [`Room`]: each peer's room per key, written by the sync engine each round.
+//! - [`pick`]: the peer with the most room for everything the request needs.
+//! - [`forward`]: sends it there and streams the answer back.
+//! - [`accept`]: the peer's side, behind the cluster secret.
+
+use super::error::ApiError;
+use super::handler::{Hop, InFlight, MAX_WAIT_HEADER};
+use super::request::Api;
+use super::state::{AppState, Upstream};
+use crate::actor::{Dimension, ScopeId};
+use crate::sync::lease::MemberAddr;
+use crate::sync::lease::wire::{SECRET_HEADER, secrets_match};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The spill route on the internal RPC, one per API (`/internal/v1/spill/chat`).
+pub const PATH_PREFIX: &str = "/internal/v1/spill/";
+/// Names the node a request was spilled from. A request carrying it is never
+/// spilled again (one hop at most).
+pub const FROM_HEADER: &str = "x-tollgate-spilled-from";
+/// Names the cluster a spilled request is for.
+pub const CLUSTER_HEADER: &str = "x-tollgate-cluster-id";
+/// On a spilled request's answer: the node that served it.
+pub const SERVED_BY_HEADER: &str = "x-tollgate-served-by";
+
+/// Each live peer's room per `lease` key as of the sync engine's last round:
+/// its share (plus borrowing) less its published usage, never below 0, less
+/// what this node spilled there since.
+#[derive(Debug, Default)]
+pub struct Room {
+    /// Live peers (this node left out), in the order of every room vector.
+    pub peers: Vec<MemberAddr>,
+    /// Per binding index of a key with demand somewhere: each peer's room.
+    pub by_binding: HashMap<u32, Row>,
+    /// Per capacity: each peer's share of an idle key of that capacity.
+    pub idle: HashMap<u64, Vec<u64>>,
+}
+
+/// One key's room.
+#[derive(Debug)]
+pub struct Row {
+    /// What the whole cluster has left of L by this node's figures (its own
+    /// usage and its peers' published): a spill into a full cluster would only
+    /// be refused there.
+    pub free: AtomicU64,
+    /// Each peer's room, in [`Room::peers`]' order.
+    pub peers: Vec<AtomicU64>,
+}
+
+impl Room {
+    /// Peer `peer`'s room on binding `binding` (of capacity `capacity`): 0 when
+    /// unknown (no round yet), so that nothing is sent on a guess.
+    fn at(&self, binding: u32, capacity: u64, peer: usize) -> u64 {
+        match self.by_binding.get(&binding) {
+            Some(row) => {
+                let at_peer = row.peers.get(peer).map_or(0, |r| r.load(Ordering::Relaxed));
+                at_peer.min(row.free.load(Ordering::Relaxed))
+            }
+            None => (self.idle.get(&capacity))
+                .and_then(|r| r.get(peer))
+                .copied()
+                .unwrap_or(0),
+        }
+    }
+
+    /// Takes a spilled request's costs off `peer`'s room and the cluster's until
+    /// the next round, so that the requests one round spills do not all count on
+    /// the same room.
+    fn take(&self, costs: &[(u32, u64)], peer: usize) {
+        let less = |slot: &AtomicU64, cost: u64| {
+            let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |room| {
+                Some(room.saturating_sub(cost))
+            });
+        };
+        for (binding, cost) in costs {
+            if let Some(row) = self.by_binding.get(binding) {
+                less(&row.free, *cost);
+                if let Some(slot) = row.peers.get(peer) {
+                    less(slot, *cost);
+                }
+            }
+        }
+    }
+}
+
+/// Spillover's state on one node: the engine's latest [`Room`] and what a spill
+/// carries.
+#[derive(Debug)]
+pub struct Board {
+    room: RwLock<Arc<Room>>,
+    /// How long a spilled request may wait at the peer.
+    pub wait: Duration,
+    node_id: String,
+    cluster_id: String,
+    secret: String,
+}
+
+impl Board {
+    /// A board with no room known yet.
+    pub fn new(node_id: &str, cluster_id: &str, secret: &str, wait: Duration) -> Board {
+        Board {
+            room: RwLock::new(Arc::new(Room::default())),
+            wait,
+            node_id: node_id.to_string(),
+            cluster_id: cluster_id.to_string(),
+            secret: secret.to_string(),
+        }
+    }
+
+    /// The engine's round: the room it computed.
+    pub fn set(&self, room: Room) {
+        *self.room.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(room);
+    }
+
+    /// The latest room.
+    pub fn room(&self) -> Arc<Room> {
+        self.room.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether `headers` carry this cluster's secret and id (the peer's check).
+    fn admits(&self, headers: &HeaderMap) -> bool {
+        let given = |name: &str| headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
+        secrets_match(given(SECRET_HEADER), self.secret.as_bytes())
+            && given(CLUSTER_HEADER) == self.cluster_id.as_bytes()
+    }
+}
+
+/// What one request costs each of `scope`'s leased keys: binding index and cost
+/// (empty for a scope with no cluster-wide limit).
+fn scope_costs(state: &AppState, scope: &ScopeId, tokens: u64) -> Vec<(u32, u64)> {
+    let Some(first) = state.registry.leased_from(scope) else {
+        return Vec::new();
+    };
+    let same_scope = (state.bindings.iter().enumerate().skip(first as usize))
+        .take_while(|(_, b)| b.scope == *scope && b.leased);
+    same_scope
+        .filter_map(|(i, b)| {
+            let cost = match b.dimension {
+                Dimension::Requests | Dimension::Concurrency => 1,
+                Dimension::Tokens => tokens,
+                Dimension::Queue | Dimension::Cooldown => return None,
+            };
+            Some((i as u32, cost))
+        })
+        .collect()
+}
+
+/// The least room left on `costs`' keys at `peer` after the request, as a
+/// fraction of each key's capacity; `None` if any key lacks the room. A scope
+/// with no leased key fits anywhere (1.0).
+fn slack(state: &AppState, room: &Room, costs: &[(u32, u64)], peer: usize) -> Option<f64> {
+    let mut least = 1.0f64;
+    for &(binding, cost) in costs {
+        let capacity = state.bindings[binding as usize].capacity.max(1);
+        let left = room.at(binding, capacity, peer).checked_sub(cost)?;
+        least = least.min(left as f64 / capacity as f64);
+    }
+    Some(least)
+}
+
+/// The peer with the most room, by the gossiped figures, for the tenant's keys
+/// and for at least one of the candidate upstreams' keys, each charged the
+/// request's cost (`tokens`: prompt plus the completion reserved), with the
+/// costs its choice takes there; `None` if no peer has room for all of it.
+pub fn pick(
+    state: &AppState,
+    room: &Room,
+    tenant: &ScopeId,
+    upstreams: &[Arc<Upstream>],
+    tokens: u64,
+) -> Option<(usize, Vec<(u32, u64)>)> {
+    let tenant_costs = scope_costs(state, tenant, tokens);
+    let upstream_costs: Vec<_> = (upstreams.iter())
+        .map(|u| scope_costs(state, &u.scope, tokens))
+        .collect();
+    // (peer, its score, the upstream whose room decided it)
+    let mut best: Option<(usize, f64, usize)> = None;
+    for peer in 0..room.peers.len() {
+        let Some(for_tenant) = slack(state, room, &tenant_costs, peer) else {
+            continue;
+        };
+        let for_upstream = (upstream_costs.iter().enumerate())
+            .filter_map(|(u, costs)| slack(state, room, costs, peer).map(|s| (u, s)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((upstream, for_upstream)) = for_upstream else {
+            continue;
+        };
+        let score = for_tenant.min(for_upstream);
+        if best.is_none_or(|(_, b, _)| score > b) {
+            best = Some((peer, score, upstream));
+        }
+    }
+    let (peer, _, upstream) = best?;
+    let mut costs = tenant_costs;
+    costs.extend_from_slice(&upstream_costs[upstream]);
+    Some((peer, costs))
+}
+
+/// Client headers that are the connection's own or that spillover sets itself,
+/// never copied onto the hop.
+fn is_own_header(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "host"
+            | "content-length"
+            | "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "te"
+            | "upgrade"
+            | "proxy-connection"
+            | SECRET_HEADER
+            | CLUSTER_HEADER
+            | FROM_HEADER
+            | MAX_WAIT_HEADER
+    )
+}
+
+/// Sends a refused request to `peer` and returns its answer, streamed through,
+/// with [`SERVED_BY_HEADER`]. `None` when no answer came (the caller sends its
+/// own refusal): no free in-flight slot here, the peer unreachable, or no
+/// answer's head by `deadline`.
+pub async fn forward(
+    state: &Arc<AppState>,
+    board: &Board,
+    peer: &MemberAddr,
+    api: Api,
+    headers: &HeaderMap,
+    body: Bytes,
+    deadline: Instant,
+) -> Option<Response> {
+    let slot = state.in_flight.clone().try_acquire_owned().ok()?;
+    let guard = InFlight::new(state.clone(), slot);
+    let url = format!("http://{}{PATH_PREFIX}{}", peer.rpc, api.as_str());
+    let mut request = state.http.post(url).body(body);
+    for (name, value) in headers.iter().filter(|(n, _)| !is_own_header(n)) {
+        request = request.header(name, value);
+    }
+    let wait_ms = board.wait.as_millis().to_string();
+    let request = request
+        .header(SECRET_HEADER, &board.secret)
+        .header(CLUSTER_HEADER, &board.cluster_id)
+        .header(FROM_HEADER, &board.node_id)
+        .header(MAX_WAIT_HEADER, wait_ms);
+    let answer = match tokio::time::timeout_at(deadline, request.send()).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %peer.id, error = %e, "spillover: no answer");
+            state.metrics.spilled("failed");
+            return None;
+        }
+        Err(_) => {
+            tracing::debug!(peer = %peer.id, "spillover: no answer by the deadline");
+            state.metrics.spilled("failed");
+            return None;
+        }
+    };
+    let status = answer.status();
+    if status == StatusCode::UNAUTHORIZED && answer.headers().get(SERVED_BY_HEADER).is_none() {
+        // The peer's RPC refused the hop itself (another secret): not the
+        // client's answer.
+        tracing::warn!(peer = %peer.id, "spillover: the peer refused the cluster secret");
+        state.metrics.spilled("failed");
+        return None;
+    }
+    state
+        .metrics
+        .spilled(if status == StatusCode::TOO_MANY_REQUESTS {
+            "refused"
+        } else {
+            "served"
+        });
+    let mut response = Response::builder().status(status);
+    for (name, value) in answer.headers().iter().filter(|(n, _)| !is_own_header(n)) {
+        response = response.header(name, value);
+    }
+    let idle = stream_idle_bound(state);
+    let body = futures_util::stream::unfold(Some((answer, guard)), move |open| async move {
+        let (mut answer, guard) = open?;
+        match tokio::time::timeout(idle, answer.chunk()).await {
+            Ok(Ok(Some(chunk))) => Some((Ok(chunk), Some((answer, guard)))),
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
+            Err(_) => Some((Err(std::io::Error::other("spilled answer stalled")), None)),
+        }
+    });
+    response.body(Body::from_stream(body)).ok()
+}
+
+/// How long a spilled answer's body may go silent: the longest upstream stream
+/// idle timeout plus a margin (the peer ends a stalled upstream stream by then).
+fn stream_idle_bound(state: &AppState) -> Duration {
+    let longest = (state.routes.iter())
+        .flat_map(|r| r.upstreams.iter())
+        .map(|u| u.stream_idle_timeout)
+        .max()
+        .unwrap_or(Duration::from_secs(60));
+    longest + Duration::from_secs(5)
+}
+
+/// The peer's side: a request spilled here by a member of this cluster, served
+/// as a client's would be, except that it is never spilled again and is counted
+/// in `tollgate_spill_received_total`. Wrong secret or cluster: 401.
+pub async fn accept(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Body) -> Response {
+    let Some(board) = state.spill.as_ref() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if !board.admits(&headers) {
+        state.metrics.rpc_refused("secret");
+        let e = ApiError::unauthorized();
+        return e.with_flavor(api.flavor()).into_response();
+    }
+    let mut response =
+        super::handler::handle(state.clone(), api, headers, body, Hop::Spilled).await;
+    if let Ok(node) = HeaderValue::from_str(&board.node_id) {
+        response.headers_mut().insert(SERVED_BY_HEADER, node);
+    }
+    response
+}
+
+/// The spill routes' API by path segment.
+pub fn api_named(name: &str) -> Option<Api> {
+    [Api::Chat, Api::Completions, Api::Embeddings, Api::Messages]
+        .into_iter()
+        .find(|a| a.as_str() == name)
+}
+
+/// Spills a request this node refused with `refusal`, if spillover is on, the
+/// request came from a client (not a peer), the refusal is this node's own
+/// (never sent upstream) and a peer has room: the peer's answer, or `refusal`.
+pub async fn or_refuse(
+    state: &Arc<AppState>,
+    refusal: ApiError,
+    request: Refused<'_>,
+) -> Result<Response, ApiError> {
+    let Some(board) = state.spill.as_ref() else {
+        return Err(refusal);
+    };
+    if !refusal.spillable || request.hop == Hop::Spilled {
+        return Err(refusal);
+    }
+    let room = board.room();
+    let Some((peer, costs)) = pick(
+        state,
+        &room,
+        request.tenant,
+        request.upstreams,
+        request.tokens,
+    ) else {
+        state.metrics.spilled("no_peer");
+        return Err(refusal);
+    };
+    room.take(&costs, peer);
+    let peer = &room.peers[peer];
+    let hop = forward(
+        state,
+        board,
+        peer,
+        request.api,
+        request.headers,
+        request.body,
+        request.deadline,
+    );
+    hop.await.ok_or(refusal)
+}
+
+/// A refused request, as [`or_refuse`] needs it.
+pub struct Refused<'a> {
+    /// API spoken.
+    pub api: Api,
+    /// Where it came from.
+    pub hop: Hop,
+    /// The tenant's scope.
+    pub tenant: &'a ScopeId,
+    /// Upstreams that serve its model.
+    pub upstreams: &'a [Arc<Upstream>],
+    /// Prompt plus the most completion it may reserve.
+    pub tokens: u64,
+    /// The client's headers.
+    pub headers: &'a HeaderMap,
+    /// The client's body, as it came.
+    pub body: Bytes,
+    /// The request's overall deadline.
+    pub deadline: Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(free: u64, peers: &[u64]) -> Room {
+        let member = |i: usize| MemberAddr {
+            id: format!("n{i}"),
+            rpc: format!("127.0.0.1:{}", 7000 + i),
+            rpc_version: 2,
+        };
+        Room {
+            peers: (0..peers.len()).map(member).collect(),
+            by_binding: HashMap::from([(
+                3,
+                Row {
+                    free: AtomicU64::new(free),
+                    peers: peers.iter().map(|r| AtomicU64::new(*r)).collect(),
+                },
+            )]),
+            idle: HashMap::from([(30, vec![15, 15])]),
+        }
+    }
+
+    #[test]
+    fn a_peers_room_is_its_own_within_what_the_cluster_has_left() {
+        let room = room(4, &[6, 2]);
+        assert_eq!(room.at(3, 30, 0), 4, "the cluster has 4 left");
+        assert_eq!(room.at(3, 30, 1), 2);
+        assert_eq!(room.at(3, 30, 2), 0, "an unknown peer has none");
+        // A key with no row this round: idle, each peer its share.
+        assert_eq!(room.at(9, 30, 1), 15);
+        assert_eq!(
+            room.at(9, 40, 1),
+            0,
+            "nothing known: nothing sent on a guess"
+        );
+    }
+
+    #[test]
+    fn a_spill_takes_its_cost_off_the_peer_and_the_cluster_until_the_next_round() {
+        let room = room(5, &[6, 2]);
+        room.take(&[(3, 2)], 0);
+        assert_eq!(room.at(3, 30, 0), 3);
+        assert_eq!(
+            room.at(3, 30, 1),
+            2,
+            "the other peer keeps its room, the cluster's is less"
+        );
+        room.take(&[(3, 9), (9, 5)], 1);
+        assert_eq!(room.at(3, 30, 1), 0, "never below 0");
+        assert_eq!(room.at(9, 30, 1), 15, "an idle row is not taken from");
+    }
+}

@@ -1,0 +1,257 @@
+//! Spillover (`cluster.lease.spillover`, docs/design/spillover.md) with real
+//! nodes over real UDP gossip and the real internal RPC, in front of one real mock
+//! upstream whose count is the ground truth: a request refused for want of its
+//! node's share is served by a peer with room, the cluster still never exceeds L,
+//! a spilled request is never spilled again, and the spill route wants the
+//! cluster's secret.
+
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
+mod common;
+
+use common::cluster::*;
+use common::*;
+use std::time::Duration;
+
+/// Node `i` of a 2-node `lease` cluster on `ports`, spillover on or off.
+/// Requests wait up to 200 ms for credit.
+fn spill_toml(i: usize, ports: &[u16], spillover: bool) -> String {
+    cluster_toml(i, ports, "lease", "full")
+        .replace("max_wait = \"0s\"", "max_wait = \"200ms\"")
+        .replace(
+            "rpc_timeout = \"200ms\"",
+            &format!("rpc_timeout = \"200ms\"\nspillover = {spillover}"),
+        )
+}
+
+/// The nodes and their cluster's id.
+async fn nodes(spillover: bool, upstream: &tollgate::mock::MockHandle) -> (Vec<Node>, String) {
+    let ports = [free_udp_port(), free_udp_port()];
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        nodes.push(node(&spill_toml(i, &ports, spillover), &[upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 2).await;
+    }
+    (nodes, format!("test-{}", ports[0]))
+}
+
+const SPILLED_SERVED: &str = "tollgate_spilled_total{outcome=\"served\"}";
+const RECEIVED_200: &str = "tollgate_spill_received_total{api=\"chat\",status=\"200\"}";
+
+/// `series`' value in a node's `/metrics` text (0 when absent).
+fn count(text: &str, series: &str) -> u64 {
+    (text.lines())
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// Sends one request to `node` until it is served (a cluster just formed may
+/// refuse while its owners settle).
+async fn served_once(node: &Node) {
+    for _ in 0..50 {
+        if post(node, "/chat/completions", chat_body("hi", 5), &[])
+            .await
+            .status()
+            == 200
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no request was served in 5 s");
+}
+
+/// What one run's requests at the busy node came to.
+#[derive(Debug, Default)]
+struct Run {
+    /// Answered 200 by the busy node itself.
+    served_here: u64,
+    /// Answered 200 by the peer (`x-tollgate-served-by`).
+    served_by_peer: u64,
+    /// Refused (429).
+    refused: u64,
+    /// What the mock admitted in all.
+    upstream: u64,
+}
+
+/// Both nodes get 5 requests (each has demand: shares split L = 30 between them),
+/// then the first node alone gets 45 more from 5 client loops. Its share grows
+/// with its demand to about 20 of 30; the peer keeps a share of about 10 (twice
+/// its demand) with 5 of it used, which only spillover can serve.
+async fn busy_first_node(spillover: bool) -> Run {
+    let upstream = mock(|_| {}).await;
+    let (nodes, _) = nodes(spillover, &upstream).await;
+    for _ in 0..5 {
+        for n in &nodes {
+            served_once(n).await;
+        }
+    }
+    // Let the peers see both demands (two sync rounds and gossip).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // What the formation's refusals may have spilled already.
+    let sent_before = count(&metrics(&nodes[0]).await, SPILLED_SERVED);
+    let received_before = count(&metrics(&nodes[1]).await, RECEIVED_200);
+    let busy = std::sync::Arc::new(nodes);
+    let mut loops = Vec::new();
+    for _ in 0..5 {
+        let busy = busy.clone();
+        loops.push(tokio::spawn(async move {
+            let mut run = Run::default();
+            for _ in 0..9 {
+                let answer = post(&busy[0], "/chat/completions", chat_body("hi", 5), &[]).await;
+                match answer.status().as_u16() {
+                    200 if answer.headers().get("x-tollgate-served-by").is_some() => {
+                        assert_eq!(answer.headers()["x-tollgate-served-by"], "node-1");
+                        run.served_by_peer += 1;
+                    }
+                    200 => run.served_here += 1,
+                    429 => run.refused += 1,
+                    other => panic!("unexpected status {other}"),
+                }
+            }
+            run
+        }));
+    }
+    let mut run = Run::default();
+    for l in loops {
+        let part = l.await.unwrap();
+        run.served_here += part.served_here;
+        run.served_by_peer += part.served_by_peer;
+        run.refused += part.refused;
+    }
+    let Ok(nodes) = std::sync::Arc::try_unwrap(busy) else {
+        panic!("a client loop still holds the nodes")
+    };
+    let sent = metrics(&nodes[0]).await;
+    let received = metrics(&nodes[1]).await;
+    run.upstream = upstream.stats().admitted;
+    println!("spillover {spillover}: {run:?}");
+    // Each node's metrics agree with what the clients saw.
+    assert_eq!(
+        count(&sent, SPILLED_SERVED) - sent_before,
+        run.served_by_peer
+    );
+    assert_eq!(
+        count(&received, RECEIVED_200) - received_before,
+        run.served_by_peer
+    );
+    println!(
+        "spills refused by the peer: {}, no peer with room: {}",
+        count(&sent, "tollgate_spilled_total{outcome=\"refused\"}"),
+        count(&sent, "tollgate_spilled_total{outcome=\"no_peer\"}")
+    );
+    // The peer never spilled anything back.
+    assert!(!received.contains("tollgate_spilled_total{"), "{received}");
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_for_want_of_its_nodes_share_is_served_by_a_peer_with_room() {
+    let off = busy_first_node(false).await;
+    let on = busy_first_node(true).await;
+    // Without spillover the peer's room is stranded; with it, some is used.
+    assert_eq!(off.served_by_peer, 0);
+    assert!(on.served_by_peer > 0, "nothing was spilled: {on:?}");
+    // Whatever moved, the cluster stayed within L.
+    for run in [&off, &on] {
+        assert!(
+            run.upstream <= LIMIT,
+            "{} sent of L = {LIMIT}",
+            run.upstream
+        );
+    }
+    assert!(
+        on.upstream > off.upstream,
+        "spillover served no more: {} against {}",
+        on.upstream,
+        off.upstream
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request() {
+    let upstream = mock(|_| {}).await;
+    let (nodes, cluster_id) = nodes(true, &upstream).await;
+    // Credit at the peer first: a spilled request waits at most its max wait.
+    served_once(&nodes[1]).await;
+    let before = upstream.stats().admitted;
+    let cluster = admin(&nodes[0], "/admin/cluster").await;
+    let peer = (cluster["cluster"]["members"].as_array().unwrap().iter())
+        .find(|m| m["is_self"] == false)
+        .unwrap()["rpc_addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let spill = |secret: &str, id: &str| {
+        reqwest::Client::new()
+            .post(format!("http://{peer}/internal/v1/spill/chat"))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .header("x-tollgate-cluster-secret", secret)
+            .header("x-tollgate-cluster-id", id)
+            .header("x-tollgate-spilled-from", "node-0")
+            .body(serde_json::to_vec(&chat_body("hi", 5)).unwrap())
+            .send()
+    };
+    let wrong = spill("not-the-secret-at-all", &cluster_id).await.unwrap();
+    assert_eq!(wrong.status(), 401);
+    let other_cluster = spill(SECRET, "another-cluster").await.unwrap();
+    assert_eq!(other_cluster.status(), 401);
+    assert_eq!(
+        upstream.stats().admitted,
+        before,
+        "a refused spill reached the upstream"
+    );
+    let right = spill(SECRET, &cluster_id).await.unwrap();
+    assert_eq!(right.status(), 200);
+    assert_eq!(right.headers()["x-tollgate-served-by"], "node-1");
+    let body: serde_json::Value = right.json().await.unwrap();
+    assert!(
+        body["choices"][0]["message"]["content"].is_string(),
+        "{body}"
+    );
+    assert_eq!(upstream.stats().admitted, before + 1);
+    // Spend the rest of L at the peer, then spill it one more: it refuses, and
+    // does not spill a spilled request on (without that rule it would look for
+    // room at the first node, and count it). The peer's own clients' refusals
+    // may spill to the first node meanwhile.
+    while post(&nodes[1], "/chat/completions", chat_body("hi", 5), &[])
+        .await
+        .status()
+        == 200
+    {}
+    let spilled_by_peer = |text: &str| -> Vec<String> {
+        (text.lines())
+            .filter(|l| l.starts_with("tollgate_spilled_total{"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let before = spilled_by_peer(&metrics(&nodes[1]).await);
+    let refused = spill(SECRET, &cluster_id).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["x-tollgate-served-by"], "node-1");
+    let peer_metrics = metrics(&nodes[1]).await;
+    assert_eq!(spilled_by_peer(&peer_metrics), before);
+    assert!(
+        peer_metrics.contains("tollgate_spill_received_total{api=\"chat\",status=\"429\"} 1"),
+        "{peer_metrics}"
+    );
+    let unknown = reqwest::Client::new()
+        .post(format!("http://{peer}/internal/v1/spill/images"))
+        .header("x-tollgate-cluster-secret", SECRET)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
