@@ -131,6 +131,7 @@ async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
                 adaptive: false,
                 max_wait_ns: 0,
                 busy_above: None,
+                probe: false,
             },
         )
         .await

@@ -541,7 +541,52 @@ mod tests {
             adaptive: false,
             max_wait_ns,
             busy_above: None,
+            probe: false,
         }
+    }
+
+    /// The scope's demand so far: requests asked, admitted or not.
+    async fn requested(registry: &Registry) -> u64 {
+        let live = registry.export_live().await;
+        live.first()
+            .map_or(0, |(_, export)| export.requested_requests)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_is_admitted_only_at_once_and_counted_only_when_admitted() {
+        let (registry, scope) = registry(20);
+        let registry = Arc::new(registry);
+        let probe = AcquireRequest {
+            probe: true,
+            ..request(30 * NANOS_PER_SEC)
+        };
+        // Admitted at once: counted as demand like any request.
+        let (answer, handle) = registry.acquire(&scope, &probe).await.unwrap();
+        let first = Permit::new(&handle, &answer.unwrap());
+        assert_eq!(requested(&registry).await, 1);
+        let _second = acquire(&registry, &scope).await.unwrap();
+        assert_eq!(requested(&registry).await, 2);
+        // Full: refused at once despite its 30 s wait, and not counted (the
+        // waiting try that may follow counts it).
+        let (answer, _) = registry.acquire(&scope, &probe).await.unwrap();
+        assert!(answer.is_err());
+        assert_eq!(requested(&registry).await, 2);
+        // Others waiting ahead: never queued behind them.
+        let waiting = waiting_in_background(&registry, &scope);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let (answer, _) = registry.acquire(&scope, &probe).await.unwrap();
+        assert_eq!(
+            answer.unwrap_err().blocked.dimension,
+            crate::actor::Dimension::Queue
+        );
+        assert_eq!(registry.status(&scope).await.unwrap().queued, [1, 0]);
+        assert_eq!(
+            requested(&registry).await,
+            3,
+            "the waiter counts, the probe not"
+        );
+        drop(first);
+        waiting.await.unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "current_thread")]

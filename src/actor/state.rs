@@ -247,15 +247,25 @@ impl Core {
         }
         self.last_active_ns = now;
         let tokens = self.cost(request);
+        if !request.probe {
+            self.count_demand(tokens);
+        }
         if self.queue.is_empty() && self.forwarded == 0 {
             match self
                 .limits
                 .admit(now, tokens, request.lane, request.busy_above)
             {
                 Ok(charge) => {
+                    if request.probe {
+                        self.count_demand(tokens);
+                    }
                     let (prompt, model) = (request.prompt_tokens, request.model.clone());
                     let grant = self.grant(now, request.lane, now, charge, prompt, model);
                     return Decision::Granted(grant);
+                }
+                // The try before a wait: the wait decides and counts.
+                Err(blocked) if request.probe => {
+                    return Decision::Refused(self.unrecorded(now, blocked));
                 }
                 // Waiting cannot help, or the caller will not wait.
                 Err(blocked) if blocked.never || request.max_wait_ns == 0 => {
@@ -267,14 +277,21 @@ impl Core {
             && blocked.never
         {
             return Decision::Refused(self.refusal(now, blocked));
+        } else if request.probe {
+            // Others wait ahead of it: never admitted at once.
+            let behind = Blocked {
+                dimension: Dimension::Queue,
+                retry_after_ns: 0,
+                never: false,
+            };
+            return Decision::Refused(self.unrecorded(now, behind));
         }
         self.forwarded += 1;
         Decision::Forward(tokens)
     }
 
-    /// The request's cost in tokens (prompt + completion estimate), counted as
-    /// demand.
-    fn cost(&mut self, request: &AcquireRequest) -> u64 {
+    /// The request's cost in tokens (prompt + completion estimate).
+    fn cost(&self, request: &AcquireRequest) -> u64 {
         let completion = match self.settings.adaptive {
             Some(policy) if request.adaptive => {
                 self.completions
@@ -282,10 +299,21 @@ impl Core {
             }
             _ => request.max_completion_tokens,
         };
-        let tokens = request.prompt_tokens.saturating_add(completion);
+        request.prompt_tokens.saturating_add(completion)
+    }
+
+    /// Counts a request of `tokens` as demand (asked, admitted or not).
+    fn count_demand(&mut self, tokens: u64) {
         self.requested.0 += 1;
         self.requested.1 = self.requested.1.saturating_add(tokens);
-        tokens
+    }
+
+    /// A probe's refusal: the figures for it, no decision recorded.
+    fn unrecorded(&self, now: Nanos, blocked: Blocked) -> Refusal {
+        Refusal {
+            blocked,
+            status: self.status(now),
+        }
     }
 
     /// Takes back a forward that never reached the mailbox (its caller went away

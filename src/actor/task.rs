@@ -32,6 +32,10 @@ pub struct AcquireRequest {
     pub max_wait_ns: Nanos,
     /// Refuse when any dimension is at or above this fraction (routing's 90% rule).
     pub busy_above: Option<Ceiling>,
+    /// A first try that a waiting one may follow (spillover's, `proxy::spill`):
+    /// admitted only at once, never queued, and neither counted as demand nor
+    /// as a refusal unless admitted (the waiting try counts it).
+    pub probe: bool,
 }
 
 /// An admission.

@@ -6,7 +6,7 @@ use super::error::ApiError;
 use super::headers::RateHeaders;
 use super::request::{Api, ParseSettings, parse};
 use super::select::UpstreamDemand;
-use super::spill::{self, Refused};
+use super::spill::{self, Refused, Refuser};
 use super::state::{AppState, Route, Tenant};
 use crate::actor::task::{AcquireRequest, Refusal};
 use crate::actor::{Lane, Permit};
@@ -260,19 +260,39 @@ async fn serve(
         .collect();
     let model: Arc<str> = parsed.model.as_str().into();
     let wait_until = (started + max_wait).min(deadline);
+    // The request as spillover sends it on, should this node refuse it.
+    let refused = || Refused {
+        api,
+        hop,
+        tenant: &tenant.scope,
+        upstreams: &candidates,
+        tokens: parsed
+            .prompt_tokens
+            .saturating_add(parsed.max_completion_tokens),
+        headers,
+        body: as_sent.clone(),
+        deadline,
+    };
     let served = async {
         // At most twice: a request whose Redis call found Redis lost is re-admitted
         // under the fallback allowance the loss just set (never on the old one),
         // within what is left of the same wait.
         let mut attempts = 0;
+        // Spillover: a first try at once, so that a request that would wait here
+        // goes to a peer with room now rather than after its wait.
+        let mut probe = state.spill.is_some() && hop == Hop::Client;
         let (grant, permit) = loop {
-            attempts += 1;
-            let max_wait_ns = u64::try_from(
-                wait_until
-                    .saturating_duration_since(Instant::now())
-                    .as_nanos(),
-            )
-            .unwrap_or(0);
+            attempts += u32::from(!probe);
+            let max_wait_ns = if probe {
+                0
+            } else {
+                u64::try_from(
+                    wait_until
+                        .saturating_duration_since(Instant::now())
+                        .as_nanos(),
+                )
+                .unwrap_or(0)
+            };
             let (answer, handle) = state
                 .registry
                 .acquire(
@@ -285,11 +305,35 @@ async fn serve(
                         adaptive: state.adaptive(),
                         max_wait_ns,
                         busy_above: None,
+                        probe,
                     },
                 )
                 .await
                 .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-            let grant = answer.map_err(|refusal| tenant_refusal(&refusal))?;
+            let grant = match answer {
+                Ok(grant) => grant,
+                Err(refusal) if probe => {
+                    probe = false;
+                    let error = tenant_refusal(&refusal);
+                    let tokens = parsed
+                        .prompt_tokens
+                        .saturating_add(parsed.max_completion_tokens);
+                    if error.spillable
+                        && spill::spill_now(
+                            state,
+                            &tenant.scope,
+                            &candidates,
+                            Refuser::Tenant,
+                            tokens,
+                        )
+                        && let Ok(response) = spill::or_refuse(state, error, refused()).await
+                    {
+                        return Ok(response);
+                    }
+                    continue;
+                }
+                Err(refusal) => return Err(tenant_refusal(&refusal)),
+            };
             let permit = Permit::new(&handle, &grant);
             let Some(gate) = state.redis_gate.get() else {
                 break (grant, permit);
@@ -316,6 +360,8 @@ async fn serve(
             completion_tokens,
             model,
             wait_until,
+            spill_tenant: (state.spill.is_some() && hop == Hop::Client)
+                .then(|| tenant.scope.clone()),
         };
         let admitted = Admitted {
             api,
@@ -338,21 +384,7 @@ async fn serve(
         }
     };
     match served.await {
-        Err(refusal) if refusal.spillable => {
-            let request = Refused {
-                api,
-                hop,
-                tenant: &tenant.scope,
-                upstreams: &candidates,
-                tokens: parsed
-                    .prompt_tokens
-                    .saturating_add(parsed.max_completion_tokens),
-                headers,
-                body: as_sent,
-                deadline,
-            };
-            spill::or_refuse(state, refusal, request).await
-        }
+        Err(refusal) if refusal.spillable => spill::or_refuse(state, refusal, refused()).await,
         served => served,
     }
 }

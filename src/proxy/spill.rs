@@ -57,6 +57,8 @@ pub struct Row {
     /// usage and its peers' published): a spill into a full cluster would only
     /// be refused there.
     pub free: AtomicU64,
+    /// This node's own room: its share (plus borrowing) less its own usage.
+    pub own: u64,
     /// Each peer's room, in [`Room::peers`]' order.
     pub peers: Vec<AtomicU64>,
 }
@@ -75,6 +77,14 @@ impl Room {
                 .copied()
                 .unwrap_or(0),
         }
+    }
+
+    /// Whether this node's own share lacks the room for any of `costs` (a key
+    /// with no row is idle: its share is free).
+    fn own_short(&self, costs: &[(u32, u64)]) -> bool {
+        (costs.iter()).any(|(binding, cost)| {
+            (self.by_binding.get(binding)).is_some_and(|row| row.own < *cost)
+        })
     }
 
     /// Takes a spilled request's costs off `peer`'s room and the cluster's until
@@ -208,6 +218,41 @@ pub fn pick(
     let mut costs = tenant_costs;
     costs.extend_from_slice(&upstream_costs[upstream]);
     Some((peer, costs))
+}
+
+/// Whether a request this node cannot admit at once should be spilled now
+/// rather than wait here: spillover is on, this node's own share of the scope
+/// that refused it (the tenant's, or every candidate upstream's) has no room
+/// for it by the last round's figures (its credit running low between
+/// statements is no reason: the owner would grant more within its share), and
+/// [`pick`] finds a peer with room (nothing taken from it yet).
+pub fn spill_now(
+    state: &AppState,
+    tenant: &ScopeId,
+    upstreams: &[Arc<Upstream>],
+    refused_by: Refuser,
+    tokens: u64,
+) -> bool {
+    let Some(board) = state.spill.as_ref() else {
+        return false;
+    };
+    let room = board.room();
+    let short = match refused_by {
+        Refuser::Tenant => room.own_short(&scope_costs(state, tenant, tokens)),
+        Refuser::Upstreams => {
+            (upstreams.iter()).all(|u| room.own_short(&scope_costs(state, &u.scope, tokens)))
+        }
+    };
+    short && pick(state, &room, tenant, upstreams, tokens).is_some()
+}
+
+/// Which admission could not admit a request at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refuser {
+    /// The tenant's.
+    Tenant,
+    /// Every candidate upstream's.
+    Upstreams,
 }
 
 /// Client headers that are the connection's own or that spillover sets itself,
@@ -414,6 +459,7 @@ mod tests {
                 3,
                 Row {
                     free: AtomicU64::new(free),
+                    own: 1,
                     peers: peers.iter().map(|r| AtomicU64::new(*r)).collect(),
                 },
             )]),

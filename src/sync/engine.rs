@@ -974,7 +974,10 @@ impl Engine {
                         };
                         let peers = spill_room(&usage, &terms, binding, &spill_peers, now_ms);
                         let free = AtomicU64::new(free);
-                        spill_rows.insert(index as u32, Row { free, peers });
+                        let own = (terms.shares.get(&self.self_id))
+                            .map_or(0, |s| s.saturating_add(terms.borrow))
+                            .saturating_sub(mine.used);
+                        spill_rows.insert(index as u32, Row { free, own, peers });
                     }
                     self.record_cut_charge(&binding.key, terms.floors.values().sum());
                     lease_view.terms.insert(binding.key.to_string(), terms);
