@@ -410,6 +410,46 @@ async fn partition_for(
     (truth, during)
 }
 
+/// Two cuts that overlap: node 3 is cut off (both sides freeze the demands of
+/// that moment, node 3's the largest), the majority side's demand then climbs,
+/// and node 2 is cut off from node 1 before node 3 comes back. Nodes 1 and 2
+/// freeze again at figures where node 3's share is small, but node 3 still
+/// spends the share of the first freeze: each must keep charging it that (the
+/// most any freeze of the cut gives it), or the three sides together pass L
+/// (with only the latest freeze: 128-140 of L = 120 in three runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_cut_during_a_cut_keeps_the_first_cuts_floor() {
+    let upstream = mock(|_| {}).await;
+    let ports = [12_021, 12_022, 12_023];
+    let toml = |i: usize, ports: &[u16]| partition_toml(i, ports, 0.0, None);
+    let (transport, nodes) = channel_cluster(ports, toml, &upstream).await;
+    // Healthy: node 3 shows six times the demand of each other node.
+    let warm = load(urls(&nodes), &[2, 2, 12], 1.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cut_off_third(&transport, ports, &nodes).await;
+    // The majority side's demand climbs well above node 3's frozen figure.
+    let first = load(urls(&nodes), &[30, 30, 10], 1.5).await;
+    // Then the majority side splits too: three sides, each node alone owning the
+    // key on its side and charging the other two.
+    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
+    transport.remove_link(addr(0), addr(1)).await;
+    let cut = Instant::now() + Duration::from_secs(10);
+    while members_seen(&nodes[0]).await != 1 || members_seen(&nodes[1]).await != 1 {
+        assert!(Instant::now() < cut, "the second cut was never detected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = load(urls(&nodes), &[30, 30, 30], 3.0).await;
+    let truth = upstream.stats().admitted;
+    println!(
+        "overlapping cuts: warm-up {warm:?}, first cut {first:?}, second cut {second:?}; upstream admitted {truth} of L = {PARTITION_L}"
+    );
+    assert!(truth <= PARTITION_L, "admitted {truth} > L = {PARTITION_L}");
+    // Node 3 kept serving its share through both cuts.
+    assert!(second[2] > 0, "node 3 served nothing: {second:?}");
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gossip_partition_keeps_both_sides_within_l_and_each_serves_its_share() {
     let (truth, during) = partition(0.0, [12_001, 12_002, 12_003]).await;

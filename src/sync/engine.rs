@@ -935,10 +935,10 @@ impl Engine {
             let adopted = (self.unwitnessed && binding.dimension != Dimension::Concurrency)
                 .then(|| (self.cut.adopted_charge(&binding.key)).unwrap_or(binding.capacity));
             if let Some(feed) = &self.lease {
-                let frozen = self.history.frozen(&binding.key);
+                let frozen = self.history.frozen_all(&binding.key);
                 let cut = Cut {
                     dead: &self.dead,
-                    frozen,
+                    frozen: &frozen,
                     at_least: adopted.unwrap_or(0),
                 };
                 let borrow = if self.lag_ms <= feed.fresh_within_ms {
@@ -1016,8 +1016,8 @@ impl Engine {
                 // members (a restarted node's previous incarnation, before it is
                 // declared dead) what they last published.
                 _ => {
-                    let frozen = self.history.frozen(&binding.key).unwrap_or(&[]);
-                    let dead = dead_charge(&usage, &self.dead, frozen, binding, now_ms)
+                    let frozen = self.history.frozen_all(&binding.key);
+                    let dead = dead_charge(&usage, &self.dead, &frozen, binding, now_ms)
                         .max(adopted.unwrap_or(0));
                     self.record_cut_charge(&binding.key, dead);
                     let departed = usage.departed_usage_except(&binding.key, &self.dead, now_ms);
@@ -1200,7 +1200,8 @@ fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
 #[derive(Clone, Copy)]
 struct Cut<'a> {
     dead: &'a [String],
-    frozen: Option<&'a [(String, u64)]>,
+    /// Every vector frozen while the cut goes on (empty: none).
+    frozen: &'a [&'a [(String, u64)]],
     /// The least the unreachable are charged in all (what peers that saw the
     /// cut begin charge, for a node that did not: `super::cut`).
     at_least: u64,
@@ -1261,8 +1262,11 @@ fn lease_terms(
             held,
         };
     }
-    let basis = frozen.unwrap_or(demands);
-    let at_cut: BTreeMap<String, u64> = fair_shares(binding.capacity, basis).into_iter().collect();
+    let at_cut = if frozen.is_empty() {
+        fair_shares(binding.capacity, demands).into_iter().collect()
+    } else {
+        most_share(binding.capacity, frozen, fair_shares)
+    };
     let mut floors = BTreeMap::new();
     for node in dead {
         // +1: largest-remainder rounding of two sides' (nearly equal) vectors may
@@ -1281,8 +1285,7 @@ fn lease_terms(
         held,
     }
 }
-/// Raises `floors` to `at_least` in all, the shortfall spread as evenly as the
-/// units allow (the first members in order take the remainder).
+
 /// Each peer's room on a leased key: its share plus borrowing, less what it
 /// last published it used (requests in flight for concurrency).
 fn spill_room(
@@ -1308,6 +1311,32 @@ fn spill_room(
         .collect()
 }
 
+/// How a vector of demands divides a capacity (`share::shares`, `fair_shares`).
+type ShareRule = fn(u64, &[(String, u64)]) -> Vec<(String, u64)>;
+
+/// Each member's largest share of `capacity` by `rule` over the vectors frozen
+/// during a cut. Sides of a cut froze (nearly) the same vectors at its start,
+/// but a second member becoming unreachable freezes again on one side only, at
+/// figures that moved since: the far side may still hold any earlier one, so a
+/// member is charged the most any of them gives it (shares of one vector sum to
+/// L; the most of several only charges the unreachable more).
+fn most_share(
+    capacity: u64,
+    frozen: &[&[(String, u64)]],
+    rule: ShareRule,
+) -> BTreeMap<String, u64> {
+    let mut most = BTreeMap::new();
+    for vector in frozen {
+        for (node, share) in rule(capacity, vector) {
+            let at = most.entry(node).or_insert(0);
+            *at = share.max(*at);
+        }
+    }
+    most
+}
+
+/// Raises `floors` to `at_least` in all, the shortfall spread as evenly as the
+/// units allow (the first members in order take the remainder).
 fn raise_floors(floors: &mut BTreeMap<String, u64>, at_least: u64) {
     let total: u64 = floors.values().sum();
     let Some(short) = at_least.checked_sub(total).filter(|s| *s > 0) else {
@@ -1328,20 +1357,17 @@ fn raise_floors(floors: &mut BTreeMap<String, u64>, at_least: u64) {
 fn dead_charge(
     usage: &ClusterUsage,
     dead: &[String],
-    frozen: &[(String, u64)],
+    frozen: &[&[(String, u64)]],
     binding: &Binding,
     now_ms: u64,
 ) -> u64 {
     if dead.is_empty() {
         return 0;
     }
-    let shares = tollgate_cluster::share::shares(binding.capacity, frozen);
+    let shares = most_share(binding.capacity, frozen, tollgate_cluster::share::shares);
     dead.iter()
         .map(|node| {
-            let share = shares
-                .iter()
-                .find(|(n, _)| n == node)
-                .map_or(0, |(_, s)| *s);
+            let share = shares.get(node).copied().unwrap_or(0);
             let published = usage.usage_of(node, &binding.key, now_ms).unwrap_or(0);
             share.max(published)
         })
@@ -1350,7 +1376,23 @@ fn dead_charge(
 
 #[cfg(test)]
 mod tests {
-    use super::held_figure;
+    use super::{held_figure, most_share};
+    use tollgate_cluster::share::fair_shares;
+
+    #[test]
+    fn a_member_is_charged_the_most_any_freeze_of_the_cut_gives_it() {
+        let v = |d: &[(&str, u64)]| -> Vec<(String, u64)> {
+            d.iter().map(|(n, x)| (n.to_string(), *x)).collect()
+        };
+        let first = v(&[("a", 2), ("b", 2), ("c", 12)]);
+        let second = v(&[("a", 47), ("b", 47), ("c", 12)]);
+        let one = most_share(120, &[&first], fair_shares);
+        assert_eq!(one["c"], 90);
+        let both = most_share(120, &[&second, &first], fair_shares);
+        assert_eq!(both["c"], 90, "the first freeze's share, not the second's");
+        assert_eq!(both["a"], 48, "the second freeze's, larger for a");
+        assert!(most_share(120, &[], fair_shares).is_empty());
+    }
 
     #[test]
     fn a_held_figure_is_rounded_up_to_a_sixteenth_of_l_and_never_above_it() {

@@ -24,6 +24,18 @@ type VectorHistory = VecDeque<(u64, Vec<(String, u64)>)>;
 /// Most demand vectors kept per key (a few detection times of changes).
 const MAX_VECTORS: usize = 64;
 
+/// Most freezes kept before the latest one during one cut (one per member that
+/// became unreachable while others already were; beyond it a flapping member's
+/// middle freezes are dropped, the first kept).
+const MAX_EARLIER_FREEZES: usize = 16;
+
+/// One freeze of every key's vector during a cut.
+#[derive(Debug)]
+struct Freeze {
+    by_key: HashMap<String, Vec<(String, u64)>>,
+    quiet: Vec<(String, u64)>,
+}
+
 /// The demand records of every key on this node.
 #[derive(Debug)]
 pub struct DemandHistory {
@@ -40,6 +52,14 @@ pub struct DemandHistory {
     frozen: HashMap<String, Vec<(String, u64)>>,
     /// A quiet key's frozen vector: `members_seen` at the cut, each at 0.
     frozen_quiet: Vec<(String, u64)>,
+    /// The freezes before the latest one while the cut goes on (a second member
+    /// became unreachable before the first came back): each unreachable member
+    /// is charged the most any of them gives it, since the far side may hold
+    /// any of them (`frozen_all`). The first is always kept.
+    earlier: Vec<Freeze>,
+    /// The members live or awaiting GC at the cut's first freeze: what each
+    /// side's part of L is counted over (`frozen_members`).
+    first_members: Vec<String>,
     /// How far back records are kept: three look-backs (a detection time plus
     /// two gossip intervals each).
     keep_back_ms: u64,
@@ -57,6 +77,8 @@ impl DemandHistory {
             members_seen: BTreeSet::new(),
             frozen: HashMap::new(),
             frozen_quiet: Vec::new(),
+            earlier: Vec::new(),
+            first_members: Vec::new(),
             keep_back_ms: look_back_ms.saturating_mul(3),
             forget_quiet: true,
         }
@@ -133,6 +155,18 @@ impl DemandHistory {
     /// Freezes every key's vector as it stood at `before_cut_ms` (the figures as
     /// last seen live where no record is that old).
     pub fn freeze(&mut self, before_cut_ms: u64) {
+        if self.frozen_quiet.is_empty() {
+            self.first_members = self.members_seen.iter().cloned().collect();
+        } else {
+            if self.earlier.len() >= MAX_EARLIER_FREEZES {
+                // Flapping members: the first freeze and the latest ones are kept.
+                self.earlier.remove(1);
+            }
+            self.earlier.push(Freeze {
+                by_key: std::mem::take(&mut self.frozen),
+                quiet: std::mem::take(&mut self.frozen_quiet),
+            });
+        }
         self.frozen_quiet = (self.members_seen.iter()).map(|n| (n.clone(), 0)).collect();
         // Every member's figure as of the cut, not only this node's: the others'
         // demands keep moving too between the cut and its detection, and the far
@@ -159,12 +193,27 @@ impl DemandHistory {
     pub fn thaw(&mut self) {
         self.frozen.clear();
         self.frozen_quiet.clear();
+        self.earlier.clear();
+        self.first_members.clear();
     }
 
-    /// The members live or awaiting GC when the cut was frozen (empty when
-    /// nothing is frozen).
+    /// The members live or awaiting GC when the cut was first frozen (empty
+    /// when nothing is frozen). Not a later freeze's: a member that joined
+    /// during the cut would enlarge this side's part of L by its own count
+    /// while the far side still counts its part over the first members.
     pub fn frozen_members(&self) -> Vec<String> {
-        self.frozen_quiet.iter().map(|(n, _)| n.clone()).collect()
+        self.first_members.clone()
+    }
+
+    /// Every vector of `key` frozen while this cut goes on, the latest first
+    /// (empty when nothing is frozen).
+    pub fn frozen_all(&self, key: &str) -> Vec<&[(String, u64)]> {
+        let latest = self.frozen(key).into_iter();
+        let earlier = (self.earlier.iter().rev()).map(|f| match f.by_key.get(key) {
+            Some(v) => v.as_slice(),
+            None => f.quiet.as_slice(),
+        });
+        latest.chain(earlier).collect()
     }
 
     /// `key`'s vector frozen at the cut (`None` when nothing is frozen).
@@ -272,6 +321,45 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    fn history_with(members: &[&str], demands: &[(&str, u64)]) -> DemandHistory {
+        let mut h = DemandHistory::new(1_000);
+        let live: Vec<String> = members.iter().map(|m| m.to_string()).collect();
+        h.set_members(&live, &[]);
+        let mut v: Vec<(String, u64)> =
+            (demands.iter()).map(|(n, d)| (n.to_string(), *d)).collect();
+        let own = demands
+            .iter()
+            .find(|(n, _)| *n == "me")
+            .map_or(0, |(_, d)| *d);
+        h.observe("k", own, &mut v, "me", &[], (10_000, 10_000));
+        h
+    }
+
+    #[test]
+    fn a_second_freeze_during_a_cut_keeps_the_first_and_its_members() {
+        let mut h = history_with(&["me", "b", "c"], &[("me", 2), ("b", 2), ("c", 12)]);
+        h.freeze(10_000);
+        assert_eq!(h.frozen_all("k").len(), 1);
+        // Demand moves, a member joins, and a second member becomes unreachable.
+        let live = ["me".to_owned(), "b".to_owned(), "d".to_owned()];
+        h.set_members(&live, &["c".to_owned()]);
+        let mut v = vec![("b".to_owned(), 40), ("d".to_owned(), 5)];
+        h.observe("k", 40, &mut v, "me", &["c".to_owned()], (11_000, 11_000));
+        h.freeze(11_000);
+        let all = h.frozen_all("k");
+        assert_eq!(all.len(), 2, "{all:?}");
+        let c_in = |v: &[(String, u64)]| v.iter().find(|(n, _)| n == "c").map(|(_, d)| *d);
+        assert_eq!(c_in(all[1]), Some(12), "the first freeze, as it was");
+        assert_eq!(
+            h.frozen_members(),
+            ["b", "c", "me"],
+            "the first freeze's members"
+        );
+        h.thaw();
+        assert!(h.frozen_all("k").is_empty());
+        assert!(h.frozen_members().is_empty());
+    }
 
     proptest! {
         /// Recording a key's demand only when it changes answers every look-back
