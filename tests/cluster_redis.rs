@@ -503,3 +503,79 @@ async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();
 }
+
+/// A stream admitted on the fallback while Redis is lost holds its slot in Redis
+/// as soon as Redis is back (before the node uses Redis again), for as long as it
+/// runs, and gives it back when it ends. Found by a review: fallback streams
+/// never took a slot, so after recovery other nodes could fill theirs and
+/// concurrency went over C until they ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_admitted_while_redis_was_lost_holds_its_slot_once_redis_is_back() {
+    let mut redis = RedisServer::start();
+    let upstream = mock(|m| {
+        m.inter_token_ms = 100;
+        m.completion_min_tokens = 80;
+        m.completion_max_tokens = 80;
+    })
+    .await;
+    let nodes = redis_cluster_edited(
+        ("redis", "share"),
+        |_| redis.url(),
+        300,
+        &upstream,
+        |toml| {
+            toml.replace("rpm = 300\n", "rpm = 300\nconcurrency = 8\n")
+                .replace(
+                    "timeout = \"50ms\"\n",
+                    "timeout = \"50ms\"\nslot_ttl = \"900ms\"\n",
+                )
+        },
+    )
+    .await;
+    redis.kill();
+    // Admitted locally once every peer confirms charging the loss.
+    let mut body = chat_body("a long story", 80);
+    body["stream"] = serde_json::json!(true);
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut stream = loop {
+        let answer = post(&nodes[0], "/chat/completions", body.clone(), &[]).await;
+        if answer.status() == 200 {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing admitted on the fallback"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(stream.chunk().await.unwrap().is_some());
+    redis.restart();
+    // Back: the running stream's slot is held (within a probe round).
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    while slots_held(&redis).await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the fallback stream's slot was never held in Redis"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Still held two slot ttls on: its heartbeat keeps it.
+    tokio::time::sleep(std::time::Duration::from_millis(1_800)).await;
+    assert_eq!(
+        slots_held(&redis).await,
+        1,
+        "the slot lapsed while the stream ran"
+    );
+    // Read to its end: the slot is given back.
+    while stream.chunk().await.unwrap().is_some() {}
+    let deadline = Instant::now() + std::time::Duration::from_secs(3);
+    while slots_held(&redis).await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the ended stream's slot stayed held"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}

@@ -153,6 +153,10 @@ pub struct RedisGate {
     /// saw a survivor's slots back 6.4 s after a kill, ttl 2 s, held by its own
     /// timed-out calls).
     orphaned_slots: Mutex<Vec<(String, String)>>,
+    /// Slots of requests admitted on the fallback while Redis was lost that
+    /// still run: permit id -> semaphore key. Held in Redis when it is back,
+    /// before any peer can fill them (`restore_fallback_slots`).
+    fallback_slots: Mutex<HashMap<String, String>>,
     /// What was admitted locally while Redis was lost: Redis window key -> bucket
     /// -> cost.
     backlog: Mutex<HashMap<String, BTreeMap<u64, u64>>>,
@@ -203,6 +207,7 @@ impl RedisGate {
             confirmed: AtomicU64::new(0),
             last_epoch: AtomicU64::new(0),
             orphaned_slots: Mutex::new(Vec::new()),
+            fallback_slots: Mutex::new(HashMap::new()),
             backlog: Mutex::new(HashMap::new()),
             node,
             next_permit: AtomicU64::new(1),
@@ -272,6 +277,10 @@ impl RedisGate {
         // backlog (and under the cap) for the next pass; after a few passes under
         // steady traffic, the last few ms of it are added right after Redis is
         // used again.
+        if let Err(e) = self.restore_fallback_slots().await {
+            tracing::warn!(error = %e, "redis answers again but holding the fallback streams' slots failed; still degraded");
+            return false;
+        }
         for pass in 0..3 {
             let snapshot = lock(&self.backlog).clone();
             if let Err(e) = self.reconcile(&snapshot).await {
@@ -297,6 +306,64 @@ impl RedisGate {
             }
         }
         false
+    }
+
+    /// A request admitted on the fallback: under a concurrency limit, its slot
+    /// is registered to be held in Redis once Redis is back, and heartbeaten
+    /// from then on like any slot (a review found fallback streams never taking
+    /// one, so after recovery other nodes could fill their slots: concurrency
+    /// over C until they ended).
+    fn fallback_slot(self: &Arc<Self>, limits: &ScopeLimits, permit: Permit) -> Permit {
+        if limits.concurrency.1 == 0 {
+            return permit;
+        }
+        let n = self.next_permit.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}:fallback:{n}", self.node);
+        let key = limits.keys.concurrency.clone();
+        lock(&self.fallback_slots).insert(id.clone(), key.clone());
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let gate = Arc::clone(self);
+        let (beat_key, beat_id) = (key.clone(), id.clone());
+        tokio::spawn(async move {
+            let every = Duration::from_millis((gate.slot_ttl_ms / 3).max(1));
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    () = tokio::time::sleep(every) => {
+                        if gate.is_lost() {
+                            continue;
+                        }
+                        // Not yet held (admitted after recovery restored the
+                        // others), or lost since: held again whatever the cap.
+                        let beat = gate.store.semaphore(&beat_key, "heartbeat", &beat_id, 0, gate.slot_ttl_ms).await;
+                        if matches!(beat, Ok(0)) {
+                            let _ = gate.store.semaphore(&beat_key, "restore", &beat_id, 0, gate.slot_ttl_ms).await;
+                        }
+                    }
+                }
+            }
+        });
+        permit.with_remote(Box::new(FallbackSlot {
+            gate: Arc::clone(self),
+            key,
+            id,
+            _heartbeat: stop,
+        }))
+    }
+
+    /// Holds in Redis every running fallback request's slot (Redis is back and
+    /// answers): called before the gate uses Redis again, so that no peer's
+    /// admission takes a slot a running stream has.
+    async fn restore_fallback_slots(&self) -> Result<(), super::store::StoreError> {
+        let running: Vec<(String, String)> = (lock(&self.fallback_slots).iter())
+            .map(|(id, key)| (id.clone(), key.clone()))
+            .collect();
+        for (id, key) in running {
+            (self.store)
+                .semaphore(&key, "restore", &id, 0, self.slot_ttl_ms)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Remembers a slot a call without an answer may have left held.
@@ -505,7 +572,7 @@ impl RedisGate {
         };
         while self.is_lost() {
             let refusal = match self.record_local(limits, tokens) {
-                Ok(true) => return Ok(permit),
+                Ok(true) => return Ok(self.fallback_slot(limits, permit)),
                 Ok(false) => break,
                 Err(refusal) => refusal,
             };
@@ -748,6 +815,37 @@ impl std::fmt::Debug for Charge {
             .field("keys", &self.keys)
             .field("refs", &self.refs)
             .finish()
+    }
+}
+
+/// The Redis side of a request admitted on the fallback: its slot, once held.
+struct FallbackSlot {
+    gate: Arc<RedisGate>,
+    key: String,
+    id: String,
+    /// Dropped with the slot: ends its heartbeat task.
+    _heartbeat: oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for FallbackSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FallbackSlot")
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl RemoteCharge for FallbackSlot {
+    /// Its requests and tokens were reconciled from the backlog, dated by their
+    /// bucket there; only the slot is Redis's.
+    fn redate(&self) {}
+
+    fn settle(self: Box<Self>, _how: SettleWith) {
+        lock(&self.gate.fallback_slots).remove(&self.id);
+        // Released by the engine's next round while Redis answers (a slot never
+        // held is not there: idempotent).
+        self.gate.orphan_slot(&self.key, &self.id);
     }
 }
 
