@@ -446,18 +446,17 @@ async fn an_admission_whose_client_left_mid_call_is_cancelled_in_redis() {
     upstream.shutdown().await.unwrap();
 }
 
-/// A running stream's slot that Redis loses (a stall past its ttl, a restart
-/// with nothing kept) is held again at the next heartbeat, even if that takes
-/// it over C: the stream runs whatever Redis remembers. Found by a review: the
-/// heartbeat's "no longer held" answer was ignored, so other nodes could take
-/// the slot and concurrency went over C until the stream ended.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
-    let redis = RedisServer::start();
+/// Three `redis` nodes limiting the tenant to 8 slots (ttl 900 ms, so a
+/// heartbeat every 300 ms), in front of a mock streaming `tokens` tokens at 100
+/// ms each.
+async fn stream_slot_cluster(
+    redis: &RedisServer,
+    tokens: u64,
+) -> (tollgate::mock::MockHandle, Vec<Arc<Node>>) {
     let upstream = mock(|m| {
         m.inter_token_ms = 100;
-        m.completion_min_tokens = 60;
-        m.completion_max_tokens = 60;
+        m.completion_min_tokens = tokens;
+        m.completion_max_tokens = tokens;
     })
     .await;
     let nodes = redis_cluster_edited(
@@ -474,6 +473,18 @@ async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
         },
     )
     .await;
+    (upstream, nodes)
+}
+
+/// A running stream's slot that Redis loses (a stall past its ttl, a restart
+/// with nothing kept) is held again at the next heartbeat, even if that takes
+/// it over C: the stream runs whatever Redis remembers. Found by a review: the
+/// heartbeat's "no longer held" answer was ignored, so other nodes could take
+/// the slot and concurrency went over C until the stream ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
+    let redis = RedisServer::start();
+    let (upstream, nodes) = stream_slot_cluster(&redis, 60).await;
     let mut body = chat_body("a long story", 60);
     body["stream"] = serde_json::json!(true);
     let mut stream = post(&nodes[0], "/chat/completions", body, &[]).await;
@@ -512,26 +523,7 @@ async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_admitted_while_redis_was_lost_holds_its_slot_once_redis_is_back() {
     let mut redis = RedisServer::start();
-    let upstream = mock(|m| {
-        m.inter_token_ms = 100;
-        m.completion_min_tokens = 80;
-        m.completion_max_tokens = 80;
-    })
-    .await;
-    let nodes = redis_cluster_edited(
-        ("redis", "share"),
-        |_| redis.url(),
-        300,
-        &upstream,
-        |toml| {
-            toml.replace("rpm = 300\n", "rpm = 300\nconcurrency = 8\n")
-                .replace(
-                    "timeout = \"50ms\"\n",
-                    "timeout = \"50ms\"\nslot_ttl = \"900ms\"\n",
-                )
-        },
-    )
-    .await;
+    let (upstream, nodes) = stream_slot_cluster(&redis, 80).await;
     redis.kill();
     // Admitted locally once every peer confirms charging the loss.
     let mut body = chat_body("a long story", 80);

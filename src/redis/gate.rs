@@ -321,9 +321,23 @@ impl RedisGate {
         let id = format!("{}:fallback:{n}", self.node);
         let key = limits.keys.concurrency.clone();
         lock(&self.fallback_slots).insert(id.clone(), key.clone());
+        let stop = self.heartbeat(key.clone(), id.clone());
+        permit.with_remote(Box::new(FallbackSlot {
+            gate: Arc::clone(self),
+            key,
+            id,
+            _heartbeat: stop,
+        }))
+    }
+
+    /// Keeps slot `id` of `key` held while Redis answers, every third of the
+    /// slot ttl, until the returned sender is dropped. A heartbeat that finds
+    /// the slot gone (a stall past its ttl, a restart, or a fallback request's
+    /// slot not held yet) holds it again, cap or not: its request still runs (a
+    /// review found other nodes filling it, 16 in flight of C = 8).
+    fn heartbeat(self: &Arc<Self>, key: String, id: String) -> oneshot::Sender<()> {
         let (stop, mut stopped) = oneshot::channel::<()>();
         let gate = Arc::clone(self);
-        let (beat_key, beat_id) = (key.clone(), id.clone());
         tokio::spawn(async move {
             let every = Duration::from_millis((gate.slot_ttl_ms / 3).max(1));
             loop {
@@ -333,22 +347,16 @@ impl RedisGate {
                         if gate.is_lost() {
                             continue;
                         }
-                        // Not yet held (admitted after recovery restored the
-                        // others), or lost since: held again whatever the cap.
-                        let beat = gate.store.semaphore(&beat_key, "heartbeat", &beat_id, 0, gate.slot_ttl_ms).await;
+                        let beat = gate.store.semaphore(&key, "heartbeat", &id, 0, gate.slot_ttl_ms).await;
                         if matches!(beat, Ok(0)) {
-                            let _ = gate.store.semaphore(&beat_key, "restore", &beat_id, 0, gate.slot_ttl_ms).await;
+                            tracing::info!(%key, "a running request's slot was not held in Redis: held again");
+                            let _ = gate.store.semaphore(&key, "restore", &id, 0, gate.slot_ttl_ms).await;
                         }
                     }
                 }
             }
         });
-        permit.with_remote(Box::new(FallbackSlot {
-            gate: Arc::clone(self),
-            key,
-            id,
-            _heartbeat: stop,
-        }))
+        stop
     }
 
     /// Holds in Redis every running fallback request's slot (Redis is back and
@@ -722,32 +730,12 @@ impl RedisGate {
         requests_ref: String,
         tokens_ref: String,
     ) -> Charge {
+        // Long streams keep their slot; a crashed node's slot expires.
         let heartbeat = (reservation.concurrency > 0).then(|| {
-            let (stop, mut stopped) = oneshot::channel::<()>();
-            let gate = self.clone();
-            let key = limits.keys.concurrency.clone();
-            let id = reservation.permit_id.clone();
-            // Long streams keep their slot; a crashed node's slot expires.
-            tokio::spawn(async move {
-                let every = Duration::from_millis((gate.slot_ttl_ms / 3).max(1));
-                loop {
-                    tokio::select! {
-                        _ = &mut stopped => break,
-                        () = tokio::time::sleep(every) => {
-                            // 0: Redis no longer holds the slot (a stall past
-                            // its ttl, a restart): the stream still runs, so it
-                            // is counted again, cap or not (a review found
-                            // other nodes filling it, 16 in flight of C = 8).
-                            let beat = gate.store.semaphore(&key, "heartbeat", &id, 0, gate.slot_ttl_ms).await;
-                            if matches!(beat, Ok(0)) {
-                                tracing::warn!(%key, "a running stream's slot was gone from Redis: held again");
-                                let _ = gate.store.semaphore(&key, "restore", &id, 0, gate.slot_ttl_ms).await;
-                            }
-                        }
-                    }
-                }
-            });
-            stop
+            self.heartbeat(
+                limits.keys.concurrency.clone(),
+                reservation.permit_id.clone(),
+            )
         });
         Charge {
             gate: self.clone(),
