@@ -13,7 +13,10 @@
 //!
 //! Bounded: one waiting list per scope with a call in flight, each entry a
 //! request that is itself waiting (the actors bound those); each call has the
-//! store's timeout, and a request waits behind at most ceil(queued / 64) calls.
+//! store's timeout, and a request waits behind at most ceil(queued / 64) calls
+//! while Redis answers; when a call fails, every request queued behind it fails
+//! with it, so none waits more than two timeouts on a Redis that stopped
+//! answering.
 //! Waiters whose caller is gone are dropped before their batch goes out. (The
 //! gate's reservations wait here from a task of their own, which stays until the
 //! answer, so that an admission whose client left can be cancelled: theirs go
@@ -82,6 +85,14 @@ impl Batches {
         }
         *waiting = rest;
         batch
+    }
+}
+
+impl Batches {
+    /// Everything waiting for `scope`, which has no call in flight any more:
+    /// the next reservation for it goes out at once, alone.
+    fn take_all(&self, scope: &str) -> Vec<Waiter> {
+        self.lock().remove(scope).unwrap_or_default()
     }
 }
 
@@ -158,11 +169,18 @@ async fn drain(store: RedisStore, keys: ScopeKeys, mut batch: Vec<Waiter>) {
                 }
             }
             Err(e) => {
-                // Every waiter gets the failure (each then falls back on its own).
+                // Every waiter gets the failure (each then falls back on its
+                // own), those queued behind this batch too: Redis just failed a
+                // call, so each later batch would most likely wait out a timeout
+                // of its own before failing the same way. Sent one batch after
+                // another, the last of 640 waiters on a black-holed Redis
+                // waited about ten timeouts, far past its own wait.
                 let detail = e.to_string();
-                for w in batch.drain(..) {
+                let behind = batches.take_all(&keys.requests);
+                for w in batch.drain(..).chain(behind) {
                     let _ = w.reply.send(Err(copy_error(&e, &detail)));
                 }
+                return;
             }
         }
         // The callers just answered are often about to reserve again: let them
@@ -210,6 +228,44 @@ mod tests {
         let (reply, answer) = oneshot::channel();
         let reservation = reservation(capacity);
         (Waiter { reservation, reply }, answer)
+    }
+
+    /// Against a server that accepts connections and never answers (a Redis
+    /// black-holed mid-call), 300 reservations on one scope, queued behind each
+    /// other: each fails within two timeouts (the call in flight, then its
+    /// batch's), not one timeout per batch ahead of it (five here).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reservations_queued_behind_a_failed_call_fail_with_it() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = silent.accept().await {
+                held.push(socket);
+            }
+        });
+        let timeout = std::time::Duration::from_millis(200);
+        let store = RedisStore::single(&format!("redis://{addr}/"), timeout, None).unwrap();
+        let keys = ScopeKeys::new("tg", "tenant:t");
+        let started = tokio::time::Instant::now();
+        let calls: Vec<_> = (0..300)
+            .map(|_| {
+                let (store, keys) = (store.clone(), keys.clone());
+                tokio::spawn(async move {
+                    let answer = store.reserve(&keys, &reservation(10)).await;
+                    (answer.is_err(), started.elapsed())
+                })
+            })
+            .collect();
+        let mut slowest = std::time::Duration::ZERO;
+        for call in calls {
+            let (failed, took) = call.await.unwrap();
+            assert!(failed, "a silent server admitted a reservation");
+            slowest = slowest.max(took);
+        }
+        // Two timeouts (plus the connection's own, up to the same again), well
+        // under the five a batch at a time took.
+        assert!(slowest < timeout * 7 / 2, "the slowest waited {slowest:?}");
     }
 
     #[test]
