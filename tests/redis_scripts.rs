@@ -538,7 +538,7 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            s.charge(&windowed.tokens, 1_000, 100, &[(bucket, 7)])
+            s.charge(&windowed.tokens, (1_000, 100), bucket * 100, &[(bucket, 7)])
                 .await
                 .unwrap(),
             7
@@ -863,4 +863,92 @@ async fn lease_shifts_the_usage_of_a_holder_whose_clock_runs_behind() {
         .unwrap()
         .unwrap();
     assert_eq!(r.reply.credit, 40, "its 60 still count");
+}
+
+/// Reconciliation (`charge.lua`) judges the gateway's buckets on Redis's clock:
+/// a bucket ahead of Redis's current one (gateway clock ahead) counts in it
+/// instead of being dropped, and a gateway clock behind has its buckets shifted
+/// forward (they would leave Redis's window early); within the skew tolerance
+/// nothing moves.
+#[tokio::test]
+async fn reconciled_spending_is_dated_on_redis_time() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let (window_ms, bucket_ms) = (10_000u64, 1_000u64);
+    let redis_now = || async {
+        let (secs, micros): (u64, u64) = store.command(&::redis::cmd("TIME")).await.unwrap();
+        secs * 1_000 + micros / 1_000
+    };
+    let head = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let h: Option<u64> = store
+                .command(::redis::cmd("HGET").arg(key).arg("h"))
+                .await
+                .unwrap();
+            h.unwrap()
+        }
+    };
+    // Gateway 5 s ahead: its bucket is Redis's future; counted now, not dropped.
+    let now = redis_now().await;
+    let ahead = now + 5_000;
+    let added = store
+        .charge(
+            "w:ahead",
+            (window_ms, bucket_ms),
+            ahead,
+            &[(ahead / bucket_ms, 3)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(added, 3, "a bucket ahead of Redis's was dropped");
+    // Gateway 4 s behind: its newest bucket is dated 4 s later, so it counts
+    // until the end of a window from Redis's now, not 4 s less.
+    let now = redis_now().await;
+    let behind = now - 4_000;
+    let added = store
+        .charge(
+            "w:behind",
+            (window_ms, bucket_ms),
+            behind,
+            &[(behind / bucket_ms, 2)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(added, 2);
+    let charged_bucket = {
+        let fields: Vec<Option<u64>> = store
+            .command(
+                ::redis::cmd("HMGET")
+                    .arg("w:behind")
+                    .arg(format!("b{}", (now / bucket_ms) % 11)),
+            )
+            .await
+            .unwrap();
+        fields[0]
+    };
+    assert!(
+        charged_bucket.is_some_and(|b| b + 1 >= now / bucket_ms),
+        "charged into bucket {charged_bucket:?}, Redis's is {}",
+        now / bucket_ms
+    );
+    assert!(head("w:behind").await + 1 >= now / bucket_ms);
+    // Within the tolerance (100 ms): the bucket as sent.
+    let now = redis_now().await;
+    let close = now - 50;
+    let bucket = close / bucket_ms;
+    store
+        .charge("w:close", (window_ms, bucket_ms), close, &[(bucket, 1)])
+        .await
+        .unwrap();
+    let ring = window_ms / bucket_ms + 1;
+    let stored: Vec<Option<u64>> = store
+        .command(
+            ::redis::cmd("HMGET")
+                .arg("w:close")
+                .arg(format!("b{}", bucket % ring)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored[0], Some(bucket));
 }

@@ -419,7 +419,7 @@ impl RedisGate {
         for (key, buckets) in done {
             let pairs: Vec<(u64, u64)> = buckets.iter().map(|(b, c)| (*b, *c)).collect();
             (self.store)
-                .charge(key, self.window_ms, self.bucket_ms, &pairs)
+                .charge(key, (self.window_ms, self.bucket_ms), unix_ms(), &pairs)
                 .await?;
             let mut backlog = lock(&self.backlog);
             if let Some(live) = backlog.get_mut(key) {

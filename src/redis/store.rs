@@ -464,17 +464,24 @@ impl RedisStore {
         }
     }
 
-    /// Adds `(bucket, cost)` spending into the window `key` (reconciliation);
-    /// returns what was added (buckets that left the window add nothing).
+    /// Adds `(bucket, cost)` spending into the window `key` (reconciliation),
+    /// the buckets on the gateway's clock as it stood at `sent_ms`: Redis shifts
+    /// them by how far that clock runs behind its own (beyond the skew
+    /// tolerance) and counts one ahead of its current bucket in it. Returns what
+    /// was added (buckets that left the window add nothing).
     pub async fn charge(
         &self,
         key: &str,
-        window_ms: u64,
-        bucket_ms: u64,
+        (window_ms, bucket_ms): (u64, u64),
+        sent_ms: u64,
         pairs: &[(u64, u64)],
     ) -> Result<u64, StoreError> {
         let mut inv = scripts::CHARGE.prepare_invoke();
-        inv.key(key).arg(window_ms).arg(bucket_ms);
+        inv.key(key)
+            .arg(window_ms)
+            .arg(bucket_ms)
+            .arg(sent_ms)
+            .arg(tollgate_cluster::lease::line::SKEW_TOLERANCE_MS);
         for (bucket, cost) in pairs {
             inv.arg(*bucket).arg(*cost);
         }
