@@ -187,6 +187,7 @@ async fn plain_member(ports: &[u16], version: &str) -> tollgate_cluster::members
         version: version.into(),
         sync_mode: "gossip".into(),
         rpc_version: tollgate_cluster::membership::RPC_VERSION,
+        spills: false,
     };
     bare_member(ports, 1, metadata).await
 }

@@ -1066,6 +1066,7 @@ impl BesideAnOwner {
             version: "0.1.0".into(),
             sync_mode: "lease".into(),
             rpc_version: version,
+            spills: false,
         };
         let owner = bare_member(&ports, generation, metadata).await;
         wait_members(&node, 2).await;

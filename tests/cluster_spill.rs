@@ -25,11 +25,11 @@ fn spill_toml(i: usize, ports: &[u16], spillover: bool) -> String {
 }
 
 /// The nodes and their cluster's id.
-async fn nodes(spillover: bool, upstream: &tollgate::mock::MockHandle) -> (Vec<Node>, String) {
+async fn nodes(spillover: [bool; 2], upstream: &tollgate::mock::MockHandle) -> (Vec<Node>, String) {
     let ports = [free_udp_port(), free_udp_port()];
     let mut nodes = Vec::new();
-    for i in 0..2 {
-        nodes.push(node(&spill_toml(i, &ports, spillover), &[upstream]).await);
+    for (i, on) in spillover.into_iter().enumerate() {
+        nodes.push(node(&spill_toml(i, &ports, on), &[upstream]).await);
     }
     for n in &nodes {
         wait_members(n, 2).await;
@@ -38,6 +38,7 @@ async fn nodes(spillover: bool, upstream: &tollgate::mock::MockHandle) -> (Vec<N
 }
 
 const SPILLED_SERVED: &str = "tollgate_spilled_total{outcome=\"served\"}";
+const SPILLED_FAILED: &str = "tollgate_spilled_total{outcome=\"failed\"}";
 const RECEIVED_200: &str = "tollgate_spill_received_total{api=\"chat\",status=\"200\"}";
 
 /// `series`' value in a node's `/metrics` text (0 when absent).
@@ -83,13 +84,15 @@ struct Run {
     refused: u64,
     /// What the mock admitted in all.
     upstream: u64,
+    /// Spills with no answer from the peer (the client got the busy node's 429).
+    failed: u64,
 }
 
 /// Both nodes get 5 requests (each has demand: shares split L = 30 between them),
 /// then the first node alone gets 45 more from 5 client loops. Its share grows
 /// with its demand to about 20 of 30; the peer keeps a share of about 10 (twice
 /// its demand) with 5 of it used, which only spillover can serve.
-async fn busy_first_node(spillover: bool) -> Run {
+async fn busy_first_node(spillover: [bool; 2]) -> Run {
     let upstream = mock(|_| {}).await;
     let (nodes, _) = nodes(spillover, &upstream).await;
     for _ in 0..5 {
@@ -100,7 +103,9 @@ async fn busy_first_node(spillover: bool) -> Run {
     // Let the peers see both demands (two sync rounds and gossip).
     tokio::time::sleep(Duration::from_millis(500)).await;
     // What the formation's refusals may have spilled already.
-    let sent_before = count(&metrics(&nodes[0]).await, SPILLED_SERVED);
+    let sent_before = metrics(&nodes[0]).await;
+    let failed_before = count(&sent_before, SPILLED_FAILED);
+    let sent_before = count(&sent_before, SPILLED_SERVED);
     let received_before = metrics(&nodes[1]).await;
     let peer_spilled_before = spilled_lines(&received_before);
     let received_before = count(&received_before, RECEIVED_200);
@@ -118,7 +123,11 @@ async fn busy_first_node(spillover: bool) -> Run {
                         run.served_by_peer += 1;
                     }
                     200 => run.served_here += 1,
-                    429 => run.refused += 1,
+                    429 => {
+                        let body: serde_json::Value = answer.json().await.unwrap();
+                        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+                        run.refused += 1;
+                    }
                     other => panic!("unexpected status {other}"),
                 }
             }
@@ -138,7 +147,8 @@ async fn busy_first_node(spillover: bool) -> Run {
     let sent = metrics(&nodes[0]).await;
     let received = metrics(&nodes[1]).await;
     run.upstream = upstream.stats().admitted;
-    println!("spillover {spillover}: {run:?}");
+    run.failed = count(&sent, SPILLED_FAILED) - failed_before;
+    println!("spillover {spillover:?}: {run:?}");
     // Each node's metrics agree with what the clients saw.
     assert_eq!(
         count(&sent, SPILLED_SERVED) - sent_before,
@@ -165,8 +175,8 @@ async fn busy_first_node(spillover: bool) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_refused_for_want_of_its_nodes_share_is_served_by_a_peer_with_room() {
-    let off = busy_first_node(false).await;
-    let on = busy_first_node(true).await;
+    let off = busy_first_node([false, false]).await;
+    let on = busy_first_node([true, true]).await;
     // Without spillover the peer's room is stranded; with it, some is used.
     assert_eq!(off.served_by_peer, 0);
     assert!(on.served_by_peer > 0, "nothing was spilled: {on:?}");
@@ -189,7 +199,7 @@ async fn a_request_refused_for_want_of_its_nodes_share_is_served_by_a_peer_with_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request() {
     let upstream = mock(|_| {}).await;
-    let (nodes, cluster_id) = nodes(true, &upstream).await;
+    let (nodes, cluster_id) = nodes([true, true], &upstream).await;
     // Credit at the peer first: a spilled request waits at most its max wait.
     served_once(&nodes[1]).await;
     let before = upstream.stats().admitted;
@@ -215,6 +225,11 @@ async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request()
     assert_eq!(wrong.status(), 401);
     let other_cluster = spill(SECRET, "another-cluster").await.unwrap();
     assert_eq!(other_cluster.status(), 401);
+    let refusals = metrics(&nodes[1]).await;
+    for reason in ["secret", "cluster_id"] {
+        let series = format!("tollgate_internal_rpc_refused_total{{reason=\"{reason}\"}}");
+        assert_eq!(count(&refusals, &series), 1, "{reason}: {refusals}");
+    }
     assert_eq!(
         upstream.stats().admitted,
         before,
@@ -259,4 +274,16 @@ async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request()
         n.stop().await;
     }
     upstream.shutdown().await.unwrap();
+}
+
+/// A peer with spillover off publishes no `m:spills`: the busy node never sends
+/// it a request (it would find no spill route there) and answers its own 429,
+/// in OpenAI's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_spillover_off_is_never_sent_a_request() {
+    let run = busy_first_node([true, false]).await;
+    assert_eq!(run.served_by_peer, 0);
+    assert_eq!(run.failed, 0, "a hop was tried: {run:?}");
+    assert!(run.refused > 0, "{run:?}");
+    assert!(run.upstream <= LIMIT);
 }

@@ -42,6 +42,7 @@ fn metadata_for(node_id: &str) -> NodeMetadata {
         version: "0.1.0".to_string(),
         sync_mode: "lease".to_string(),
         rpc_version: tollgate_cluster::membership::RPC_VERSION,
+        spills: false,
     }
 }
 

@@ -276,7 +276,11 @@ impl Core {
         } else if let Err(blocked) = self.limits.check(now, tokens, request.lane, None)
             && blocked.never
         {
-            return Decision::Refused(self.refusal(now, blocked));
+            return Decision::Refused(if request.probe {
+                self.unrecorded(now, blocked)
+            } else {
+                self.refusal(now, blocked)
+            });
         } else if request.probe {
             // Others wait ahead of it: never admitted at once.
             let behind = Blocked {

@@ -6,7 +6,7 @@ use super::error::ApiError;
 use super::headers::RateHeaders;
 use super::request::{Api, ParseSettings, parse};
 use super::select::UpstreamDemand;
-use super::spill::{self, Refused, Refuser};
+use super::spill::{self, Refused};
 use super::state::{AppState, Route, Tenant};
 use crate::actor::task::{AcquireRequest, Refusal};
 use crate::actor::{Lane, Permit};
@@ -319,13 +319,7 @@ async fn serve(
                         .prompt_tokens
                         .saturating_add(parsed.max_completion_tokens);
                     if error.spillable
-                        && spill::spill_now(
-                            state,
-                            &tenant.scope,
-                            &candidates,
-                            Refuser::Tenant,
-                            tokens,
-                        )
+                        && spill::spill_now(state, &tenant.scope, &candidates, tokens)
                         && let Ok(response) = spill::or_refuse(state, error, refused()).await
                     {
                         return Ok(response);
@@ -360,8 +354,6 @@ async fn serve(
             completion_tokens,
             model,
             wait_until,
-            spill_tenant: (state.spill.is_some() && hop == Hop::Client)
-                .then(|| tenant.scope.clone()),
         };
         let admitted = Admitted {
             api,

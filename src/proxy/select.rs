@@ -7,7 +7,7 @@ use super::error::ApiError;
 use super::headers::RateHeaders;
 use super::state::{AppState, Upstream};
 use crate::actor::task::{AcquireRequest, Refusal};
-use crate::actor::{Lane, Permit, ScopeId};
+use crate::actor::{Lane, Permit};
 use crate::limiter::Ceiling;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +29,6 @@ pub struct UpstreamDemand {
     pub model: Arc<str>,
     /// Stop waiting at this instant.
     pub wait_until: Instant,
-    /// Spillover on and the request a client's: its tenant, so that a request
-    /// that would wait here for upstream room is refused at once for a peer with
-    /// room now to serve (`super::spill`) rather than after its wait.
-    pub spill_tenant: Option<ScopeId>,
 }
 
 /// Asks `upstream`'s actor (and, in `redis` mode, Redis) for a permit, waiting
@@ -137,7 +133,7 @@ pub async fn choose(
         )));
     };
     let retry = Duration::from_nanos(refusal.blocked.retry_after_ns);
-    if demand.wait_until <= Instant::now() || peer_has_room(state, candidates, demand) {
+    if demand.wait_until <= Instant::now() {
         return Err(upstream_busy(&refusal, retry));
     }
     match try_one(state, upstream, demand, demand.wait_until, None).await? {
@@ -147,18 +143,6 @@ pub async fn choose(
             Duration::from_nanos(refusal.blocked.retry_after_ns),
         )),
     }
-}
-
-/// Whether spillover would find a peer with room for the request now.
-fn peer_has_room(state: &AppState, candidates: &[Arc<Upstream>], demand: &UpstreamDemand) -> bool {
-    let Some(tenant) = &demand.spill_tenant else {
-        return false;
-    };
-    let tokens = demand
-        .prompt_tokens
-        .saturating_add(demand.completion_tokens);
-    let by = super::spill::Refuser::Upstreams;
-    super::spill::spill_now(state, tenant, candidates, by, tokens)
 }
 
 fn upstream_busy(refusal: &Refusal, retry: Duration) -> ApiError {

@@ -11,7 +11,7 @@
 //! - [`accept`]: the peer's side, behind the cluster secret.
 
 use super::error::ApiError;
-use super::handler::{Hop, InFlight, MAX_WAIT_HEADER};
+use super::handler::{InFlight, MAX_WAIT_HEADER};
 use super::request::Api;
 use super::state::{AppState, Upstream};
 use crate::actor::{Dimension, ScopeId};
@@ -141,11 +141,14 @@ impl Board {
         self.room.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Whether `headers` carry this cluster's secret and id (the peer's check).
-    fn admits(&self, headers: &HeaderMap) -> bool {
+    /// Why `headers` are refused (the peer's check): no or the wrong secret
+    /// (`secret`), another cluster (`cluster_id`); `None` when admitted.
+    fn refuses(&self, headers: &HeaderMap) -> Option<&'static str> {
         let given = |name: &str| headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
-        secrets_match(given(SECRET_HEADER), self.secret.as_bytes())
-            && given(CLUSTER_HEADER) == self.cluster_id.as_bytes()
+        if !secrets_match(given(SECRET_HEADER), self.secret.as_bytes()) {
+            return Some("secret");
+        }
+        (given(CLUSTER_HEADER) != self.cluster_id.as_bytes()).then_some("cluster_id")
     }
 }
 
@@ -220,39 +223,23 @@ pub fn pick(
     Some((peer, costs))
 }
 
-/// Whether a request this node cannot admit at once should be spilled now
-/// rather than wait here: spillover is on, this node's own share of the scope
-/// that refused it (the tenant's, or every candidate upstream's) has no room
-/// for it by the last round's figures (its credit running low between
-/// statements is no reason: the owner would grant more within its share), and
-/// [`pick`] finds a peer with room (nothing taken from it yet).
+/// Whether a request the tenant's admission could not admit at once should be
+/// spilled now rather than wait here: spillover is on, this node's own share of
+/// the tenant's keys has no room for it by the last round's figures (its credit
+/// running low between statements is no reason: the owner would grant more
+/// within its share), and [`pick`] finds a peer with room (nothing taken yet).
 pub fn spill_now(
     state: &AppState,
     tenant: &ScopeId,
     upstreams: &[Arc<Upstream>],
-    refused_by: Refuser,
     tokens: u64,
 ) -> bool {
     let Some(board) = state.spill.as_ref() else {
         return false;
     };
     let room = board.room();
-    let short = match refused_by {
-        Refuser::Tenant => room.own_short(&scope_costs(state, tenant, tokens)),
-        Refuser::Upstreams => {
-            (upstreams.iter()).all(|u| room.own_short(&scope_costs(state, &u.scope, tokens)))
-        }
-    };
-    short && pick(state, &room, tenant, upstreams, tokens).is_some()
-}
-
-/// Which admission could not admit a request at once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refuser {
-    /// The tenant's.
-    Tenant,
-    /// Every candidate upstream's.
-    Upstreams,
+    room.own_short(&scope_costs(state, tenant, tokens))
+        && pick(state, &room, tenant, upstreams, tokens).is_some()
 }
 
 /// Client headers that are the connection's own or that spillover sets itself,
@@ -275,52 +262,69 @@ fn is_own_header(name: &HeaderName) -> bool {
     )
 }
 
-/// Sends a refused request to `peer` and returns its answer, streamed through,
-/// with [`SERVED_BY_HEADER`]. `None` when no answer came (the caller sends its
-/// own refusal): no free in-flight slot here, the peer unreachable, or no
-/// answer's head by `deadline`.
-pub async fn forward(
+/// How a hop ended.
+enum Hop {
+    /// The peer's answer to the client (it carries [`SERVED_BY_HEADER`]).
+    Answered(Response),
+    /// Surely never served there: no connection, or the peer's RPC itself
+    /// refused the hop (another secret, no spill route: a peer with spillover
+    /// off or an older build). This node may still serve or refuse it.
+    NotDelivered,
+    /// Perhaps served there (the connection failed or the deadline passed after
+    /// the request went out): this node must not send it anywhere again.
+    MaybeDelivered,
+}
+
+/// Sends a refused request to `peer` on `slot` (one of this node's in-flight
+/// slots, held until the answer's body ends) and returns how it went.
+async fn forward(
     state: &Arc<AppState>,
     board: &Board,
     peer: &MemberAddr,
-    api: Api,
-    headers: &HeaderMap,
-    body: Bytes,
-    deadline: Instant,
-) -> Option<Response> {
-    let slot = state.in_flight.clone().try_acquire_owned().ok()?;
+    request: &Refused<'_>,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) -> Hop {
     let guard = InFlight::new(state.clone(), slot);
-    let url = format!("http://{}{PATH_PREFIX}{}", peer.rpc, api.as_str());
-    let mut request = state.http.post(url).body(body);
-    for (name, value) in headers.iter().filter(|(n, _)| !is_own_header(n)) {
-        request = request.header(name, value);
+    let url = format!("http://{}{PATH_PREFIX}{}", peer.rpc, request.api.as_str());
+    let mut hop = state.http.post(url).body(request.body.clone());
+    for (name, value) in (request.headers.iter()).filter(|(n, _)| !is_own_header(n)) {
+        hop = hop.header(name, value);
     }
-    let wait_ms = board.wait.as_millis().to_string();
-    let request = request
+    // A client that asked to wait less (0: fail fast) is not made to wait more.
+    let asked = (request.headers.get(MAX_WAIT_HEADER))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u128>().ok());
+    let wait_ms = asked.map_or(board.wait.as_millis(), |ms| ms.min(board.wait.as_millis()));
+    let hop = hop
         .header(SECRET_HEADER, &board.secret)
         .header(CLUSTER_HEADER, &board.cluster_id)
         .header(FROM_HEADER, &board.node_id)
-        .header(MAX_WAIT_HEADER, wait_ms);
-    let answer = match tokio::time::timeout_at(deadline, request.send()).await {
+        .header(MAX_WAIT_HEADER, wait_ms.to_string());
+    let answer = match tokio::time::timeout_at(request.deadline, hop.send()).await {
         Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => {
-            tracing::debug!(peer = %peer.id, error = %e, "spillover: no answer");
+        Ok(Err(e)) if e.is_connect() => {
+            tracing::debug!(peer = %peer.id, error = %e, "spillover: the peer could not be reached");
             state.metrics.spilled("failed");
-            return None;
+            return Hop::NotDelivered;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(peer = %peer.id, error = %e, "spillover: no answer from the peer");
+            state.metrics.spilled("failed");
+            return Hop::MaybeDelivered;
         }
         Err(_) => {
-            tracing::debug!(peer = %peer.id, "spillover: no answer by the deadline");
+            tracing::warn!(peer = %peer.id, "spillover: no answer from the peer by the deadline");
             state.metrics.spilled("failed");
-            return None;
+            return Hop::MaybeDelivered;
         }
     };
     let status = answer.status();
-    if status == StatusCode::UNAUTHORIZED && answer.headers().get(SERVED_BY_HEADER).is_none() {
-        // The peer's RPC refused the hop itself (another secret): not the
-        // client's answer.
-        tracing::warn!(peer = %peer.id, "spillover: the peer refused the cluster secret");
+    if answer.headers().get(SERVED_BY_HEADER).is_none() {
+        // The peer's RPC answered, not its proxy: a refused secret, or no spill
+        // route there (spillover off, an older build). Not the client's answer.
+        tracing::warn!(peer = %peer.id, %status, "spillover: the peer's RPC refused the hop");
         state.metrics.spilled("failed");
-        return None;
+        return Hop::NotDelivered;
     }
     state
         .metrics
@@ -343,7 +347,12 @@ pub async fn forward(
             Err(_) => Some((Err(std::io::Error::other("spilled answer stalled")), None)),
         }
     });
-    response.body(Body::from_stream(body)).ok()
+    match response.body(Body::from_stream(body)) {
+        Ok(response) => Hop::Answered(response),
+        // Only a header the peer sent that this side cannot rebuild: the
+        // request was served there.
+        Err(_) => Hop::MaybeDelivered,
+    }
 }
 
 /// How long a spilled answer's body may go silent: the longest upstream stream
@@ -364,13 +373,19 @@ pub async fn accept(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
     let Some(board) = state.spill.as_ref() else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    if !board.admits(&headers) {
-        state.metrics.rpc_refused("secret");
+    if let Some(reason) = board.refuses(&headers) {
+        state.metrics.rpc_refused(reason);
+        tracing::warn!(reason, "internal RPC refused: a spilled request");
         let e = ApiError::unauthorized();
         return e.with_flavor(api.flavor()).into_response();
     }
-    let mut response =
-        super::handler::handle(state.clone(), api, headers, body, Hop::Spilled).await;
+    if state.draining.load(Ordering::Relaxed) {
+        // Shutting down: the sender answers its own refusal instead (a 503
+        // here carries no served-by header, so it is not the client's answer).
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    let spilled = super::handler::Hop::Spilled;
+    let mut response = super::handler::handle(state.clone(), api, headers, body, spilled).await;
     if let Ok(node) = HeaderValue::from_str(&board.node_id) {
         response.headers_mut().insert(SERVED_BY_HEADER, node);
     }
@@ -386,7 +401,10 @@ pub fn api_named(name: &str) -> Option<Api> {
 
 /// Spills a request this node refused with `refusal`, if spillover is on, the
 /// request came from a client (not a peer), the refusal is this node's own
-/// (never sent upstream) and a peer has room: the peer's answer, or `refusal`.
+/// (never sent upstream), a slot is free here and a peer has room. `Ok`: the
+/// answer the client gets (the peer's, or `refusal` itself when the hop may
+/// have been served there: it is sent nowhere again). `Err(refusal)`: not
+/// spilled, nor delivered anywhere; this node may still wait and serve it.
 pub async fn or_refuse(
     state: &Arc<AppState>,
     refusal: ApiError,
@@ -395,7 +413,7 @@ pub async fn or_refuse(
     let Some(board) = state.spill.as_ref() else {
         return Err(refusal);
     };
-    if !refusal.spillable || request.hop == Hop::Spilled {
+    if !refusal.spillable || request.hop == super::handler::Hop::Spilled {
         return Err(refusal);
     }
     let room = board.room();
@@ -409,18 +427,20 @@ pub async fn or_refuse(
         state.metrics.spilled("no_peer");
         return Err(refusal);
     };
+    let Ok(slot) = state.in_flight.clone().try_acquire_owned() else {
+        state.metrics.spilled("failed");
+        return Err(refusal);
+    };
     room.take(&costs, peer);
-    let peer = &room.peers[peer];
-    let hop = forward(
-        state,
-        board,
-        peer,
-        request.api,
-        request.headers,
-        request.body,
-        request.deadline,
-    );
-    hop.await.ok_or(refusal)
+    match forward(state, board, &room.peers[peer], &request, slot).await {
+        Hop::Answered(response) => Ok(response),
+        Hop::NotDelivered => Err(refusal),
+        Hop::MaybeDelivered => {
+            let mut refusal = refusal;
+            refusal.spillable = false;
+            Ok(refusal.with_flavor(request.api.flavor()).into_response())
+        }
+    }
 }
 
 /// A refused request, as [`or_refuse`] needs it.
@@ -428,7 +448,7 @@ pub struct Refused<'a> {
     /// API spoken.
     pub api: Api,
     /// Where it came from.
-    pub hop: Hop,
+    pub hop: super::handler::Hop,
     /// The tenant's scope.
     pub tenant: &'a ScopeId,
     /// Upstreams that serve its model.

@@ -840,10 +840,11 @@ impl Engine {
         let mut live_nodes = usage.live_nodes();
         live_nodes.push(self.self_id.clone());
         self.history.set_members(&live_nodes, &self.dead);
-        // Spillover: each peer's room per key this round (`crate::proxy::spill`).
-        let spill_peers: Vec<MemberAddr> = (lease_view.members.iter())
-            .filter(|m| m.id != self.self_id)
-            .cloned()
+        // Spillover: each peer's room per key this round (`crate::proxy::spill`),
+        // for the peers that accept spilled requests.
+        let spill_peers: Vec<MemberAddr> = (members.iter().zip(&lease_view.members))
+            .filter(|(m, addr)| addr.id != self.self_id && m.metadata.spills)
+            .map(|(_, addr)| addr.clone())
             .collect();
         let mut spill_rows = HashMap::new();
         for (index, binding) in state.bindings.iter().enumerate() {

@@ -137,6 +137,7 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
         version: env!("CARGO_PKG_VERSION").to_owned(),
         sync_mode: format!("{:?}", config.mode).to_lowercase(),
         rpc_version: tollgate_cluster::membership::RPC_VERSION,
+        spills: config.mode == SyncMode::Lease && config.lease.spillover,
     };
     MembershipConfig {
         cluster_id: config.cluster_id.clone(),

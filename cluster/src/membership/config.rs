@@ -212,6 +212,7 @@ mod tests {
             version: "0.1.0".to_string(),
             sync_mode: "lease".to_string(),
             rpc_version: crate::membership::RPC_VERSION,
+            spills: false,
         };
         MembershipConfig::new("c", "node-1", 1, ([127, 0, 0, 1], 7000).into(), metadata)
     }

@@ -26,6 +26,10 @@ pub const KEY_SYNC_MODE: &str = "m:sync_mode";
 /// build that wrote, say, `3.1` would otherwise drop out of this build's
 /// membership altogether, where reading it as 1 only sends it the least.
 pub const KEY_RPC_VERSION: &str = "m:rpc_version";
+/// Key present (`1`) on a node that accepts spilled requests on its internal RPC
+/// (`lease` spillover on); absent elsewhere and on builds before it, so adding
+/// it did not change [`SCHEMA_VERSION`]. Peers spill only to nodes that publish it.
+pub const KEY_SPILLS: &str = "m:spills";
 /// Metadata schema this build writes and accepts. Bump it when a key changes meaning.
 pub const SCHEMA_VERSION: &str = "1";
 /// The internal RPC's wire version this build speaks. An owner parses statements
@@ -65,6 +69,8 @@ pub struct NodeMetadata {
     pub sync_mode: String,
     /// The internal RPC's wire version it speaks ([`RPC_VERSION`] for this build).
     pub rpc_version: u32,
+    /// Whether it accepts spilled requests ([`KEY_SPILLS`]).
+    pub spills: bool,
 }
 
 /// Why a member's metadata cannot be trusted.
@@ -103,6 +109,12 @@ impl NodeMetadata {
             (KEY_SYNC_MODE.to_string(), self.sync_mode.clone()),
             (KEY_RPC_VERSION.to_string(), self.rpc_version.to_string()),
         ]
+        .into_iter()
+        .chain(
+            self.spills
+                .then(|| (KEY_SPILLS.to_string(), "1".to_string())),
+        )
+        .collect()
     }
 
     /// Parses metadata from a node's key-values (`get` looks a key up).
@@ -122,6 +134,7 @@ impl NodeMetadata {
             rpc_version: (get(KEY_RPC_VERSION).and_then(|v| v.parse::<u32>().ok()))
                 .filter(|v| *v >= RPC_VERSION_LEAST)
                 .unwrap_or(RPC_VERSION_LEAST),
+            spills: get(KEY_SPILLS) == Some("1"),
         };
         metadata.validate()?;
         Ok(metadata)
@@ -188,6 +201,7 @@ mod tests {
             version: "0.1.0".to_string(),
             sync_mode: "lease".to_string(),
             rpc_version: RPC_VERSION,
+            spills: false,
         }
     }
 
@@ -210,6 +224,18 @@ mod tests {
             parse_map(&map),
             Err(MetadataError::Missing { key: KEY_RPC_ADDR })
         );
+    }
+
+    #[test]
+    fn a_node_accepts_spilled_requests_only_when_it_says_so() {
+        let mut on = sample();
+        on.spills = true;
+        let map: HashMap<String, String> = on.to_key_values().into_iter().collect();
+        assert_eq!(map.get(KEY_SPILLS).map(String::as_str), Some("1"));
+        assert_eq!(parse_map(&map).map(|m| m.spills), Ok(true));
+        let map: HashMap<String, String> = sample().to_key_values().into_iter().collect();
+        assert!(!map.contains_key(KEY_SPILLS), "nothing published when off");
+        assert_eq!(parse_map(&map).map(|m| m.spills), Ok(false));
     }
 
     #[test]

@@ -21,6 +21,7 @@ fn metadata() -> NodeMetadata {
         version: "0.1.0".to_string(),
         sync_mode: "lease".to_string(),
         rpc_version: crate::membership::RPC_VERSION,
+        spills: false,
     }
 }
 
