@@ -7,7 +7,9 @@
 //!
 //! - [`Room`]: each peer's room per key, written by the sync engine each round.
 //! - [`pick`]: the peer with the most room for everything the request needs.
-//! - [`forward`]: sends it there and streams the answer back.
+//! - [`spill_now`]: whether a request the tenant's probe refused spills early.
+//! - [`or_refuse`]: spills a refused request (the hop itself is `forward`) and
+//!   says whose answer the client gets.
 //! - [`accept`]: the peer's side, behind the cluster secret.
 
 use super::error::ApiError;
