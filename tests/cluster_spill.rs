@@ -13,23 +13,49 @@ use common::cluster::*;
 use common::*;
 use std::time::Duration;
 
+/// What the busy node's clients send, and which limit binds.
+#[derive(Debug, Clone, Copy, Default)]
+struct Shape {
+    /// Streamed answers (SSE).
+    stream: bool,
+    /// L = 30 on the upstream and 100 on the tenant, not 30 on the tenant: a
+    /// refusal then comes from the upstream's admission, after the tenant's.
+    upstream_limited: bool,
+}
+
 /// Node `i` of a 2-node `lease` cluster on `ports`, spillover on or off.
 /// Requests wait up to 200 ms for credit.
-fn spill_toml(i: usize, ports: &[u16], spillover: bool) -> String {
-    cluster_toml(i, ports, "lease", "full")
+fn spill_toml(i: usize, ports: &[u16], spillover: bool, shape: Shape) -> String {
+    let toml = cluster_toml(i, ports, "lease", "full")
         .replace("max_wait = \"0s\"", "max_wait = \"200ms\"")
         .replace(
             "rpc_timeout = \"200ms\"",
             &format!("rpc_timeout = \"200ms\"\nspillover = {spillover}"),
-        )
+        );
+    if !shape.upstream_limited {
+        return toml;
+    }
+    let openai = "id = \"mock\"\nkind = \"openai\"\nbase_url = \"{MOCK}\"\n";
+    assert!(toml.contains(openai) && toml.contains(&format!("rpm = {LIMIT}\n")));
+    toml.replace(&format!("rpm = {LIMIT}\n"), "rpm = 100\n")
+        .replace(openai, &format!("{openai}rpm = {LIMIT}\n"))
 }
 
 /// The nodes and their cluster's id.
 async fn nodes(spillover: [bool; 2], upstream: &tollgate::mock::MockHandle) -> (Vec<Node>, String) {
+    shaped_nodes(spillover, Shape::default(), upstream).await
+}
+
+/// [`nodes`] of `shape`.
+async fn shaped_nodes(
+    spillover: [bool; 2],
+    shape: Shape,
+    upstream: &tollgate::mock::MockHandle,
+) -> (Vec<Node>, String) {
     let ports = [free_udp_port(), free_udp_port()];
     let mut nodes = Vec::new();
     for (i, on) in spillover.into_iter().enumerate() {
-        nodes.push(node(&spill_toml(i, &ports, on), &[upstream]).await);
+        nodes.push(node(&spill_toml(i, &ports, on, shape), &[upstream]).await);
     }
     for n in &nodes {
         wait_members(n, 2).await;
@@ -86,6 +112,8 @@ struct Run {
     upstream: u64,
     /// Spills with no answer from the peer (the client got the busy node's 429).
     failed: u64,
+    /// What the busy node's tenant actor counts used in the window.
+    tenant_used_here: u64,
 }
 
 /// Both nodes get 5 requests (each has demand: shares split L = 30 between them),
@@ -93,8 +121,13 @@ struct Run {
 /// with its demand to about 20 of 30; the peer keeps a share of about 10 (twice
 /// its demand) with 5 of it used, which only spillover can serve.
 async fn busy_first_node(spillover: [bool; 2]) -> Run {
+    busy_first_node_shaped(spillover, Shape::default()).await
+}
+
+/// [`busy_first_node`] with the clients and limits of `shape`.
+async fn busy_first_node_shaped(spillover: [bool; 2], shape: Shape) -> Run {
     let upstream = mock(|_| {}).await;
-    let (nodes, _) = nodes(spillover, &upstream).await;
+    let (nodes, _) = shaped_nodes(spillover, shape, &upstream).await;
     for _ in 0..5 {
         for n in &nodes {
             served_once(n).await;
@@ -115,11 +148,21 @@ async fn busy_first_node(spillover: [bool; 2]) -> Run {
         let busy = busy.clone();
         loops.push(tokio::spawn(async move {
             let mut run = Run::default();
+            let mut body = chat_body("hi", 5);
+            body["stream"] = serde_json::json!(shape.stream);
             for _ in 0..9 {
-                let answer = post(&busy[0], "/chat/completions", chat_body("hi", 5), &[]).await;
+                let answer = post(&busy[0], "/chat/completions", body.clone(), &[]).await;
                 match answer.status().as_u16() {
                     200 if answer.headers().get("x-tollgate-served-by").is_some() => {
                         assert_eq!(answer.headers()["x-tollgate-served-by"], "node-1");
+                        let text = answer.text().await.unwrap();
+                        if shape.stream {
+                            // Streamed through the hop whole, to its end.
+                            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+                        } else {
+                            let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+                            assert!(json["choices"][0]["message"]["content"].is_string());
+                        }
                         run.served_by_peer += 1;
                     }
                     200 => run.served_here += 1,
@@ -147,6 +190,11 @@ async fn busy_first_node(spillover: [bool; 2]) -> Run {
     let sent = metrics(&nodes[0]).await;
     let received = metrics(&nodes[1]).await;
     run.upstream = upstream.stats().admitted;
+    // The busy node's tenant charged only what it served itself (5 warm-up
+    // requests and its own 200s): a request spilled after its upstream refused
+    // it had its tenant charge cancelled here first (the peer charged it).
+    let tenant = nodes[0].key("tenant:t").await;
+    run.tenant_used_here = tenant["requests"]["used"].as_u64().unwrap();
     run.failed = count(&sent, SPILLED_FAILED) - failed_before;
     println!("spillover {spillover:?}: {run:?}");
     // Each node's metrics agree with what the clients saw.
@@ -286,4 +334,41 @@ async fn a_peer_with_spillover_off_is_never_sent_a_request() {
     assert_eq!(run.failed, 0, "a hop was tried: {run:?}");
     assert!(run.refused > 0, "{run:?}");
     assert!(run.upstream <= LIMIT);
+}
+
+/// Streamed answers spilled to the peer reach the client whole (SSE through the
+/// hop, to `data: [DONE]`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spilled_streams_reach_the_client_whole() {
+    let shape = Shape {
+        stream: true,
+        ..Shape::default()
+    };
+    let run = busy_first_node_shaped([true, true], shape).await;
+    assert!(run.served_by_peer > 0, "nothing was spilled: {run:?}");
+    assert!(run.upstream <= LIMIT);
+}
+
+/// With the upstream's limit the binding one, a request its upstream refused
+/// after its wait spills, its tenant charge here cancelled first: the busy node
+/// serves its share, the peer its room, the cluster stays within L, and the busy
+/// node's tenant counts only what it served itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_its_upstream_refused_spills_with_its_tenant_charge_cancelled() {
+    let shape = Shape {
+        upstream_limited: true,
+        ..Shape::default()
+    };
+    let off = busy_first_node_shaped([false, false], shape).await;
+    let on = busy_first_node_shaped([true, true], shape).await;
+    assert_eq!(off.served_by_peer, 0);
+    assert!(on.served_by_peer > 0, "nothing was spilled: {on:?}");
+    for run in [&off, &on] {
+        assert!(
+            run.upstream <= LIMIT,
+            "{} sent of L = {LIMIT}",
+            run.upstream
+        );
+        assert_eq!(run.tenant_used_here, 5 + run.served_here, "{run:?}");
+    }
 }
