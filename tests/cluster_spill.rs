@@ -12,6 +12,7 @@ mod common;
 use common::cluster::*;
 use common::*;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// What the busy node's clients send, and which limit binds.
 #[derive(Debug, Clone, Copy, Default)]
@@ -298,15 +299,20 @@ async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request()
         "{body}"
     );
     assert_eq!(upstream.stats().admitted, before + 1);
-    // Spend the rest of L at the peer, then spill it one more: it refuses, and
-    // does not spill a spilled request on (without that rule it would look for
-    // room at the first node, and count it). The peer's own clients' refusals
-    // may spill to the first node meanwhile.
-    while post(&nodes[1], "/chat/completions", chat_body("hi", 5), &[])
-        .await
-        .status()
-        == 200
-    {}
+    // Spend the rest of L (the upstream's count is the truth: one 429 at the
+    // peer only says its share was spent then, and shares follow demand), then
+    // spill it one more: it refuses, and does not spill a spilled request on
+    // (without that rule it would look for room at the first node, and count
+    // it). The peer's own clients' refusals may spill to the first node
+    // meanwhile.
+    let spent = Instant::now() + Duration::from_secs(20);
+    while upstream.stats().admitted < LIMIT {
+        assert!(Instant::now() < spent, "L was never spent");
+        let answer = post(&nodes[1], "/chat/completions", chat_body("hi", 5), &[]).await;
+        if answer.status() != 200 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let before = spilled_lines(&metrics(&nodes[1]).await);
     let refused = spill(SECRET, &cluster_id).await.unwrap();
     assert_eq!(refused.status(), 429);
