@@ -260,15 +260,15 @@ async fn serve(
         .collect();
     let model: Arc<str> = parsed.model.as_str().into();
     let wait_until = (started + max_wait).min(deadline);
+    // What the request costs a peer's room: prompt plus the most completion.
+    let spill_tokens = (parsed.prompt_tokens).saturating_add(parsed.max_completion_tokens);
     // The request as spillover sends it on, should this node refuse it.
     let refused = || Refused {
         api,
         hop,
         tenant: &tenant.scope,
         upstreams: &candidates,
-        tokens: parsed
-            .prompt_tokens
-            .saturating_add(parsed.max_completion_tokens),
+        tokens: spill_tokens,
         headers,
         body: as_sent.clone(),
         deadline,
@@ -315,11 +315,8 @@ async fn serve(
                 Err(refusal) if probe => {
                     probe = false;
                     let error = tenant_refusal(&refusal);
-                    let tokens = parsed
-                        .prompt_tokens
-                        .saturating_add(parsed.max_completion_tokens);
                     if error.spillable
-                        && spill::spill_now(state, &tenant.scope, &candidates, tokens)
+                        && spill::spill_now(state, &tenant.scope, &candidates, spill_tokens)
                         && let Ok(response) = spill::or_refuse(state, error, refused()).await
                     {
                         return Ok(response);

@@ -264,8 +264,8 @@ fn is_own_header(name: &HeaderName) -> bool {
     )
 }
 
-/// How a hop ended.
-enum Hop {
+/// How a hop ended (not [`super::handler::Hop`], where a request came from).
+enum Delivery {
     /// The peer's answer to the client (it carries [`SERVED_BY_HEADER`]).
     Answered(Response),
     /// Surely never served there: no connection, or the peer's RPC itself
@@ -285,7 +285,7 @@ async fn forward(
     peer: &MemberAddr,
     request: &Refused<'_>,
     slot: tokio::sync::OwnedSemaphorePermit,
-) -> Hop {
+) -> Delivery {
     let guard = InFlight::new(state.clone(), slot);
     let url = format!("http://{}{PATH_PREFIX}{}", peer.rpc, request.api.as_str());
     let mut hop = state.http.post(url).body(request.body.clone());
@@ -307,17 +307,17 @@ async fn forward(
         Ok(Err(e)) if e.is_connect() => {
             tracing::debug!(peer = %peer.id, error = %e, "spillover: the peer could not be reached");
             state.metrics.spilled("failed");
-            return Hop::NotDelivered;
+            return Delivery::NotDelivered;
         }
         Ok(Err(e)) => {
             tracing::warn!(peer = %peer.id, error = %e, "spillover: no answer from the peer");
             state.metrics.spilled("failed");
-            return Hop::MaybeDelivered;
+            return Delivery::MaybeDelivered;
         }
         Err(_) => {
             tracing::warn!(peer = %peer.id, "spillover: no answer from the peer by the deadline");
             state.metrics.spilled("failed");
-            return Hop::MaybeDelivered;
+            return Delivery::MaybeDelivered;
         }
     };
     let status = answer.status();
@@ -326,7 +326,7 @@ async fn forward(
         // route there (spillover off, an older build). Not the client's answer.
         tracing::warn!(peer = %peer.id, %status, "spillover: the peer's RPC refused the hop");
         state.metrics.spilled("failed");
-        return Hop::NotDelivered;
+        return Delivery::NotDelivered;
     }
     state
         .metrics
@@ -350,10 +350,10 @@ async fn forward(
         }
     });
     match response.body(Body::from_stream(body)) {
-        Ok(response) => Hop::Answered(response),
+        Ok(response) => Delivery::Answered(response),
         // Only a header the peer sent that this side cannot rebuild: the
         // request was served there.
-        Err(_) => Hop::MaybeDelivered,
+        Err(_) => Delivery::MaybeDelivered,
     }
 }
 
@@ -435,9 +435,9 @@ pub async fn or_refuse(
     };
     room.take(&costs, peer);
     match forward(state, board, &room.peers[peer], &request, slot).await {
-        Hop::Answered(response) => Ok(response),
-        Hop::NotDelivered => Err(refusal),
-        Hop::MaybeDelivered => {
+        Delivery::Answered(response) => Ok(response),
+        Delivery::NotDelivered => Err(refusal),
+        Delivery::MaybeDelivered => {
             let mut refusal = refusal;
             refusal.spillable = false;
             Ok(refusal.with_flavor(request.api.flavor()).into_response())
