@@ -22,6 +22,34 @@ struct Shape {
     /// L = 30 on the upstream and 100 on the tenant, not 30 on the tenant: a
     /// refusal then comes from the upstream's admission, after the tenant's.
     upstream_limited: bool,
+    /// Anthropic's Messages API instead of OpenAI's chat completions.
+    anthropic: bool,
+}
+
+impl Shape {
+    /// The path, body and extra headers of one of the busy node's requests.
+    fn request(
+        self,
+    ) -> (
+        &'static str,
+        serde_json::Value,
+        &'static [(&'static str, &'static str)],
+    ) {
+        if self.anthropic {
+            let body = serde_json::json!({"model": "claude-3-5-haiku", "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}]});
+            return ("/messages", body, &[("anthropic-version", "2023-06-01")]);
+        }
+        let mut body = chat_body("hi", 5);
+        body["stream"] = serde_json::json!(self.stream);
+        ("/chat/completions", body, &[])
+    }
+
+    /// The peer's count of this shape's spilled requests it served.
+    fn received_200(self) -> String {
+        let api = if self.anthropic { "messages" } else { "chat" };
+        format!("tollgate_spill_received_total{{api=\"{api}\",status=\"200\"}}")
+    }
 }
 
 /// Node `i` of a 2-node `lease` cluster on `ports`, spillover on or off.
@@ -84,6 +112,17 @@ fn spilled_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The internal RPC address of `node`'s peer (a 2-node cluster).
+async fn rpc_addr_of_peer(node: &Node) -> String {
+    let cluster = admin(node, "/admin/cluster").await;
+    (cluster["cluster"]["members"].as_array().unwrap().iter())
+        .find(|m| m["is_self"] == false)
+        .unwrap()["rpc_addr"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// Sends one request to `node` until it is served (a cluster just formed may
 /// refuse while its owners settle).
 async fn served_once(node: &Node) {
@@ -144,17 +183,16 @@ async fn busy_first_node_shaped(spillover: [bool; 2], shape: Shape) -> Run {
     let sent_before = count(&sent_before, SPILLED_SERVED);
     let received_before = metrics(&nodes[1]).await;
     let peer_spilled_before = spilled_lines(&received_before);
-    let received_before = count(&received_before, RECEIVED_200);
+    let received_before = count(&received_before, &shape.received_200());
     let busy = std::sync::Arc::new(nodes);
     let mut loops = Vec::new();
     for _ in 0..5 {
         let busy = busy.clone();
         loops.push(tokio::spawn(async move {
             let mut run = Run::default();
-            let mut body = chat_body("hi", 5);
-            body["stream"] = serde_json::json!(shape.stream);
+            let (path, body, headers) = shape.request();
             for _ in 0..9 {
-                let answer = post(&busy[0], "/chat/completions", body.clone(), &[]).await;
+                let answer = post(&busy[0], path, body.clone(), headers).await;
                 match answer.status().as_u16() {
                     200 if answer.headers().get("x-tollgate-served-by").is_some() => {
                         assert_eq!(answer.headers()["x-tollgate-served-by"], "node-1");
@@ -162,6 +200,10 @@ async fn busy_first_node_shaped(spillover: [bool; 2], shape: Shape) -> Run {
                         if shape.stream {
                             // Streamed through the hop whole, to its end.
                             assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+                        } else if shape.anthropic {
+                            let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+                            assert_eq!(json["type"], "message", "{json}");
+                            assert!(json["content"][0]["text"].is_string(), "{json}");
                         } else {
                             let json: serde_json::Value = serde_json::from_str(&text).unwrap();
                             assert!(json["choices"][0]["message"]["content"].is_string());
@@ -171,7 +213,12 @@ async fn busy_first_node_shaped(spillover: [bool; 2], shape: Shape) -> Run {
                     200 => run.served_here += 1,
                     429 => {
                         let body: serde_json::Value = answer.json().await.unwrap();
-                        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+                        if shape.anthropic {
+                            assert_eq!(body["type"], "error", "{body}");
+                            assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+                        } else {
+                            assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+                        }
                         run.refused += 1;
                     }
                     other => panic!("unexpected status {other}"),
@@ -211,7 +258,7 @@ async fn busy_first_node_shaped(spillover: [bool; 2], shape: Shape) -> Run {
         run.served_by_peer
     );
     assert_eq!(
-        count(&received, RECEIVED_200) - received_before,
+        count(&received, &shape.received_200()) - received_before,
         run.served_by_peer
     );
     println!(
@@ -265,13 +312,7 @@ async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request()
     // Credit at the peer first: a spilled request waits at most its max wait.
     served_once(&nodes[1]).await;
     let before = upstream.stats().admitted;
-    let cluster = admin(&nodes[0], "/admin/cluster").await;
-    let peer = (cluster["cluster"]["members"].as_array().unwrap().iter())
-        .find(|m| m["is_self"] == false)
-        .unwrap()["rpc_addr"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let peer = rpc_addr_of_peer(&nodes[0]).await;
     let spill = |secret: &str, id: &str| {
         reqwest::Client::new()
             .post(format!("http://{peer}/internal/v1/spill/chat"))
@@ -366,6 +407,56 @@ async fn spilled_streams_reach_the_client_whole() {
     let run = busy_first_node_shaped([true, true], shape).await;
     assert!(run.served_by_peer > 0, "nothing was spilled: {run:?}");
     assert!(run.upstream <= LIMIT);
+}
+
+/// Anthropic's Messages API spills as OpenAI's does: the peer's answer reaches
+/// the client in Anthropic's shape, and so does the busy node's own 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_requests_spill_in_their_own_shape() {
+    let shape = Shape {
+        anthropic: true,
+        ..Shape::default()
+    };
+    let run = busy_first_node_shaped([true, true], shape).await;
+    assert!(run.served_by_peer > 0, "nothing was spilled: {run:?}");
+    assert!(run.upstream <= LIMIT);
+}
+
+/// A spilled request is served only within what its sender had left of its
+/// time: the sender answers its client by then, so the peer must not hold an
+/// upstream call past it (it ran to its own `request_timeout` before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_request_is_served_only_within_its_senders_time_left() {
+    // Every answer takes 2 s to start.
+    let upstream = mock(|c| c.latency_ms = 2_000).await;
+    let (nodes, cluster_id) = nodes([true, true], &upstream).await;
+    // Credit at the peer first: a spilled request waits at most its max wait.
+    served_once(&nodes[1]).await;
+    let peer = rpc_addr_of_peer(&nodes[0]).await;
+    let started = Instant::now();
+    let answer = reqwest::Client::new()
+        .post(format!("http://{peer}/internal/v1/spill/chat"))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .header("x-tollgate-cluster-secret", SECRET)
+        .header("x-tollgate-cluster-id", &cluster_id)
+        .header("x-tollgate-spilled-from", "node-0")
+        .header("x-tollgate-spill-time-left-ms", "400")
+        .body(serde_json::to_vec(&chat_body("hi", 5)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(answer.headers()["x-tollgate-served-by"], "node-1");
+    assert_eq!(answer.status(), 504, "{:?}", answer.text().await);
+    assert!(
+        took < Duration::from_millis(1_500),
+        "answered after {took:?}"
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
 }
 
 /// With the upstream's limit the binding one, a request its upstream refused

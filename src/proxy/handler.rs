@@ -32,9 +32,14 @@ pub const CLIENT_CLOSED: u16 = 499;
 pub enum Hop {
     /// A client called this node.
     Client,
-    /// A peer spilled it here (`super::spill`): never spilled again, and counted
-    /// as received, not as a client's request (the peer counted that).
-    Spilled,
+    /// A peer spilled it here (`super::spill`): never spilled again, counted as
+    /// received, not as a client's request (the peer counted that), and served
+    /// only `within` the time its sender had left for it (the sender answers its
+    /// client by then, so work after it would reach nobody).
+    Spilled {
+        /// What was left of the request's time at the sender.
+        within: Duration,
+    },
 }
 
 /// Records a request's outcome once: its answer's status, or, when the client
@@ -57,7 +62,7 @@ impl Drop for Outcome<'_> {
         let metrics = &self.state.metrics;
         match self.hop {
             Hop::Client => metrics.request_done(self.api.as_str(), self.tenant.as_ref(), status),
-            Hop::Spilled => metrics.spill_received(self.api.as_str(), status),
+            Hop::Spilled { .. } => metrics.spill_received(self.api.as_str(), status),
         }
     }
 }
@@ -233,7 +238,11 @@ async fn serve(
     *tenant_id = Some(tenant.id.clone());
     let lane = lane(headers)?;
     let max_wait = max_wait(headers, tenant.max_wait)?;
-    let deadline = started + state.config.server.request_timeout;
+    let time = match hop {
+        Hop::Client => state.config.server.request_timeout,
+        Hop::Spilled { within } => within.min(state.config.server.request_timeout),
+    };
+    let deadline = started + time;
     let bytes = read_body(state, headers, body, deadline).await?;
     // What a refusal spills to a peer (`spill`): the body as the client sent it.
     let as_sent = bytes.clone();

@@ -38,6 +38,9 @@ pub const FROM_HEADER: &str = "x-tollgate-spilled-from";
 pub const CLUSTER_HEADER: &str = "x-tollgate-cluster-id";
 /// On a spilled request's answer: the node that served it.
 pub const SERVED_BY_HEADER: &str = "x-tollgate-served-by";
+/// On a spilled request: what is left of its time at the sender, in ms. The
+/// peer serves it within that (and its own `request_timeout`).
+pub const TIME_LEFT_HEADER: &str = "x-tollgate-spill-time-left-ms";
 
 /// Each live peer's room per `lease` key as of the sync engine's last round:
 /// its share (plus borrowing) less its published usage, never below 0, less
@@ -260,6 +263,7 @@ fn is_own_header(name: &HeaderName) -> bool {
             | SECRET_HEADER
             | CLUSTER_HEADER
             | FROM_HEADER
+            | TIME_LEFT_HEADER
             | MAX_WAIT_HEADER
     )
 }
@@ -301,7 +305,8 @@ async fn forward(
         .header(SECRET_HEADER, &board.secret)
         .header(CLUSTER_HEADER, &board.cluster_id)
         .header(FROM_HEADER, &board.node_id)
-        .header(MAX_WAIT_HEADER, wait_ms.to_string());
+        .header(MAX_WAIT_HEADER, wait_ms.to_string())
+        .header(TIME_LEFT_HEADER, time_left_ms(request.deadline).to_string());
     let answer = match tokio::time::timeout_at(request.deadline, hop.send()).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) if e.is_connect() => {
@@ -357,6 +362,15 @@ async fn forward(
     }
 }
 
+/// What is left until `deadline`, in whole ms, at least 1 (a hop sent with no
+/// time left times out at the peer at once).
+fn time_left_ms(deadline: Instant) -> u128 {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis()
+        .max(1)
+}
+
 /// How long a spilled answer's body may go silent: the longest upstream stream
 /// idle timeout plus a margin (the peer ends a stalled upstream stream by then).
 fn stream_idle_bound(state: &AppState) -> Duration {
@@ -386,7 +400,12 @@ pub async fn accept(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
         // here carries no served-by header, so it is not the client's answer).
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
-    let spilled = super::handler::Hop::Spilled;
+    // Without the header (a hand-made call), the peer's own request_timeout.
+    let within = (headers.get(TIME_LEFT_HEADER))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(state.config.server.request_timeout, Duration::from_millis);
+    let spilled = super::handler::Hop::Spilled { within };
     let mut response = super::handler::handle(state.clone(), api, headers, body, spilled).await;
     if let Ok(node) = HeaderValue::from_str(&board.node_id) {
         response.headers_mut().insert(SERVED_BY_HEADER, node);
@@ -415,7 +434,7 @@ pub async fn or_refuse(
     let Some(board) = state.spill.as_ref() else {
         return Err(refusal);
     };
-    if !refusal.spillable || request.hop == super::handler::Hop::Spilled {
+    if !refusal.spillable || matches!(request.hop, super::handler::Hop::Spilled { .. }) {
         return Err(refusal);
     }
     let room = board.room();
