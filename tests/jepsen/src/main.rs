@@ -107,6 +107,13 @@ enum Cmd {
         /// window, and leave the sync modes less margin for their lag.
         #[arg(long, default_value_t = tollgate_jepsen::run::STRESS_BUCKETS)]
         buckets: u32,
+        /// Every tenant's `max_wait`, the longest a request waits in a node's
+        /// queue (the harness's: 500 ms).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        max_wait: Option<Duration>,
+        /// `[cluster] sync_interval` of every node (the product's default: 200 ms).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        sync_interval: Option<Duration>,
         /// Seeds every cell's clients.
         #[arg(long, default_value_t = 7)]
         seed: u64,
@@ -114,6 +121,14 @@ enum Cmd {
         /// interrupted matrix, or tabulate it again.
         #[arg(long)]
         resume: bool,
+    },
+    /// What each gateway 429 of a run refused, against the mock's log: per tenant,
+    /// how many came while the upstream's and the tenant's windows had room (by
+    /// the exact window and by the gateway's bucket rule).
+    Refusals {
+        /// Run directories (e.g. `target/jepsen/bench/lease-3n-hot-tenant`).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
     },
     /// (inside a host) A tollgate node from a config file.
     Node {
@@ -216,6 +231,7 @@ async fn main() -> anyhow::Result<()> {
                     pattern: tollgate_jepsen::workload::Pattern::default(),
                     loops: 1,
                     buckets: tollgate_jepsen::run::STRESS_BUCKETS,
+                    tuning: Default::default(),
                     tasks: None,
                     // Away from the CI suite's subnets (31-79).
                     subnet: (std::process::id() % 150) as u8 + 100,
@@ -240,6 +256,8 @@ async fn main() -> anyhow::Result<()> {
             window,
             limit,
             buckets,
+            max_wait,
+            sync_interval,
             seed,
             resume,
         } => {
@@ -283,6 +301,10 @@ async fn main() -> anyhow::Result<()> {
                     window,
                     limit,
                     buckets,
+                    tuning: tollgate_jepsen::run::Tuning {
+                        max_wait,
+                        sync_interval,
+                    },
                     seed,
                     bin,
                     dir: PathBuf::from("target/jepsen/bench"),
@@ -294,6 +316,12 @@ async fn main() -> anyhow::Result<()> {
             until_interrupted(tollgate_jepsen::bench::run(&spec)).await?;
             let table = std::fs::read_to_string(spec.dir.join("results.md"))?;
             println!("{table}");
+            Ok(())
+        }
+        Cmd::Refusals { dirs } => {
+            for dir in dirs {
+                println!("{}", tollgate_jepsen::bench::refusals::report(&dir)?);
+            }
             Ok(())
         }
         Cmd::Node {

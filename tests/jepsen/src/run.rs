@@ -63,6 +63,10 @@ pub struct RunSpec {
     /// benchmark asks for more (`bench --buckets`).
     #[serde(default = "stress_buckets")]
     pub buckets: u32,
+    /// Settings a benchmark varies away from the harness's (`bench --max-wait`,
+    /// `--sync-interval`); none set in the harness's own runs.
+    #[serde(default)]
+    pub tuning: Tuning,
     /// The seed scenario's task workers instead of the request clients (issue 6);
     /// the upstream then also grants `tpm` tokens per window.
     #[serde(default)]
@@ -73,6 +77,18 @@ pub struct RunSpec {
     pub bin: PathBuf,
     /// Where the run's files go.
     pub dir: PathBuf,
+}
+
+/// Node settings a benchmark may vary (each `None`: the harness's choice).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Tuning {
+    /// Every tenant's `max_wait` (the harness's: 500 ms, 2 s with task workers
+    /// or a concurrency limit).
+    #[serde(default)]
+    pub max_wait: Option<Duration>,
+    /// `[cluster] sync_interval` (the product's default: 200 ms).
+    #[serde(default)]
+    pub sync_interval: Option<Duration>,
 }
 
 /// Buckets per window of the harness's runs (and of every run saved before the
@@ -149,7 +165,7 @@ rpc_listen = "{ip}:{RPC_PORT}"
 secret = "jepsen-cluster-secret-0123"
 seeds = [{seeds}]
 mode = "{mode}"
-local_share = "{share}"
+local_share = "{share}"{sync_interval}
 
 [[upstreams]]
 id = "mock"
@@ -161,6 +177,8 @@ models = ["*"]
 upstreams = ["mock"]
 {tenants}{lease}{redis}{estimation}"#,
         seeds = seeds.join(", "),
+        sync_interval = (spec.tuning.sync_interval)
+            .map_or(String::new(), |i| format!("\nsync_interval = \"{}ms\"", i.as_millis())),
         buckets = spec.buckets,
         upstream_limit = match (&spec.tasks, spec.tenants) {
             (Some(t), _) => format!("\nrpm = {}\ntpm = {}", spec.limit, t.tpm),
@@ -178,7 +196,11 @@ upstreams = ["mock"]
                 // peers see (2 x gossip + sync, then a round and the actor's 250 ms
                 // re-check: ~0.85 s), and a 500 ms wait expired first about half the
                 // time (a CI run's survivor refused three times in a row: 5.9 s).
-                if spec.tasks.is_some() || spec.concurrency.is_some() { "2s" } else { "500ms" },
+                match spec.tuning.max_wait {
+                    Some(wait) => format!("{}ms", wait.as_millis()),
+                    None if spec.tasks.is_some() || spec.concurrency.is_some() => "2s".into(),
+                    None => "500ms".into(),
+                },
                 spec.concurrency.map_or(String::new(), |c| format!("concurrency = {c}\n")),
             ))
             .collect::<String>(),
@@ -196,7 +218,7 @@ upstreams = ["mock"]
 
 /// Each tenant's requests per window: L alone; 2L/T each when several share an
 /// upstream limited to L (demand from the tenants together exceeds it).
-fn tenant_limit(spec: &RunSpec) -> u64 {
+pub fn tenant_limit(spec: &RunSpec) -> u64 {
     match spec.tenants {
         0 | 1 => spec.limit,
         t => (2 * spec.limit / t as u64).max(1),
@@ -468,6 +490,11 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         }),
     };
     let checks = checker::check(&case, &lines, &ops);
+    // The clients' clock against the mock's, for later analysis (`refusals`).
+    std::fs::write(
+        spec.dir.join("clock.json"),
+        serde_json::json!({ "t0_unix_ms": t0_unix_ms }).to_string(),
+    )?;
     let report = spec.dir.join("report.md");
     std::fs::write(&report, render(&spec, &checks, &events, &ops))?;
     let rate = spec.limit as f64 / spec.window.as_secs_f64();

@@ -56,6 +56,7 @@ fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
         pattern: tollgate_jepsen::workload::Pattern::default(),
         loops: 1,
         buckets: tollgate_jepsen::run::STRESS_BUCKETS,
+        tuning: Default::default(),
         tasks: None,
         subnet,
         bin: PathBuf::from(env!("CARGO_BIN_EXE_tollgate-jepsen")),

@@ -11,6 +11,7 @@
 //! tokens served per second, and gossip bytes published per second per node.
 
 mod plot;
+pub mod refusals;
 mod seed;
 
 pub use seed::{SeedCell, SeedFigures};
@@ -64,6 +65,9 @@ pub struct BenchSpec {
     pub limit: u64,
     /// Buckets per window (`[limits] buckets`) of every cell.
     pub buckets: u32,
+    /// Node settings varied away from the harness's (every cell, the seed
+    /// scenario's included).
+    pub tuning: run::Tuning,
     /// Seeds every cell's clients.
     pub seed: u64,
     /// The harness binary (`node`, `mock`).
@@ -115,6 +119,7 @@ impl BenchSpec {
             window: Duration::from_secs(5),
             limit: 40,
             buckets: crate::run::STRESS_BUCKETS,
+            tuning: run::Tuning::default(),
             seed: 7,
             bin,
             dir,
@@ -188,6 +193,7 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Results> {
                     pattern: *pattern,
                     loops: spec.loops.div_ceil(nodes * tenants).max(1),
                     buckets: spec.buckets,
+                    tuning: spec.tuning,
                     tasks: None,
                     subnet: spec.subnet.wrapping_add(index % 100).max(1),
                     bin: spec.bin.clone(),
@@ -323,12 +329,19 @@ pub(crate) fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow:
 /// The results as markdown: one table per workload pattern.
 pub fn table(spec: &BenchSpec, cells: &[Cell]) -> String {
     let mut out = format!(
-        "L = {} requests per {} s window ({} buckets) at the upstream, {} s per cell, seed {}, no faults.\n",
+        "L = {} requests per {} s window ({} buckets) at the upstream, {} s per cell, seed {}, max wait {} ms, sync interval {}, no faults.\n",
         spec.limit,
         spec.window.as_secs(),
         spec.buckets,
         spec.duration.as_secs(),
-        spec.seed
+        spec.seed,
+        spec.tuning.max_wait.map_or(500, |w| w.as_millis()),
+        spec.tuning
+            .sync_interval
+            .map_or("200 ms (default)".into(), |i| format!(
+                "{} ms",
+                i.as_millis()
+            )),
     );
     for pattern in &spec.patterns {
         out.push_str(&format!(

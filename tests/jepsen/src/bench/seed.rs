@@ -99,6 +99,7 @@ pub async fn run(spec: &BenchSpec, first_index: u8) -> anyhow::Result<Vec<SeedFi
             pattern: Default::default(),
             loops: 1,
             buckets: spec.buckets,
+            tuning: spec.tuning,
             tasks: Some(TaskSpec::seed_scenario(
                 &cell.estimate,
                 cell.mode == "direct",
