@@ -192,6 +192,23 @@ struct TargetInputs {
     cap: u64,
 }
 
+/// Credit a holder holds and has not spent is committed at its owner, so with
+/// every holder holding its horizon's worth, about `horizon / W` of L sits idle
+/// where no request needs it. The horizon is four sync intervals (a refill is a
+/// round away long before the credit runs out), but at most `W /
+/// HORIZON_PARTS_OF_WINDOW`: four 200 ms intervals are 1.3% of a 60 s window,
+/// and 16% of the harness's 5 s one (lease trailed `local split` there, its
+/// owners finding L committed with ~2.3 of 40 unspent at the holders;
+/// docs/BENCHMARKS.md, twenty-eighth session), or most of a per-second limit.
+const HORIZON_PARTS_OF_WINDOW: u64 = 50;
+
+/// How long a holder's windowed credit should last ([`HORIZON_PARTS_OF_WINDOW`]).
+fn horizon_ms(sync_interval: Duration, window_ms: u64) -> u64 {
+    (4 * sync_interval.as_millis() as u64)
+        .min(window_ms / HORIZON_PARTS_OF_WINDOW)
+        .max(1)
+}
+
 /// What a holder aims to hold for a windowed key: enough for the horizon at the
 /// faster of its rate over the window and its rate since its last statement, and
 /// twice its last target when its actor ran dry meanwhile; at least the one
@@ -470,7 +487,7 @@ impl Holder {
                 _ => credit_target(&TargetInputs {
                     demand: view.demand.get(&*binding.key).copied().unwrap_or(0),
                     window_ms: self.settings.window_ms,
-                    horizon_ms: 4 * self.settings.sync_interval.as_millis() as u64,
+                    horizon_ms: horizon_ms(self.settings.sync_interval, self.settings.window_ms),
                     spent_since,
                     elapsed_ms: (last > 0).then(|| now_ms.saturating_sub(last)),
                     wanted,
@@ -1191,6 +1208,18 @@ upstreams = ["u"]
             last_target: 0,
             cap: 1_000_000,
         }
+    }
+
+    #[test]
+    fn the_credit_horizon_is_four_intervals_but_at_most_a_fiftieth_of_the_window() {
+        let interval = Duration::from_millis(200);
+        // A minute: four intervals (1.3% of W).
+        assert_eq!(horizon_ms(interval, 60_000), 800);
+        // The harness's 5 s window: 100 ms, not 16% of W.
+        assert_eq!(horizon_ms(interval, 5_000), 100);
+        // A per-second limit: 20 ms; never 0.
+        assert_eq!(horizon_ms(interval, 1_000), 20);
+        assert_eq!(horizon_ms(interval, 10), 1);
     }
 
     #[test]

@@ -142,6 +142,10 @@ pub struct Cell {
     pub overshoot: f64,
     /// Accepted by the upstream over L per window, across the run.
     pub utilisation: f64,
+    /// How full the upstream's window was kept after the first window
+    /// ([`steady_fill`]); 0 in results saved before it existed.
+    #[serde(default)]
+    pub steady_fill: f64,
     /// Refusals by the upstream for its limits.
     pub upstream_429s: u64,
     /// Client requests refused by the gateway (429).
@@ -268,6 +272,17 @@ fn figures(spec: &RunSpec) -> anyhow::Result<Cell> {
     let seconds = spec.duration.as_secs_f64();
     let peak = checker::window_peak(&lines, window_ms);
     let accepted = lines.iter().filter(|l| l.outcome == "admitted").count() as f64;
+    let admitted_ms: Vec<u64> = (lines.iter())
+        .filter(|l| l.outcome == "admitted")
+        .map(|l| l.ts_ms)
+        .collect();
+    // The clients' start (older runs: the first admission).
+    let started_ms = std::fs::read_to_string(spec.dir.join("clock.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["t0_unix_ms"].as_u64())
+        .or_else(|| admitted_ms.iter().min().copied())
+        .unwrap_or(0);
     let served: Vec<&Op> = ops.iter().filter(|o| o.status == Some(200)).collect();
     let mut latencies: Vec<u64> = (served.iter())
         .filter_map(|o| o.complete_ms.map(|c| c.saturating_sub(o.invoke_ms)))
@@ -285,6 +300,7 @@ fn figures(spec: &RunSpec) -> anyhow::Result<Cell> {
         pattern: spec.pattern.name().into(),
         overshoot: peak.requests as f64 / spec.limit as f64 - 1.0,
         utilisation: accepted / (spec.limit as f64 * run_ms as f64 / window_ms as f64),
+        steady_fill: steady_fill(admitted_ms, started_ms, run_ms, window_ms, spec.limit),
         upstream_429s: checker::upstream_429s(&lines),
         gateway_429s: ops.iter().filter(|o| o.status == Some(429)).count() as u64,
         latency_ms: [0.5, 0.99, 0.999].map(|q| quantile(&latencies, q)),
@@ -293,6 +309,35 @@ fn figures(spec: &RunSpec) -> anyhow::Result<Cell> {
         sync_bytes_per_s: sync_bytes / spec.nodes.max(1) as f64 / seconds,
         promise_kept,
     })
+}
+
+/// How full the upstream's window was kept once the first window had passed:
+/// the mean, over samples every W/100 from `started_ms + W` to the run's end, of
+/// what was admitted in the W before each sample (the mock's exact window), over
+/// L. Utilisation counts the first window too, which every mode fills at once
+/// from empty, and admissions late in a window that would leave it only after the
+/// run ends; this reads what a mode keeps up in steady state. 0 for a run shorter
+/// than two windows.
+pub fn steady_fill(
+    mut admitted_ms: Vec<u64>,
+    started_ms: u64,
+    run_ms: u64,
+    window_ms: u64,
+    limit: u64,
+) -> f64 {
+    admitted_ms.sort_unstable();
+    let step = (window_ms / 100).max(1);
+    let (from, to) = (started_ms + window_ms, started_ms + run_ms);
+    if to < from + window_ms || limit == 0 {
+        return 0.0;
+    }
+    let in_window = |t: u64| {
+        // Admitted in (t - W, t].
+        admitted_ms.partition_point(|&a| a <= t)
+            - admitted_ms.partition_point(|&a| a + window_ms <= t)
+    };
+    let samples: Vec<usize> = (from..=to).step_by(step as usize).map(in_window).collect();
+    samples.iter().sum::<usize>() as f64 / samples.len() as f64 / limit as f64
 }
 
 /// The `q` quantile of sorted `values` (nearest rank; 0 when empty).
@@ -345,16 +390,17 @@ pub fn table(spec: &BenchSpec, cells: &[Cell]) -> String {
     );
     for pattern in &spec.patterns {
         out.push_str(&format!(
-            "\n### Workload `{}`\n\n| mode | nodes | overshoot | utilisation | upstream 429s | gateway 429s | latency p50 / p99 / p999 (ms) | req/s | tokens/s | gossip B/s per node | promise kept |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "\n### Workload `{}`\n\n| mode | nodes | overshoot | utilisation | steady fill | upstream 429s | gateway 429s | latency p50 / p99 / p999 (ms) | req/s | tokens/s | gossip B/s per node | promise kept |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             pattern.name()
         ));
         for c in cells.iter().filter(|c| c.pattern == pattern.name()) {
             out.push_str(&format!(
-                "| {} | {} | {:+.3} | {:.2} | {} | {} | {} / {} / {} | {:.1} | {:.0} | {:.0} | {} |\n",
+                "| {} | {} | {:+.3} | {:.2} | {:.2} | {} | {} | {} / {} / {} | {:.1} | {:.0} | {:.0} | {} |\n",
                 c.mode,
                 c.nodes,
                 c.overshoot,
                 c.utilisation,
+                c.steady_fill,
                 c.upstream_429s,
                 c.gateway_429s,
                 c.latency_ms[0],
@@ -402,6 +448,18 @@ mod tests {
     }
 
     #[test]
+    fn steady_fill_leaves_out_the_first_window() {
+        // W = 1 s, L = 4, a 3 s run from t = 10,000: the first window takes all 4
+        // at once, then one request every 500 ms keeps 2 of 4 in the window.
+        let mut admitted = vec![10_000, 10_000, 10_000, 10_000];
+        admitted.extend((0..5).map(|k| 10_500 + 500 * k));
+        let fill = steady_fill(admitted, 10_000, 3_000, 1_000, 4);
+        assert!((fill - 0.5).abs() < 0.02, "{fill}");
+        // Shorter than two windows: nothing to judge.
+        assert_eq!(steady_fill(vec![10_000], 10_000, 1_500, 1_000, 4), 0.0);
+    }
+
+    #[test]
     fn the_table_has_a_row_per_cell_under_its_pattern() {
         let spec = BenchSpec::quick(PathBuf::from("x"), PathBuf::from("y"), 1);
         let cell = Cell {
@@ -410,6 +468,7 @@ mod tests {
             pattern: "uniform".into(),
             overshoot: 0.0,
             utilisation: 0.97,
+            steady_fill: 0.91,
             upstream_429s: 0,
             gateway_429s: 12,
             latency_ms: [20, 150, 300],
@@ -422,7 +481,7 @@ mod tests {
         assert!(md.contains("### Workload `uniform`"), "{md}");
         assert!(
             md.contains(
-                "| lease | 3 | +0.000 | 0.97 | 0 | 12 | 20 / 150 / 300 | 7.9 | 95 | 410 | yes |"
+                "| lease | 3 | +0.000 | 0.97 | 0.91 | 0 | 12 | 20 / 150 / 300 | 7.9 | 95 | 410 | yes |"
             ),
             "{md}"
         );

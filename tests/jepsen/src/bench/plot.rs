@@ -276,6 +276,7 @@ mod tests {
             pattern: "uniform".into(),
             overshoot,
             utilisation,
+            steady_fill: utilisation,
             upstream_429s: 0,
             gateway_429s: 0,
             latency_ms: [1, 2, 3],
