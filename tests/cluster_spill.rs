@@ -459,6 +459,71 @@ async fn a_spilled_request_is_served_only_within_its_senders_time_left() {
     upstream.shutdown().await.unwrap();
 }
 
+/// A draining peer (stopping gracefully, a stream still in flight) refuses
+/// spilled requests with a bare 503, no `x-tollgate-served-by`: not a client's
+/// answer, so its sender answers its own client instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_peer_refuses_spills_without_serving_them() {
+    // Streams of 5 tokens at 1 s each: the peer drains for about 5 s.
+    let upstream = mock(|c| c.inter_token_ms = 1_000).await;
+    let (mut nodes, cluster_id) = nodes([true, true], &upstream).await;
+    // Credit at the peer first (a 5 s answer).
+    served_once(&nodes[1]).await;
+    let warmed = upstream.stats().admitted;
+    let peer = rpc_addr_of_peer(&nodes[0]).await;
+    let mut body = chat_body("hi", 5);
+    body["stream"] = serde_json::json!(true);
+    let url = format!("{}/chat/completions", nodes[1].url());
+    let stream = tokio::spawn(async move {
+        let answer = reqwest::Client::new()
+            .post(url)
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (answer.status(), answer.text().await.unwrap())
+    });
+    // The stream is in flight at the peer once the upstream has it.
+    let started = Instant::now() + Duration::from_secs(5);
+    while upstream.stats().admitted == warmed {
+        assert!(
+            Instant::now() < started,
+            "the stream never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes[1].begin_stop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let admitted = upstream.stats().admitted;
+    let answer = reqwest::Client::new()
+        .post(format!("http://{peer}/internal/v1/spill/chat"))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .header("x-tollgate-cluster-secret", SECRET)
+        .header("x-tollgate-cluster-id", &cluster_id)
+        .header("x-tollgate-spilled-from", "node-0")
+        .body(serde_json::to_vec(&chat_body("hi", 5)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().get("x-tollgate-served-by").is_none());
+    assert_eq!(
+        upstream.stats().admitted,
+        admitted,
+        "a draining peer served a spill"
+    );
+    // The stream in flight still ends whole.
+    let (status, text) = stream.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
+
 /// With the upstream's limit the binding one, a request its upstream refused
 /// after its wait spills, its tenant charge here cancelled first: the busy node
 /// serves its share, the peer its room, the cluster stays within L, and the busy

@@ -32,6 +32,14 @@ impl Node {
         let _ = self.task.await;
     }
 
+    /// Starts a graceful stop without waiting for it: the node drains (refusing
+    /// new work) while its in-flight requests finish. [`Node::stop`] waits.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
