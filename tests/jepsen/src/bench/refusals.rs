@@ -60,7 +60,10 @@ pub fn judge(
     admitted.sort_unstable();
     let (w, b) = (limits.window_ms as i64, limits.bucket_ms.max(1) as i64);
     let exact = |x: i64, t: i64| t - w < x && x <= t;
-    let buckets = |x: i64, t: i64| x <= t && (x.div_euclid(b) + 1) * b + w > t;
+    // The gateway's buckets are aligned to Unix time, not to the run's start.
+    let t0 = t0_unix_ms as i64;
+    let bucket_end = |x: i64| ((x + t0).div_euclid(b) + 1) * b - t0;
+    let buckets = |x: i64, t: i64| x <= t && bucket_end(x) + w > t;
     let mut out: BTreeMap<usize, TenantRefusals> = BTreeMap::new();
     for op in ops.iter().filter(|o| o.status == Some(429)) {
         let Some(t) = op.complete_ms.map(|c| c as i64) else {
@@ -192,6 +195,24 @@ mod tests {
                 room_buckets: 1
             }
         );
+    }
+
+    #[test]
+    fn buckets_are_aligned_to_unix_time_not_to_the_runs_start() {
+        let limits = Limits {
+            upstream: 1,
+            tenant: 1,
+            window_ms: 1_000,
+            bucket_ms: 250,
+        };
+        // The run starts 150 ms before a Unix bucket boundary: an admission at
+        // run time 100 (Unix 10,000) is in the Unix bucket [10,000, 10,250),
+        // run time [100, 350), and counts until 1,350 by the bucket rule;
+        // buckets counted from the run's start would have let it go at 1,250.
+        let t0 = 9_900;
+        let lines = [admitted(t0 + 100, 0)];
+        let got = judge(&[refused(0, 1_300)], &lines, t0, limits);
+        assert_eq!((got[&0].room_exact, got[&0].room_buckets), (1, 0));
     }
 
     #[test]
