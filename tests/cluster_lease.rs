@@ -852,6 +852,80 @@ async fn a_nudged_holder_states_the_named_keys() {
     upstream.shutdown().await.unwrap();
 }
 
+/// A node where a tenant has just begun is served at once while the tenant is
+/// busy elsewhere and its limit has room. Every node reads its own demand as its
+/// peers have it, two gossip intervals and a sync interval late (1.2 s here, four
+/// times the 300 ms a request may wait); by demand alone the newcomer's share
+/// was 0 for that long and its first request was refused. Now each member gets
+/// twice its demand and the rest of L is split equally (`share::fair_shares`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_where_a_tenant_just_began_is_served_before_its_demand_spreads() {
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let toml = lease_toml(i, &ports, "300ms")
+            .replace("gossip_interval = \"50ms\"", "gossip_interval = \"300ms\"")
+            .replace("sync_interval = \"100ms\"", "sync_interval = \"600ms\"")
+            // The ttl must outlast failure detection at this gossip pace.
+            .replace("ttl = \"1s\"", "ttl = \"6s\"");
+        nodes.push(node(&toml, &[&upstream]).await);
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let (busy, newcomer) = (self_id(&nodes[0]).await, self_id(&nodes[1]).await);
+    let owner_id = owner_of(&nodes[0], KEY_REQUESTS).await;
+    let mut owner = None;
+    for n in &nodes {
+        if self_id(n).await == owner_id {
+            owner = Some(n);
+        }
+    }
+    let owner = owner.expect("the owner is one of the nodes");
+    // The tenant on the busy node only: 5 of L = 30 a minute, a claim of 10.
+    // The owner grants nothing until every holder has stated (a sync round at
+    // this pace), so the first asks may be refused: retry until 5 are served.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut served = 0;
+    while served < 5 {
+        let response = post(&nodes[0], "/chat/completions", chat_body("hi", 5), &[]).await;
+        match response.status().as_u16() {
+            200 => served += 1,
+            429 => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => panic!("unexpected status {other}"),
+        }
+        assert!(Instant::now() < deadline, "the busy node was never served");
+    }
+    // Until the owner's shares count the busy node's demand.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let shares = loop {
+        let body = admin(owner, "/admin/cluster?keys=true").await;
+        let line = (body["owned"].as_array().cloned().unwrap_or_default())
+            .into_iter()
+            .find(|k| k["key"] == KEY_REQUESTS);
+        let shares = line.map(|l| l["shares"].clone()).unwrap_or_default();
+        let share = |id: &str| shares[id].as_u64().unwrap_or(0);
+        if share(&busy) > share(&newcomer) {
+            break shares;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the busy node's demand never reached the owner: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Its claim, and a part of the rest for each (by demand: 30, 0, 0).
+    assert!(shares[&busy].as_u64().unwrap() >= 10, "{shares}");
+    assert!(shares[&newcomer].as_u64().unwrap() >= 6, "{shares}");
+    let response = post(&nodes[1], "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(response.status(), 200, "{:?}", response.headers());
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
+
 /// Every used key's cut-off share reaches its owner through gossip (`h:`): the
 /// figure a rebuilt line charges a holder that cannot state to it
 /// (docs/design/lease.md, "Double fault"). The owner's `/admin/cluster?keys=true`

@@ -1387,10 +1387,12 @@ mod tests {
         };
         let first = v(&[("a", 2), ("b", 2), ("c", 12)]);
         let second = v(&[("a", 47), ("b", 47), ("c", 12)]);
+        // Claims 4, 4, 24 fit: each its claim, the rest (88) equally.
         let one = most_share(120, &[&first], fair_shares);
-        assert_eq!(one["c"], 90);
+        assert_eq!((one["a"], one["b"], one["c"]), (34, 33, 53));
+        // Claims 94, 94, 24 do not: max-min gives 48, 48, 24.
         let both = most_share(120, &[&second, &first], fair_shares);
-        assert_eq!(both["c"], 90, "the first freeze's share, not the second's");
+        assert_eq!(both["c"], 53, "the first freeze's share, not the second's");
         assert_eq!(both["a"], 48, "the second freeze's, larger for a");
         assert!(most_share(120, &[], fair_shares).is_empty());
     }

@@ -154,6 +154,9 @@ pub struct OwnedKey {
     /// The cut-off shares peers say in gossip that they hold for the key (what a
     /// member with no account here is charged at least).
     pub held: BTreeMap<String, u64>,
+    /// Each live member's share of L by the demands as this owner last had
+    /// them (what a holder may commit, borrowing aside).
+    pub shares: BTreeMap<String, u64>,
 }
 
 impl OwnerBook {
@@ -427,6 +430,7 @@ impl OwnerBook {
                 holders: line.holders(),
                 recovering: line.recovering(now_ms),
                 held: line.terms().held.clone(),
+                shares: line.terms().shares.clone(),
             })
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
