@@ -51,6 +51,7 @@ pub fn node_config(
         gossip_listen: gossip,
         gossip_advertise: None,
         rpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], RPC_BASE + i))),
+        rpc_advertise: None,
         // A local demo: the secret is printed with the URLs. Real clusters read it
         // from the environment (`secret = "${TOLLGATE_CLUSTER_SECRET}"`).
         secret: Some(DEMO_SECRET.into()),

@@ -524,6 +524,124 @@ async fn a_draining_peer_refuses_spills_without_serving_them() {
     upstream.shutdown().await.unwrap();
 }
 
+/// A hop that fails after its request went out (the peer may have served it:
+/// here it surely did) is sent nowhere again: its client gets this node's own
+/// 429 at once, neither a wait and a serving here nor a second hop. The peer
+/// advertises its internal RPC (`cluster.rpc_advertise`) at a proxy that
+/// delivers every spilled request and cuts the connection as the peer answers;
+/// its lease statements pass through the same proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_cut_after_delivery_gets_this_nodes_429_at_once_and_is_never_sent_again() {
+    let upstream = mock(|_| {}).await;
+    let ports = [free_udp_port(), free_udp_port()];
+    // The busy node waits up to 2 s for credit: a request it kept after a cut
+    // hop would be answered after that wait (or served here).
+    let busy = spill_toml(0, &ports, true, Shape::default())
+        .replace("max_wait = \"200ms\"", "max_wait = \"2s\"");
+    let peer = spill_toml(1, &ports, true, Shape::default());
+    let rpc_line = (peer.lines())
+        .find(|l| l.starts_with("rpc_listen = "))
+        .unwrap()
+        .to_owned();
+    let rpc: std::net::SocketAddr = rpc_line["rpc_listen = ".len()..]
+        .trim_matches('"')
+        .parse()
+        .unwrap();
+    let proxy = common::cutting_proxy::CuttingProxy::start(rpc).await;
+    let peer = peer.replace(
+        &rpc_line,
+        &format!("{rpc_line}\nrpc_advertise = \"{}\"", proxy.addr),
+    );
+    let nodes = vec![
+        node(&busy, &[&upstream]).await,
+        node(&peer, &[&upstream]).await,
+    ];
+    for n in &nodes {
+        wait_members(n, 2).await;
+    }
+    // Peers dial the advertised address, not the one the peer listens on.
+    assert_eq!(rpc_addr_of_peer(&nodes[0]).await, proxy.addr.to_string());
+    // Demand on both nodes (the peer's share keeps room it does not use); the
+    // statements through the proxy are what serve these.
+    for _ in 0..5 {
+        for n in &nodes {
+            served_once(n).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cut_before = proxy.cut().len();
+    let admitted_before = upstream.stats().admitted;
+    let sent_before = metrics(&nodes[0]).await;
+    let received_before = count(&metrics(&nodes[1]).await, RECEIVED_200);
+    // The busy node alone, one request at a time, each told apart by its text,
+    // until two hops were cut.
+    let mut answers = Vec::new();
+    for i in 0..40 {
+        let text = format!("cut-probe-{i}-end");
+        let answer = post(&nodes[0], "/chat/completions", chat_body(&text, 5), &[]).await;
+        let status = answer.status().as_u16();
+        let body: serde_json::Value = answer.json().await.unwrap();
+        answers.push((text, status, Instant::now(), body));
+        if proxy.cut().len() >= cut_before + 2 {
+            break;
+        }
+    }
+    let cut = proxy.cut()[cut_before..].to_vec();
+    assert!(!cut.is_empty(), "no hop was cut: {answers:?}");
+    for (cut_at, request) in &cut {
+        let (text, status, answered_at, body) = (answers.iter())
+            .find(|(text, ..)| request.contains(text.as_str()))
+            .unwrap_or_else(|| panic!("a cut hop no client sent: {request}"));
+        assert_eq!(*status, 429, "{text}: {body}");
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+        // At once after the cut, not after a wait here (a hop at once on a
+        // refusal, before the wait, is the case this tells apart).
+        let after = answered_at.saturating_duration_since(*cut_at);
+        assert!(
+            after < Duration::from_millis(1_000),
+            "{text}: answered {after:?} after its hop was cut"
+        );
+        let hops = cut
+            .iter()
+            .filter(|(_, r)| r.contains(text.as_str()))
+            .count();
+        assert_eq!(hops, 1, "{text} was sent to the peer {hops} times");
+    }
+    let sent = metrics(&nodes[0]).await;
+    assert_eq!(
+        count(&sent, SPILLED_FAILED) - count(&sent_before, SPILLED_FAILED),
+        cut.len() as u64,
+        "each cut hop counted failed"
+    );
+    // The peer served each one (it answered 200 into the cut connection).
+    let received = count(&metrics(&nodes[1]).await, RECEIVED_200) - received_before;
+    assert_eq!(received, cut.len() as u64);
+    // The upstream saw each request once: every 200 a client got, plus the cut
+    // hops the peer served and nobody read.
+    let client_200s = answers.iter().filter(|(_, s, ..)| *s == 200).count() as u64;
+    assert_eq!(
+        upstream.stats().admitted - admitted_before,
+        client_200s + cut.len() as u64
+    );
+    println!(
+        "{} requests: {client_200s} served, {} hops cut; answers to the cut ones: {:?}",
+        answers.len(),
+        cut.len(),
+        (cut.iter())
+            .map(|(at, r)| {
+                let (t, s, answered, _) = (answers.iter())
+                    .find(|(t, ..)| r.contains(t.as_str()))
+                    .unwrap();
+                (t, s, answered.saturating_duration_since(*at))
+            })
+            .collect::<Vec<_>>()
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
+
 /// With the upstream's limit the binding one, a request its upstream refused
 /// after its wait spills, its tenant charge here cancelled first: the busy node
 /// serves its share, the peer its room, the cluster stays within L, and the busy

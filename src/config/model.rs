@@ -194,6 +194,11 @@ pub struct ClusterConfig {
     /// never the public proxy port. Required in `lease` mode.
     #[serde(default)]
     pub rpc_listen: Option<SocketAddr>,
+    /// Address peers dial for the internal RPC (default: `rpc_listen`), announced
+    /// in node metadata: set it when `rpc_listen` is a wildcard (`0.0.0.0` in a
+    /// container) or peers reach this node through another address (NAT).
+    #[serde(default)]
+    pub rpc_advertise: Option<SocketAddr>,
     /// Shared secret authenticating internal RPCs (`${ENV}` is expanded); at least 16
     /// characters. Required in `lease` mode.
     #[serde(default)]

@@ -245,6 +245,57 @@ fn cluster_settings_that_break_the_promises_are_refused() {
     assert!(Config::from_toml(&gossip, "test.toml").is_ok());
 }
 
+/// A wildcard listen address binds every interface, but announced to peers it
+/// reaches each peer's own host: unnoticed on one machine, a silent split
+/// across machines (a container's `0.0.0.0`). It needs an advertised address.
+#[test]
+fn wildcard_listen_addresses_need_an_address_peers_can_dial() {
+    let cluster = |gossip: &str, rpc: &str, extra: &str| {
+        format!(
+            "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"{gossip}\"\nrpc_listen = \"{rpc}\"\nsecret = \"0123456789abcdef\"\n{extra}"
+        )
+    };
+    let (field, reason) = invalid(&cluster("0.0.0.0:7001", "127.0.0.1:7101", ""));
+    assert_eq!(field, "cluster.gossip_advertise");
+    assert!(reason.contains("0.0.0.0:7001"), "{reason}");
+    let (field, reason) = invalid(&cluster("127.0.0.1:7001", "[::]:7101", ""));
+    assert_eq!(field, "cluster.rpc_advertise");
+    assert!(reason.contains("cluster.rpc_listen"), "{reason}");
+    // Advertised addresses must themselves be dialable.
+    let (field, _) = invalid(&cluster(
+        "127.0.0.1:7001",
+        "127.0.0.1:7101",
+        "rpc_advertise = \"0.0.0.0:7101\"",
+    ));
+    assert_eq!(field, "cluster.rpc_advertise");
+    let (field, _) = invalid(&cluster(
+        "127.0.0.1:7001",
+        "127.0.0.1:7101",
+        "gossip_advertise = \"10.0.0.5:0\"",
+    ));
+    assert_eq!(field, "cluster.gossip_advertise");
+    // Wildcards with the node's own addresses announced: the container shape.
+    let config = Config::from_toml(
+        &cluster(
+            "0.0.0.0:7001",
+            "0.0.0.0:7101",
+            "gossip_advertise = \"10.0.0.5:7001\"\nrpc_advertise = \"10.0.0.5:7101\"",
+        ),
+        "test.toml",
+    )
+    .unwrap();
+    let cluster = config.cluster.unwrap();
+    assert_eq!(
+        cluster.rpc_advertise,
+        Some("10.0.0.5:7101".parse().unwrap())
+    );
+    // Gossip mode never announces an RPC address peers use: no rule there.
+    let gossip = format!(
+        "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"10.0.0.5:7001\"\nmode = \"gossip\"\n"
+    );
+    assert!(Config::from_toml(&gossip, "test.toml").is_ok());
+}
+
 /// Found by a review: one `burst` for both limits had to be at most the smaller
 /// of rpm and tpm, so a token-bucket tenant's token burst was its rpm, and every
 /// request costing more tokens than that was refused for good (413).

@@ -5,6 +5,7 @@ use super::{Config, Quota, normalize_key_hash};
 use crate::limiter::Algorithm;
 use crate::tokens::Encoding;
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// One broken rule.
@@ -64,6 +65,12 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
             "needs a fixed port: peers must be able to dial it",
         );
     }
+    check_dialable(
+        "cluster.gossip_advertise",
+        cluster.gossip_advertise,
+        "cluster.gossip_listen",
+        cluster.gossip_listen,
+    )?;
     // Failure detection takes at most gossip_interval x (2 x phi + 2) (see
     // docs/design/membership.md); a dead member must stay charged at least that long,
     // or a node could be forgotten before every peer has noticed it is gone.
@@ -127,6 +134,12 @@ fn validate_rpc(cluster: &super::ClusterConfig) -> Result<(), Violation> {
             "needs a fixed port: peers must be able to dial it",
         );
     }
+    check_dialable(
+        "cluster.rpc_advertise",
+        cluster.rpc_advertise,
+        "cluster.rpc_listen",
+        rpc,
+    )?;
     if cluster.secret.as_deref().is_none_or(|s| s.len() < 16) {
         return fail(
             "cluster.secret",
@@ -134,6 +147,35 @@ fn validate_rpc(cluster: &super::ClusterConfig) -> Result<(), Violation> {
         );
     }
     Ok(())
+}
+
+/// The address peers are told to dial (`advertised`, or `listen` when it is
+/// unset) must be one they can dial: a wildcard (`0.0.0.0`, `::`) is fine to
+/// bind but, announced, reaches each peer's own host (unnoticed on one machine,
+/// a silent split across machines), and port 0 is no port.
+fn check_dialable(
+    advertise_field: &str,
+    advertised: Option<SocketAddr>,
+    listen_field: &str,
+    listen: SocketAddr,
+) -> Result<(), Violation> {
+    match advertised {
+        Some(addr) if addr.ip().is_unspecified() || addr.port() == 0 => fail(
+            advertise_field,
+            format!(
+                "{addr} is not an address peers can dial: give this node's own IP and a fixed port"
+            ),
+        ),
+        Some(_) => Ok(()),
+        None if listen.ip().is_unspecified() => fail(
+            advertise_field,
+            format!(
+                "is needed when {listen_field} is a wildcard ({listen}): peers dial the announced address, so give this node's own IP (e.g. \"10.0.0.5:{}\")",
+                listen.port()
+            ),
+        ),
+        None => Ok(()),
+    }
 }
 
 fn validate_lease(cluster: &super::ClusterConfig, detection: Duration) -> Result<(), Violation> {

@@ -130,8 +130,7 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
         .as_millis() as u64;
     let metadata = NodeMetadata {
         proxy_addr: proxy.to_string(),
-        rpc_addr: config
-            .rpc_listen
+        rpc_addr: (config.rpc_advertise.or(config.rpc_listen))
             .unwrap_or(config.gossip_listen)
             .to_string(),
         version: env!("CARGO_PKG_VERSION").to_owned(),

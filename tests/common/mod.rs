@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
 pub mod cluster;
+pub mod cutting_proxy;
 pub mod redis;
 
 use std::net::SocketAddr;
