@@ -3,7 +3,8 @@
 # (redis-server and redis-cli for the Redis strict-mode tests; iproute2 and
 # iptables for the jepsen harness's namespaces, libfaketime for its clock
 # skew; installed with apt-get when
-# missing and allowed), then runs every test of the workspace.
+# missing and allowed), then runs every test of the workspace and the
+# docker-compose cluster's smoke run (scripts/compose-smoke.sh).
 # A missing service is a loud failure, never a silent skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
+# curl: the compose smoke run's clients.
+command -v curl >/dev/null || missing+=(curl)
 # libfaketime: the jepsen harness's clock-skew nemesis.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
 if ((${#missing[@]})); then
@@ -26,4 +29,9 @@ if ((${#missing[@]})); then
     exit 1
   fi
 fi
-exec cargo test --workspace --locked "$@"
+cargo test --workspace --locked "$@"
+# docker-compose.yml's cluster with its configs unchanged, in network namespaces
+# (no container engine on the test machines); skipped when a filter was given.
+if (($# == 0)); then
+  scripts/compose-smoke.sh
+fi

@@ -159,21 +159,86 @@ fn secrets_expand_from_env_and_missing_ones_are_refused() {
     assert_eq!(config.upstreams[0].api_key.as_deref(), Some("k-secret"));
 }
 
+/// Every `.toml` under `dir` and its subdirectories, parsed and validated.
+fn repo_configs(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Config)> {
+    let any_env = |name: &str| Some(format!("value-of-{name}"));
+    let mut out = Vec::new();
+    let mut entries: Vec<_> = (std::fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            out.extend(repo_configs(&path));
+        } else if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let file = path.display().to_string();
+            let config = Config::from_toml_with_env(&text, &file, &any_env)
+                .unwrap_or_else(|e| panic!("{e}"));
+            out.push((path, config));
+        }
+    }
+    out
+}
+
 #[test]
 fn example_configs_in_the_repo_validate() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
-    let any_env = |name: &str| Some(format!("value-of-{name}"));
-    let mut checked = 0;
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "toml") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            let file = path.display().to_string();
-            Config::from_toml_with_env(&text, &file, &any_env).unwrap_or_else(|e| panic!("{e}"));
-            checked += 1;
-        }
+    let checked = repo_configs(&dir).len();
+    assert!(
+        checked >= 5,
+        "expected the demo, the examples and the compose nodes"
+    );
+}
+
+/// `docker-compose.yml` cannot run on the test machines (no container engine),
+/// so what ties it to its node configs is checked here: each node's config is
+/// mounted by its own service, which has the IP the config announces; every
+/// node seeds from the others' announced gossip addresses; one cluster, one id
+/// each.
+#[test]
+fn the_compose_cluster_agrees_with_its_node_configs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let compose = std::fs::read_to_string(root.join("docker-compose.yml")).unwrap();
+    let nodes = repo_configs(&root.join("config/compose"));
+    assert_eq!(nodes.len(), 3);
+    let clusters: Vec<_> = (nodes.iter())
+        .map(|(_, c)| c.cluster.clone().expect("a cluster node"))
+        .collect();
+    let gossip: Vec<_> = (clusters.iter())
+        .map(|c| c.gossip_advertise.expect("announces its address"))
+        .collect();
+    for (i, ((path, _), cluster)) in nodes.iter().zip(&clusters).enumerate() {
+        let ip = gossip[i].ip();
+        assert_eq!(cluster.cluster_id, clusters[0].cluster_id);
+        assert_eq!(cluster.rpc_advertise.map(|a| a.ip()), Some(ip));
+        let mut seeds = cluster.seeds.clone();
+        seeds.sort();
+        let mut others: Vec<String> = (gossip.iter().enumerate())
+            .filter(|(j, _)| *j != i)
+            .map(|(_, a)| a.to_string())
+            .collect();
+        others.sort();
+        assert_eq!(seeds, others, "{}", path.display());
+        // The service that mounts this file, up to the next service.
+        let mount = format!(
+            "./config/compose/{}",
+            path.file_name().unwrap().to_string_lossy()
+        );
+        let at = compose
+            .find(&mount)
+            .unwrap_or_else(|| panic!("{mount} is not mounted"));
+        let service_start = compose[..at].rfind("\n  node").unwrap();
+        let service_end = (compose[at..].find("\n\n")).map_or(compose.len(), |e| at + e);
+        let service = &compose[service_start..service_end];
+        assert!(
+            service.contains(&format!("ipv4_address: {ip}")),
+            "{mount}'s service lacks its IP {ip}: {service}"
+        );
     }
-    assert!(checked >= 2, "expected the demo and at least one example");
+    let mut ids: Vec<_> = clusters.iter().map(|c| c.node_id.clone()).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 3);
 }
 
 #[test]
