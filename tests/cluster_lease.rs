@@ -18,6 +18,57 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// A holder refused while its owner's rebuilt line was shut is asked to state
+/// again when the gate opens, and asks at once, not at its next interval's
+/// round (a second here). The owner (bare, granting nothing of the key until
+/// opened) refuses the waiting request's asks twice, the second at a round
+/// (asks between rounds wait for the next round once refused); then it opens
+/// and nudges as a real owner does: the key is asked for again well within the
+/// second, and the request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_refused_behind_a_shut_gate_asks_again_as_soon_as_it_is_nudged() {
+    let slow_rounds = |toml: String| {
+        toml.replace("sync_interval = \"100ms\"", "sync_interval = \"1s\"")
+            .replace("ttl = \"1s\"", "ttl = \"4s\"")
+            .replace("max_wait = \"2s\"", "max_wait = \"5s\"")
+    };
+    let cell = BesideAnOwner::start_edited(
+        RPC_VERSION,
+        Grants::NothingUntilOpened,
+        KEY_REQUESTS,
+        slow_rounds,
+        mock(|_| {}).await,
+    )
+    .await;
+    let waiting = cell.request();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cell.seen.refused_asks.load(Ordering::Relaxed) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the key was never asked for twice"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cell.seen.opened.store(true, Ordering::Relaxed);
+    let nudged = Instant::now();
+    cell.nudge(&[KEY_REQUESTS]).await;
+    let deadline = nudged + Duration::from_secs(3);
+    let asked = loop {
+        if let Some(at) = *cell.seen.asked_after_opening.lock().unwrap() {
+            break at;
+        }
+        assert!(Instant::now() < deadline, "never asked again");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let after = asked.saturating_duration_since(nudged);
+    assert!(
+        after < Duration::from_millis(500),
+        "asked again {after:?} after the nudge (the next round is a second away)"
+    );
+    assert_eq!(waiting.await.unwrap().0, 200);
+    cell.stop().await;
+}
+
 const KEY_REQUESTS: &str = "tenant:t:requests";
 
 /// Requests may wait up to `max_wait` for credit (clients that honour backpressure).
@@ -817,27 +868,10 @@ async fn a_nudged_holder_states_the_named_keys() {
         assert!(Instant::now() < rested, "the line never came to rest");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let members = admin(holder, "/admin/cluster").await["cluster"]["members"].clone();
-    let rpc = (members.as_array().unwrap().iter())
-        .find(|m| m["is_self"] == true)
-        .and_then(|m| m["rpc_addr"].as_str())
-        .unwrap()
-        .to_owned();
-    let nudge = serde_json::json!({
-        "cluster_id": format!("test-{}", ports[0]),
-        "from": owner_id,
-        "keys": [KEY_REQUESTS, "tenant:nobody:requests"],
-    });
-    let answer = reqwest::Client::new()
-        .post(format!("http://{rpc}/internal/v1/lease/nudge"))
-        .header("x-tollgate-cluster-secret", SECRET)
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&nudge).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-    assert_eq!(json(answer).await["keys"], 1, "one lease key of the two");
+    let cluster_id = format!("test-{}", ports[0]);
+    let keys = [KEY_REQUESTS, "tenant:nobody:requests"];
+    let answer = send_nudge(holder, &cluster_id, &owner_id, &keys).await;
+    assert_eq!(answer["keys"], 1, "one lease key of the two");
     let stated = Instant::now() + Duration::from_secs(3);
     while !has_line(&admin(owner, "/admin/cluster?keys=true").await) {
         assert!(
@@ -850,6 +884,33 @@ async fn a_nudged_holder_states_the_named_keys() {
         n.stop().await;
     }
     upstream.shutdown().await.unwrap();
+}
+
+/// Sends `holder` a nudge naming `keys` as owner `from` would (what an owner
+/// sends a holder it waits for): 200 and its JSON answer.
+async fn send_nudge(
+    holder: &Node,
+    cluster_id: &str,
+    from: &str,
+    keys: &[&str],
+) -> serde_json::Value {
+    let members = admin(holder, "/admin/cluster").await["cluster"]["members"].clone();
+    let rpc = (members.as_array().unwrap().iter())
+        .find(|m| m["is_self"] == true)
+        .and_then(|m| m["rpc_addr"].as_str())
+        .unwrap()
+        .to_owned();
+    let nudge = serde_json::json!({ "cluster_id": cluster_id, "from": from, "keys": keys });
+    let answer = reqwest::Client::new()
+        .post(format!("http://{rpc}/internal/v1/lease/nudge"))
+        .header("x-tollgate-cluster-secret", SECRET)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&nudge).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    json(answer).await
 }
 
 /// A node where a tenant has just begun is served at once while the tenant is
@@ -1021,6 +1082,13 @@ mod owner_at_version {
         pub told: AtomicU64,
         /// `Grants::OneSlot`: the slot was granted.
         slot_granted: std::sync::atomic::AtomicBool,
+        /// `Grants::NothingUntilOpened`: asks of the counted key granted nothing.
+        pub refused_asks: AtomicU64,
+        /// `Grants::NothingUntilOpened`: granting as asked from now on.
+        pub opened: std::sync::atomic::AtomicBool,
+        /// `Grants::NothingUntilOpened`: when the counted key was first asked
+        /// for after the opening.
+        pub asked_after_opening: std::sync::Mutex<Option<tokio::time::Instant>>,
     }
 
     /// What the owner grants.
@@ -1033,6 +1101,9 @@ mod owner_at_version {
         /// One slot of the counted key in all (granted once, then 0), the rest
         /// as asked.
         OneSlot,
+        /// Nothing of the counted key until `Seen::opened` (as a rebuilt line
+        /// whose gate is shut), the rest as asked.
+        NothingUntilOpened,
     }
 
     /// Serves on `listener` as an owner speaking wire `version` and granting
@@ -1062,7 +1133,20 @@ mod owner_at_version {
                         seen.held.fetch_add(1, Ordering::Relaxed);
                     }
                     let used: u64 = e.usage.iter().map(|(_, c)| c).sum();
-                    let (credit, granted) = if grants == Grants::OneSlot && e.key == key {
+                    let shut = grants == Grants::NothingUntilOpened
+                        && e.key == key
+                        && !seen.opened.load(Ordering::Relaxed);
+                    if grants == Grants::NothingUntilOpened && e.key == key && e.want > 0 {
+                        if shut {
+                            seen.refused_asks.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            let mut at = seen.asked_after_opening.lock().unwrap();
+                            at.get_or_insert_with(tokio::time::Instant::now);
+                        }
+                    }
+                    let (credit, granted) = if shut {
+                        (e.remaining, 0)
+                    } else if grants == Grants::OneSlot && e.key == key {
                         // One slot, granted to the first statement that asks (the
                         // holder's start statements hold nothing and ask nothing).
                         let asks = e.want > 0;
@@ -1104,6 +1188,7 @@ struct BesideAnOwner {
     owner: tollgate_cluster::membership::Membership,
     upstream: tollgate::mock::MockHandle,
     seen: Arc<owner_at_version::Seen>,
+    cluster_id: String,
 }
 
 impl BesideAnOwner {
@@ -1114,13 +1199,28 @@ impl BesideAnOwner {
         tenant: &str,
         upstream: tollgate::mock::MockHandle,
     ) -> BesideAnOwner {
+        let tenant = tenant.to_owned();
+        let with_tenant = move |toml: String| {
+            toml.replace(
+                &format!("rpm = {LIMIT}\n"),
+                &format!("rpm = {LIMIT}\n{tenant}"),
+            )
+        };
+        Self::start_edited(version, grants, key, with_tenant, upstream).await
+    }
+
+    /// [`BesideAnOwner::start`] with the node's config edited by `edit`.
+    async fn start_edited(
+        version: u32,
+        grants: owner_at_version::Grants,
+        key: &'static str,
+        edit: impl Fn(String) -> String,
+        upstream: tollgate::mock::MockHandle,
+    ) -> BesideAnOwner {
         use tollgate_cluster::lease::rendezvous;
         use tollgate_cluster::membership::NodeMetadata;
         let ports = [free_udp_port(), free_udp_port()];
-        let toml = (lease_toml(0, &ports, "2s")).replace(
-            &format!("rpm = {LIMIT}\n"),
-            &format!("rpm = {LIMIT}\n{tenant}"),
-        );
+        let toml = edit(lease_toml(0, &ports, "2s"));
         let node = node(&toml, &[&upstream]).await;
         let node_id = self_id(&node).await;
         // A generation that makes the other member the owner of `key`.
@@ -1155,7 +1255,14 @@ impl BesideAnOwner {
             owner,
             upstream,
             seen,
+            cluster_id: format!("test-{}", ports[0]),
         }
+    }
+
+    /// Asks the node's holder to state `keys`, as the bare owner would.
+    async fn nudge(&self, keys: &[&str]) {
+        let from = self.owner.self_id().to_string();
+        send_nudge(&self.node, &self.cluster_id, &from, keys).await;
     }
 
     /// Serves requests one at a time until `done` says the owner saw enough;

@@ -243,6 +243,13 @@ impl Credit {
         }
     }
 
+    /// The engine: an ask its owner refused stands again (the owner asked for
+    /// it once the refusal's cause, a rebuilt line's gate, was gone). No wake:
+    /// the engine is in the round that takes it.
+    pub fn ask_again(&self) {
+        self.0.wanted.store(true, Ordering::Relaxed);
+    }
+
     /// The engine: whether the actor asked for more since the last call, and the
     /// largest cost it could not pay (both reset).
     pub fn take_wanted(&self) -> (bool, u64) {

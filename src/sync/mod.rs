@@ -347,6 +347,7 @@ fn peer_book(
         state.registry.clock(),
         state.metrics.clone(),
         Some(nudger),
+        Some(state.credit_wake.clone()),
     ));
     let _ = state.lease_book.set(book.clone());
     Ok(book)

@@ -326,6 +326,10 @@ struct Recovery<H> {
     until_ms: u64,
     /// Whether the holders still unknown were asked to state ([`Line::to_nudge`]).
     nudged: bool,
+    /// Holders that asked for credit while the gate was shut and were granted
+    /// nothing: told once it opens ([`Line::take_reopened`]), or each would wait
+    /// out its interval before asking again.
+    waiting: BTreeSet<H>,
 }
 
 /// The owner's ledger of one key.
@@ -392,6 +396,7 @@ impl<H: Ord + Clone> Line<H> {
                 unknown: live_holders.iter().cloned().collect(),
                 until_ms: now_ms.saturating_add(config.ttl_ms),
                 nudged: false,
+                waiting: BTreeSet::new(),
             });
         }
         line
@@ -531,6 +536,19 @@ impl<H: Ord + Clone> Line<H> {
             {
                 r.nudged = true;
                 r.unknown.iter().cloned().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Once the rebuilt line's gate opened (every live holder stated, or its
+    /// ttl passed): the holders it refused while shut, each once. The owner asks
+    /// them to state again at once (docs/design/lease.md, "The gate").
+    pub fn take_reopened(&mut self, now_ms: u64) -> Vec<H> {
+        let open = !self.recovering(now_ms);
+        match &mut self.recovery {
+            Some(r) if open && !r.waiting.is_empty() => {
+                std::mem::take(&mut r.waiting).into_iter().collect()
             }
             _ => Vec::new(),
         }
@@ -695,6 +713,14 @@ impl<H: Ord + Clone> Line<H> {
         };
         account.reserves.tell(cut_off_share, request.seq);
         self.accounts.insert(holder.clone(), account);
+        let shut = self.recovering(now_ms);
+        if let Some(r) = &mut self.recovery
+            && shut
+            && request.want > 0
+            && granted == 0
+        {
+            r.waiting.insert(holder.clone());
+        }
         debug_assert!(
             granted == 0 || self.committed(now_ms) <= cap,
             "over-granted"
@@ -1054,6 +1080,42 @@ mod tests {
         assert_eq!(l.to_nudge(5_300, 300), vec!["b", "c"]);
         assert!(l.to_nudge(5_400, 300).is_empty(), "once per rebuild");
         assert!(Line::<&str>::new(config).to_nudge(9_000, 300).is_empty());
+    }
+
+    #[test]
+    fn a_rebuilt_line_names_the_holders_it_refused_once_its_gate_opens() {
+        let w = Window::try_new(1_000, 10).expect("window");
+        let config = LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 1_000).expect("config");
+        let mut l = Line::rebuild(config, &[], &["a", "b", "c"], 5_000);
+        l.set_terms(Terms {
+            borrow: 100,
+            ..Terms::default()
+        });
+        // a asks while b and c have not stated: nothing, and it waits.
+        let r = l.sync(&"a", &statement(5_001, &[], 0, 10), 5_001);
+        assert_eq!(r.expect("ok").granted, 0);
+        // b states nothing held and wants nothing: not waiting.
+        l.sync(&"b", &statement(5_002, &[], 0, 0), 5_002)
+            .expect("ok");
+        assert!(
+            l.take_reopened(5_002).is_empty(),
+            "still shut: c is unknown"
+        );
+        // c's statement opens the gate; it is granted itself.
+        let r = l.sync(&"c", &statement(5_003, &[], 0, 10), 5_003);
+        assert_eq!(r.expect("ok").granted, 10);
+        assert_eq!(l.take_reopened(5_003), vec!["a"]);
+        assert!(l.take_reopened(5_004).is_empty(), "each once");
+        // Opened by its ttl instead (c never states): named then.
+        let mut l = Line::rebuild(config, &[], &["a", "c"], 5_000);
+        l.sync(&"a", &statement(5_001, &[], 0, 10), 5_001)
+            .expect("ok");
+        assert!(l.take_reopened(5_999).is_empty());
+        assert_eq!(l.take_reopened(6_000), vec!["a"]);
+        // A fresh line has no gate and names nobody.
+        let mut l = Line::new(config);
+        l.sync(&"a", &statement(1, &[], 0, 10), 1).expect("ok");
+        assert!(l.take_reopened(2).is_empty());
     }
 
     #[test]

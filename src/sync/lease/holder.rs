@@ -380,9 +380,16 @@ impl Holder {
         if let Owners::Peers(book) = &self.owners {
             // An owner's rebuilt line waits for these (its view moved, this
             // node's did not): state them as if their owner had changed.
+            // One refused while its owner's gate was shut is asked again when it
+            // opens: not left to the next interval's round.
             for i in book.take_restates() {
                 match self.active.get_mut(&(i as u32)) {
-                    Some(key) => key.owner = None,
+                    Some(key) => {
+                        key.owner = None;
+                        if std::mem::take(&mut key.asked_in_vain) {
+                            key.credit.ask_again();
+                        }
+                    }
                     None => self.unsettled.set(i as u32, true),
                 }
             }
@@ -1008,6 +1015,7 @@ upstreams = ["u"]
             ))),
             state.registry.clock(),
             state.metrics.clone(),
+            None,
             None,
         );
         let settings = HolderSettings {
