@@ -80,6 +80,19 @@ pub async fn run(
     run_with_transport(config, listener, mock_listener, shutdown, on_ready, udp).await
 }
 
+/// Waits, until `deadline`, for every request this node still serves to end:
+/// after the proxy drained, those are requests peers spilled here, served on the
+/// internal RPC's server (new ones are refused while draining). Each holds a slot
+/// of `in_flight` until its answer ends, so all slots free means none is left.
+/// They end before the cluster sync stops, so their usage is stated with the
+/// rest of this node's when it gives its credit back. `false`: the grace ran out.
+async fn spilled_requests_ended(state: &AppState, deadline: tokio::time::Instant) -> bool {
+    let slots = u32::try_from(state.config.server.max_in_flight).unwrap_or(u32::MAX);
+    tokio::time::timeout_at(deadline, state.in_flight.acquire_many(slots))
+        .await
+        .is_ok_and(|acquired| acquired.is_ok())
+}
+
 /// As [`run`], gossiping over `transport` (tests use chitchat's in-memory
 /// `ChannelTransport`, which can cut links to make partitions).
 pub async fn run_with_transport(
@@ -140,10 +153,16 @@ pub async fn run_with_transport(
         }
     });
     let draining = state.clone();
+    let in_flight = state.clone();
     let mut drained_rx = stop_rx.clone();
+    // When the drain began: the grace covers the proxy's requests and the
+    // requests peers spilled here, together.
+    let drain_began = Arc::new(std::sync::OnceLock::new());
+    let began = drain_began.clone();
     let signal = async move {
         shutdown.await;
         draining.draining.store(true, Ordering::Relaxed);
+        let _ = began.set(tokio::time::Instant::now());
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     };
@@ -157,11 +176,19 @@ pub async fn run_with_transport(
             result?;
             true
         }
-        () = overrun => {
-            tracing::warn!(grace_secs = grace.as_secs(), "shutdown grace expired with requests still in flight");
-            false
-        }
+        () = overrun => false,
     };
+    let began = drain_began
+        .get()
+        .copied()
+        .unwrap_or_else(tokio::time::Instant::now);
+    let drained = drained && spilled_requests_ended(&in_flight, began + grace).await;
+    if !drained {
+        tracing::warn!(
+            grace_secs = grace.as_secs(),
+            "shutdown grace expired with requests still in flight"
+        );
+    }
     if let Some(sync) = sync {
         sync.shutdown(drained).await;
     }

@@ -112,6 +112,22 @@ fn spilled_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// A spill hop made by hand, as node-0 sends one.
+trait SpilledByHand {
+    fn spilled_by_hand(self, secret: &str, cluster_id: &str, body: &serde_json::Value) -> Self;
+}
+
+impl SpilledByHand for reqwest::RequestBuilder {
+    fn spilled_by_hand(self, secret: &str, cluster_id: &str, body: &serde_json::Value) -> Self {
+        self.bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .header("x-tollgate-cluster-secret", secret)
+            .header("x-tollgate-cluster-id", cluster_id)
+            .header("x-tollgate-spilled-from", "node-0")
+            .body(serde_json::to_vec(body).unwrap())
+    }
+}
+
 /// The internal RPC address of `node`'s peer (a 2-node cluster).
 async fn rpc_addr_of_peer(node: &Node) -> String {
     let cluster = admin(node, "/admin/cluster").await;
@@ -316,12 +332,7 @@ async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request()
     let spill = |secret: &str, id: &str| {
         reqwest::Client::new()
             .post(format!("http://{peer}/internal/v1/spill/chat"))
-            .bearer_auth(KEY)
-            .header("content-type", "application/json")
-            .header("x-tollgate-cluster-secret", secret)
-            .header("x-tollgate-cluster-id", id)
-            .header("x-tollgate-spilled-from", "node-0")
-            .body(serde_json::to_vec(&chat_body("hi", 5)).unwrap())
+            .spilled_by_hand(secret, id, &chat_body("hi", 5))
             .send()
     };
     let wrong = spill("not-the-secret-at-all", &cluster_id).await.unwrap();
@@ -436,13 +447,8 @@ async fn a_spilled_request_is_served_only_within_its_senders_time_left() {
     let started = Instant::now();
     let answer = reqwest::Client::new()
         .post(format!("http://{peer}/internal/v1/spill/chat"))
-        .bearer_auth(KEY)
-        .header("content-type", "application/json")
-        .header("x-tollgate-cluster-secret", SECRET)
-        .header("x-tollgate-cluster-id", &cluster_id)
-        .header("x-tollgate-spilled-from", "node-0")
         .header("x-tollgate-spill-time-left-ms", "400")
-        .body(serde_json::to_vec(&chat_body("hi", 5)).unwrap())
+        .spilled_by_hand(SECRET, &cluster_id, &chat_body("hi", 5))
         .send()
         .await
         .unwrap();
@@ -498,12 +504,7 @@ async fn a_draining_peer_refuses_spills_without_serving_them() {
     let admitted = upstream.stats().admitted;
     let answer = reqwest::Client::new()
         .post(format!("http://{peer}/internal/v1/spill/chat"))
-        .bearer_auth(KEY)
-        .header("content-type", "application/json")
-        .header("x-tollgate-cluster-secret", SECRET)
-        .header("x-tollgate-cluster-id", &cluster_id)
-        .header("x-tollgate-spilled-from", "node-0")
-        .body(serde_json::to_vec(&chat_body("hi", 5)).unwrap())
+        .spilled_by_hand(SECRET, &cluster_id, &chat_body("hi", 5))
         .send()
         .await
         .unwrap();
@@ -635,6 +636,100 @@ async fn a_hop_cut_after_delivery_gets_this_nodes_429_at_once_and_is_never_sent_
                 (t, s, answered.saturating_duration_since(*at))
             })
             .collect::<Vec<_>>()
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
+
+/// A stream spilled to `nodes[1]` (as a hop sends it, by hand), read whole in
+/// the background once the peer's upstream has it: its status and text.
+async fn spilled_stream_in_flight(
+    nodes: &[Node],
+    cluster_id: &str,
+    upstream: &tollgate::mock::MockHandle,
+) -> tokio::task::JoinHandle<(u16, String)> {
+    served_once(&nodes[1]).await;
+    let admitted = upstream.stats().admitted;
+    let peer = rpc_addr_of_peer(&nodes[0]).await;
+    let mut body = chat_body("hi", 5);
+    body["stream"] = serde_json::json!(true);
+    let cluster_id = cluster_id.to_owned();
+    let stream = tokio::spawn(async move {
+        let answer = reqwest::Client::new()
+            .post(format!("http://{peer}/internal/v1/spill/chat"))
+            .spilled_by_hand(SECRET, &cluster_id, &body)
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.text().await.unwrap_or_default())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.stats().admitted == admitted {
+        assert!(
+            Instant::now() < deadline,
+            "the spilled stream never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stream
+}
+
+/// A node stopping lets requests peers spilled to it end within its
+/// `server.shutdown_grace`, as its own clients' requests do (they share it),
+/// before it gives its credit back and leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_lets_a_spilled_stream_end_before_it_leaves() {
+    // Streams of 5 tokens at 300 ms each.
+    let upstream = mock(|c| c.inter_token_ms = 300).await;
+    let (mut nodes, cluster_id) = nodes([true, true], &upstream).await;
+    let stream = spilled_stream_in_flight(&nodes, &cluster_id, &upstream).await;
+    let started = Instant::now();
+    nodes.pop().unwrap().stop().await;
+    let (status, text) = stream.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "stopped in {:?}, before the stream could end",
+        started.elapsed()
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
+
+/// ... and no longer: a spilled stream that outlasts the grace does not hold
+/// the stop (the internal RPC server's graceful stop waited for it without
+/// bound until the thirtieth session: 5 s here against a 1 s grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_stream_does_not_hold_a_stopping_node_past_its_grace() {
+    // Streams of 5 tokens at 1 s each.
+    let upstream = mock(|c| c.inter_token_ms = 1_000).await;
+    let ports = [free_udp_port(), free_udp_port()];
+    let busy = spill_toml(0, &ports, true, Shape::default());
+    let peer = format!(
+        "[server]\nshutdown_grace = \"1s\"\n{}",
+        spill_toml(1, &ports, true, Shape::default())
+    );
+    let mut nodes = vec![
+        node(&busy, &[&upstream]).await,
+        node(&peer, &[&upstream]).await,
+    ];
+    for n in &nodes {
+        wait_members(n, 2).await;
+    }
+    let cluster_id = format!("test-{}", ports[0]);
+    let _stream = spilled_stream_in_flight(&nodes, &cluster_id, &upstream).await;
+    let started = Instant::now();
+    nodes.pop().unwrap().stop().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(3_000),
+        "the stop took {took:?} with a 5 s spilled stream and a 1 s grace"
     );
     for n in nodes {
         n.stop().await;

@@ -50,6 +50,8 @@ pub struct SyncHandle {
     stop: watch::Sender<bool>,
     /// `None` once [`SyncHandle::shutdown`] took it.
     task: Option<JoinHandle<Engine>>,
+    /// `lease` mode's internal RPC server (statements, nudges, spilled requests).
+    rpc_task: Option<JoinHandle<()>>,
     lease_tasks: Vec<JoinHandle<()>>,
 }
 
@@ -64,7 +66,7 @@ impl Drop for SyncHandle {
         if let Some(task) = &self.task {
             task.abort();
         }
-        for task in &self.lease_tasks {
+        for task in self.lease_tasks.iter().chain(&self.rpc_task) {
             task.abort();
         }
     }
@@ -77,6 +79,16 @@ impl SyncHandle {
     /// silent and peers charge it as they charge a crash.
     pub async fn shutdown(mut self, drained: bool) {
         let _ = self.stop.send(true);
+        if let Some(rpc) = self.rpc_task.take() {
+            if drained {
+                // Spilled requests ended with the drain: only statements left.
+                let _ = rpc.await;
+            } else {
+                // The grace ran out with spilled requests still served here: its
+                // graceful stop would wait for them without bound.
+                rpc.abort();
+            }
+        }
         for task in std::mem::take(&mut self.lease_tasks) {
             let _ = task.await;
         }
@@ -174,12 +186,12 @@ pub async fn start(
         .map_err(|e| SyncError::Window(e.to_string()))?;
     let usage = Arc::new(Mutex::new(ClusterUsage::new(window)));
     let (stop, stopped) = watch::channel(false);
-    let (lease, lease_tasks) = match config.mode {
+    let (lease, rpc_task, lease_tasks) = match config.mode {
         mode if mode.leases() => {
-            let (feed, tasks) = start_lease(&state, config, window, &usage, &stopped).await?;
-            (Some(feed), tasks)
+            let (feed, rpc, tasks) = start_lease(&state, config, window, &usage, &stopped).await?;
+            (Some(feed), rpc, tasks)
         }
-        _ => (None, Vec::new()),
+        _ => (None, None, Vec::new()),
     };
     let redis_gate = match config.mode {
         SyncMode::Redis => Some(start_redis_gate(&state, config, window).await?),
@@ -210,6 +222,7 @@ pub async fn start(
     Ok(SyncHandle {
         stop,
         task: Some(task),
+        rpc_task,
         lease_tasks,
     })
 }
@@ -223,10 +236,11 @@ async fn start_lease(
     window: Window,
     usage: &Arc<Mutex<ClusterUsage>>,
     stopped: &watch::Receiver<bool>,
-) -> Result<(LeaseFeed, Vec<JoinHandle<()>>), SyncError> {
+) -> Result<(LeaseFeed, Option<JoinHandle<()>>, Vec<JoinHandle<()>>), SyncError> {
     let lease = &config.lease;
     let view = Arc::new(RwLock::new(Arc::new(lease::View::default())));
     let mut tasks = Vec::new();
+    let mut rpc = None;
     let (owners, book) = if config.mode == SyncMode::RedisLease {
         let redis = state
             .config
@@ -245,7 +259,7 @@ async fn start_lease(
         (owners, None)
     } else {
         let book = peer_book(state, config, window, usage, &view)?;
-        tasks.push(serve_rpc(state, config, &book, stopped).await?);
+        rpc = Some(serve_rpc(state, config, &book, stopped).await?);
         (lease::holder::Owners::Peers(book.clone()), Some(book))
     };
     let settings = lease::holder::HolderSettings {
@@ -269,7 +283,7 @@ async fn start_lease(
         holder_held,
         fresh_within_ms: 2 * (config.sync_interval + config.gossip_interval).as_millis() as u64,
     };
-    Ok((feed, tasks))
+    Ok((feed, rpc, tasks))
 }
 
 /// `redis` mode's gate over every bound key, installed for the request path.

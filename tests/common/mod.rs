@@ -99,7 +99,15 @@ pub async fn node_with_transport(
         };
         text = text.replace(&name, &mock.base_url());
     }
-    let text = format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n{text}");
+    // A test may open with its own `[server]` settings: the harness's go in it.
+    let own_server = text
+        .trim_start()
+        .strip_prefix("[server]\n")
+        .map(str::to_owned);
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n{}",
+        own_server.unwrap_or(text)
+    );
     let config = Config::from_toml(&text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
