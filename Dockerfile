@@ -2,6 +2,10 @@
 # Used by docker-compose.yml; the toolchain matches rust-toolchain.toml.
 FROM rust:1.95.0-slim-bookworm AS build
 WORKDIR /src
+# The pinned toolchain and its components first: a layer of its own, not
+# fetched again on every source change.
+COPY rust-toolchain.toml .
+RUN rustup toolchain install
 COPY . .
 RUN cargo build --release --locked --bin tollgate
 

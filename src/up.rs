@@ -49,8 +49,10 @@ pub fn node_config(
         cluster_id: "tollgate-up".into(),
         node_id: format!("node-{i}"),
         gossip_listen: gossip,
+        gossip_advertise_text: None,
         gossip_advertise: None,
         rpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], RPC_BASE + i))),
+        rpc_advertise_text: None,
         rpc_advertise: None,
         // A local demo: the secret is printed with the URLs. Real clusters read it
         // from the environment (`secret = "${TOLLGATE_CLUSTER_SECRET}"`).

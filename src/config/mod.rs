@@ -106,6 +106,24 @@ impl Config {
             cluster.secret =
                 Some(expand_env(secret, env).map_err(|r| invalid("cluster.secret".into(), r))?);
         }
+        if let Some(cluster) = &mut self.cluster {
+            let address = |field: &str, text: &Option<String>| -> Result<_, ConfigError> {
+                let Some(text) = text else { return Ok(None) };
+                let expanded = expand_env(text, env).map_err(|r| invalid(field.into(), r))?;
+                let addr = expanded.parse::<std::net::SocketAddr>().map_err(|_| {
+                    invalid(
+                        field.into(),
+                        format!(
+                            "{expanded:?} is not an IP address and port (e.g. \"10.0.0.5:7946\")"
+                        ),
+                    )
+                })?;
+                Ok(Some(addr))
+            };
+            cluster.gossip_advertise =
+                address("cluster.gossip_advertise", &cluster.gossip_advertise_text)?;
+            cluster.rpc_advertise = address("cluster.rpc_advertise", &cluster.rpc_advertise_text)?;
+        }
         if let Some(redis) = &mut self.redis
             && let Some(url) = &redis.url
         {

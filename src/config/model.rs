@@ -187,17 +187,25 @@ pub struct ClusterConfig {
     pub node_id: String,
     /// UDP address gossip binds.
     pub gossip_listen: SocketAddr,
-    /// Address peers dial (default: `gossip_listen`).
-    #[serde(default)]
+    /// Address peers dial (default: `gossip_listen`), as written: `${ENV}` is
+    /// expanded (a pod announcing `"${POD_IP}:7946"`).
+    #[serde(default, rename = "gossip_advertise")]
+    pub gossip_advertise_text: Option<String>,
+    /// `gossip_advertise` expanded and parsed (set by [`super::Config::from_toml`]).
+    #[serde(skip)]
     pub gossip_advertise: Option<SocketAddr>,
     /// Internal RPC address (TCP) for lease statements, announced in node metadata;
     /// never the public proxy port. Required in `lease` mode.
     #[serde(default)]
     pub rpc_listen: Option<SocketAddr>,
     /// Address peers dial for the internal RPC (default: `rpc_listen`), announced
-    /// in node metadata: set it when `rpc_listen` is a wildcard (`0.0.0.0` in a
-    /// container) or peers reach this node through another address (NAT).
-    #[serde(default)]
+    /// in node metadata, as written (`${ENV}` expanded): set it when
+    /// `rpc_listen` is a wildcard (`0.0.0.0` in a container) or peers reach this
+    /// node through another address (NAT).
+    #[serde(default, rename = "rpc_advertise")]
+    pub rpc_advertise_text: Option<String>,
+    /// `rpc_advertise` expanded and parsed (set by [`super::Config::from_toml`]).
+    #[serde(skip)]
     pub rpc_advertise: Option<SocketAddr>,
     /// Shared secret authenticating internal RPCs (`${ENV}` is expanded); at least 16
     /// characters. Required in `lease` mode.

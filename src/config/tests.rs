@@ -237,6 +237,7 @@ fn the_compose_cluster_agrees_with_its_node_configs() {
         );
     }
     let mut ids: Vec<_> = clusters.iter().map(|c| c.node_id.clone()).collect();
+    ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 3);
 }
@@ -349,11 +350,41 @@ fn wildcard_listen_addresses_need_an_address_peers_can_dial() {
         "test.toml",
     )
     .unwrap();
-    let cluster = config.cluster.unwrap();
     assert_eq!(
-        cluster.rpc_advertise,
+        config.cluster.unwrap().rpc_advertise,
         Some("10.0.0.5:7101".parse().unwrap())
     );
+    // A pod announces its own IP from the environment.
+    let pod = cluster(
+        "0.0.0.0:7001",
+        "0.0.0.0:7101",
+        "gossip_advertise = \"${POD_IP}:7001\"\nrpc_advertise = \"${POD_IP}:7101\"",
+    );
+    let env = |name: &str| (name == "POD_IP").then(|| "10.1.2.3".to_owned());
+    let config = Config::from_toml_with_env(&pod, "pod.toml", &env).unwrap();
+    let pod_cluster = config.cluster.unwrap();
+    assert_eq!(
+        pod_cluster.gossip_advertise,
+        Some("10.1.2.3:7001".parse().unwrap())
+    );
+    assert_eq!(
+        pod_cluster.rpc_advertise,
+        Some("10.1.2.3:7101".parse().unwrap())
+    );
+    match Config::from_toml_with_env(&pod, "pod.toml", &|_: &str| None) {
+        Err(ConfigError::Invalid { field, reason, .. }) => {
+            assert_eq!(field, "cluster.gossip_advertise");
+            assert!(reason.contains("POD_IP"), "{reason}");
+        }
+        other => panic!("expected the unset variable named, got {other:?}"),
+    }
+    let (field, reason) = invalid(&cluster(
+        "127.0.0.1:7001",
+        "127.0.0.1:7101",
+        "rpc_advertise = \"gateway-1:7101\"",
+    ));
+    assert_eq!(field, "cluster.rpc_advertise");
+    assert!(reason.contains("not an IP address"), "{reason}");
     // Gossip mode never announces an RPC address peers use: no rule there.
     let gossip = format!(
         "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"10.0.0.5:7001\"\nmode = \"gossip\"\n"

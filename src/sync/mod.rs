@@ -143,6 +143,7 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
     let metadata = NodeMetadata {
         proxy_addr: proxy.to_string(),
         rpc_addr: (config.rpc_advertise.or(config.rpc_listen))
+            .or(config.gossip_advertise)
             .unwrap_or(config.gossip_listen)
             .to_string(),
         version: env!("CARGO_PKG_VERSION").to_owned(),

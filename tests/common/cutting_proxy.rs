@@ -1,7 +1,7 @@
 //! A TCP proxy in front of a node's internal RPC that passes everything through
 //! but cuts spilled requests after delivering them: once a connection has carried
-//! a `POST /internal/v1/spill/` request to the node and the node begins to answer,
-//! both sides are closed and the answer is never passed on. The sender's hop then
+//! a `POST /internal/v1/spill/` request to the node and the node begins to answer
+//! it with 200, both sides are closed and the answer is never passed on. The sender's hop then
 //! fails after its request went out: a hop that was *maybe delivered* (here: surely,
 //! the node served it). The node under test advertises this proxy as its
 //! `rpc_advertise`, so every peer's lease statements pass through it too.
@@ -105,10 +105,14 @@ async fn relay(client: TcpStream, node: TcpStream, record: Arc<Mutex<Vec<(Instan
             Ok(n) => n,
         };
         if let Some(request) = spilled.lock().unwrap().take() {
-            // The node answers a spilled request: it was delivered and served.
-            let text = String::from_utf8_lossy(&request).into_owned();
-            record.lock().unwrap().push((Instant::now(), text));
-            break;
+            // The node answers a spilled request. Served (200): it was delivered
+            // and served, and the answer is cut. Any other answer (a refusal)
+            // passes, so that every cut hop is one the node served.
+            if buf[..n].starts_with(b"HTTP/1.1 200") {
+                let text = String::from_utf8_lossy(&request).into_owned();
+                record.lock().unwrap().push((Instant::now(), text));
+                break;
+            }
         }
         if client_write.write_all(&buf[..n]).await.is_err() {
             break;

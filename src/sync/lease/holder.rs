@@ -731,6 +731,7 @@ impl Holder {
                         .map_err(|e| super::wire::refusal_code(&e).to_owned())
                 })
                 .collect();
+            book.ask_reopened();
             return vec![(items, Ok(answers))];
         }
         let entries = (items.iter())

@@ -29,6 +29,10 @@ pub struct OwnerBook {
     /// Wakes this node's holder when it is asked to state keys (`None`: it
     /// finds them at its next interval's round).
     holder_wake: Option<Arc<tokio::sync::Notify>>,
+    /// Holders refused behind a gate that statements since opened, and their
+    /// keys: asked to state once per batch ([`OwnerBook::ask_reopened`]), so a
+    /// batch opening many gates sends each holder one nudge, not one per key.
+    reopened: Mutex<std::collections::BTreeMap<String, Vec<String>>>,
     view: Arc<RwLock<Arc<View>>>,
     usage: Arc<Mutex<ClusterUsage>>,
     clock: Clock,
@@ -180,6 +184,7 @@ impl OwnerBook {
             restate: Mutex::default(),
             nudger,
             holder_wake,
+            reopened: Mutex::default(),
             view,
             usage,
             clock,
@@ -285,11 +290,21 @@ impl OwnerBook {
         }
         drop(guard);
         if !reopened.is_empty() {
-            let keys = [key.to_owned()];
-            let asked: Nudges = reopened.into_iter().map(|h| (h, keys.to_vec())).collect();
-            self.ask_to_state(&view, asked);
+            let mut pending = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+            for holder in reopened {
+                pending.entry(holder).or_default().push(key.to_owned());
+            }
         }
         Ok(reply)
+    }
+
+    /// After a batch of statements: asks each holder refused behind a gate
+    /// those statements opened to state again, once for all its keys.
+    pub fn ask_reopened(&self) {
+        let pending = std::mem::take(&mut *self.reopened.lock().unwrap_or_else(|p| p.into_inner()));
+        if !pending.is_empty() {
+            self.ask_to_state(&self.view(), pending.into_iter().collect());
+        }
     }
 
     /// Asks each holder to state its keys: this node's own holder through its
@@ -409,6 +424,7 @@ impl OwnerBook {
         // Gates opened by a ttl or by the terms (an unreachable holder no
         // longer waited for) rather than by a statement.
         self.ask_to_state(&view, reopened.into_iter().collect());
+        self.ask_reopened();
         nudges
     }
 
@@ -628,6 +644,8 @@ mod tests {
         assert!(book.take_restates().is_empty(), "still shut");
         tokio::time::advance(Duration::from_millis(1)).await;
         ask(&book, "b", &key, 0);
+        assert!(book.take_restates().is_empty(), "asked once the batch ends");
+        book.ask_reopened();
         assert_eq!(book.take_restates(), vec![0], "a is asked again");
         tokio::time::timeout(Duration::from_millis(1), wake.notified())
             .await

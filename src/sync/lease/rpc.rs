@@ -201,6 +201,7 @@ async fn sync(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body
             Answer::from_result(&result)
         })
         .collect();
+    state.book.ask_reopened();
     axum::Json(Answers { entries }).into_response()
 }
 
