@@ -618,8 +618,15 @@ impl<H: Ord + Clone> Line<H> {
                         request.remaining.min(live.saturating_sub(used))
                     }
                     // First statement (a new holder, or the re-announce after a
-                    // failover): its credit from the old owner counts in full.
-                    None => request.remaining.min(self.config.max_credit),
+                    // failover): its credit from the old owner counts in full,
+                    // up to L. Not up to `max_credit`: one request may have been
+                    // granted its whole cost above it (the stretch, below), and a
+                    // holder spends that credit while this statement is in
+                    // flight; capped, the new owner could grant the difference
+                    // again (`a_stretched_credit_stated_to_a_new_owner_counts_in_full`
+                    // read 110 of L = 100). Counting a claim in full only ever charges
+                    // more.
+                    None => request.remaining.min(cap),
                 };
                 account.usage = usage;
                 // A lapsed credit that had ended for the holder before it took
@@ -1395,6 +1402,34 @@ mod tests {
         let _ = l.settle(500);
         assert_eq!(l.available(500), 100 - 2 * 40);
         assert_eq!(l.available(1_600), 100);
+    }
+
+    #[test]
+    fn a_stretched_credit_stated_to_a_new_owner_counts_in_full() {
+        // The old owner granted a 50 for one request costing 50 (max_credit 40:
+        // the cap stretches to the ask), then died. a states its 50 to the
+        // rebuilt line and spends them while the reply is on its way; b then
+        // asks for all of L. Counted at max_credit, a's 50 left 60 for b: 110.
+        let w = Window::try_new(1_000, 10).expect("window");
+        let config = LineConfig::try_new(100, Kind::Windowed(w), 40, 3, 500).expect("config");
+        let mut l = Line::rebuild(config, &[], &["a", "b"], 0);
+        l.set_terms(Terms {
+            borrow: 100,
+            ..Terms::default()
+        });
+        let r = l.sync(&"a", &statement(1, &[], 50, 0), 10).expect("ok");
+        assert_eq!(r.credit, 50, "its whole credit, renewed");
+        let b = l.sync(&"b", &statement(2, &[], 0, 100), 20).expect("ok");
+        assert!(
+            50 + b.granted <= 100,
+            "b granted {} beside a's 50",
+            b.granted
+        );
+        assert_eq!(b.granted, 50);
+        // A claim is believed up to L, no further.
+        let mut l = Line::rebuild(config, &[], &["a"], 0);
+        let r = l.sync(&"a", &statement(1, &[], 150, 0), 10).expect("ok");
+        assert_eq!(r.credit, 100);
     }
 
     #[test]
