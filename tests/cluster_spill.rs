@@ -501,20 +501,7 @@ async fn a_draining_peer_refuses_spills_without_serving_them() {
     }
     nodes[1].begin_stop();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let admitted = upstream.stats().admitted;
-    let answer = reqwest::Client::new()
-        .post(format!("http://{peer}/internal/v1/spill/chat"))
-        .spilled_by_hand(SECRET, &cluster_id, &chat_body("hi", 5))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 503);
-    assert!(answer.headers().get("x-tollgate-served-by").is_none());
-    assert_eq!(
-        upstream.stats().admitted,
-        admitted,
-        "a draining peer served a spill"
-    );
+    refused_bare(&peer, &cluster_id, &upstream, "a draining peer").await;
     // The stream in flight still ends whole.
     let (status, text) = stream.await.unwrap();
     assert_eq!(status, 200);
@@ -643,6 +630,86 @@ async fn a_hop_cut_after_delivery_gets_this_nodes_429_at_once_and_is_never_sent_
     upstream.shutdown().await.unwrap();
 }
 
+/// A spill sent by hand to `peer` is refused with a bare 503 (no
+/// `x-tollgate-served-by`: not the client's answer) and sends nothing upstream.
+async fn refused_bare(
+    peer: &str,
+    cluster_id: &str,
+    upstream: &tollgate::mock::MockHandle,
+    who: &str,
+) {
+    let admitted = upstream.stats().admitted;
+    let answer = reqwest::Client::new()
+        .post(format!("http://{peer}/internal/v1/spill/chat"))
+        .spilled_by_hand(SECRET, cluster_id, &chat_body("hi", 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503, "{who}");
+    assert!(
+        answer.headers().get("x-tollgate-served-by").is_none(),
+        "{who} gave its refusal as the client's answer"
+    );
+    assert_eq!(upstream.stats().admitted, admitted, "{who} served a spill");
+}
+
+/// [`nodes`] with spillover on both, the peer's `[server]` given `settings`.
+async fn nodes_with_peer_server(
+    settings: &str,
+    upstream: &tollgate::mock::MockHandle,
+) -> (Vec<Node>, String) {
+    let ports = [free_udp_port(), free_udp_port()];
+    let busy = spill_toml(0, &ports, true, Shape::default());
+    let peer = format!(
+        "[server]\n{settings}\n{}",
+        spill_toml(1, &ports, true, Shape::default())
+    );
+    let nodes = vec![
+        node(&busy, &[upstream]).await,
+        node(&peer, &[upstream]).await,
+    ];
+    for n in &nodes {
+        wait_members(n, 2).await;
+    }
+    (nodes, format!("test-{}", ports[0]))
+}
+
+/// A peer at its in-flight limit refuses a spill with a bare 503 (not the
+/// client's answer), so the sender may still serve it or answer its own 429
+/// with a wait; before, the client got the peer's "in-flight limit" 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_at_its_in_flight_limit_refuses_spills_without_serving_them() {
+    // Every answer takes 1 s to start.
+    let upstream = mock(|c| c.latency_ms = 1_000).await;
+    let (nodes, cluster_id) = nodes_with_peer_server("max_in_flight = 1", &upstream).await;
+    served_once(&nodes[1]).await;
+    // The peer's one slot, taken by its own client's request.
+    let url = format!("{}/chat/completions", nodes[1].url());
+    let holding =
+        tokio::spawn(async move { post_url(&url, "", chat_body("hi", 5)).await.status() });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.stats().in_flight == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the peer's own request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let peer = rpc_addr_of_peer(&nodes[0]).await;
+    refused_bare(
+        &peer,
+        &cluster_id,
+        &upstream,
+        "a peer at its in-flight limit",
+    )
+    .await;
+    assert_eq!(holding.await.unwrap(), 200);
+    for n in nodes {
+        n.stop().await;
+    }
+    upstream.shutdown().await.unwrap();
+}
+
 /// A stream spilled to `nodes[1]` (as a hop sends it, by hand), read whole in
 /// the background once the peer's upstream has it: its status and text.
 async fn spilled_stream_in_flight(
@@ -709,20 +776,8 @@ async fn a_stopping_node_lets_a_spilled_stream_end_before_it_leaves() {
 async fn a_spilled_stream_does_not_hold_a_stopping_node_past_its_grace() {
     // Streams of 5 tokens at 1 s each.
     let upstream = mock(|c| c.inter_token_ms = 1_000).await;
-    let ports = [free_udp_port(), free_udp_port()];
-    let busy = spill_toml(0, &ports, true, Shape::default());
-    let peer = format!(
-        "[server]\nshutdown_grace = \"1s\"\n{}",
-        spill_toml(1, &ports, true, Shape::default())
-    );
-    let mut nodes = vec![
-        node(&busy, &[&upstream]).await,
-        node(&peer, &[&upstream]).await,
-    ];
-    for n in &nodes {
-        wait_members(n, 2).await;
-    }
-    let cluster_id = format!("test-{}", ports[0]);
+    let (mut nodes, cluster_id) =
+        nodes_with_peer_server("shutdown_grace = \"1s\"", &upstream).await;
     let _stream = spilled_stream_in_flight(&nodes, &cluster_id, &upstream).await;
     let started = Instant::now();
     nodes.pop().unwrap().stop().await;

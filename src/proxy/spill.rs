@@ -400,6 +400,13 @@ pub async fn accept(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
         // here carries no served-by header, so it is not the client's answer).
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
+    if state.in_flight.available_permits() == 0 {
+        // At its in-flight limit: the request would get this node's 503 as
+        // its answer, though its sender may still serve it or refuse it with
+        // a 429 and a wait. Not delivered, as above. (A slot taken between
+        // this look and the handler's still gets that 503: narrower, not gone.)
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
     // Without the header (a hand-made call), the peer's own request_timeout.
     let within = (headers.get(TIME_LEFT_HEADER))
         .and_then(|v| v.to_str().ok())
