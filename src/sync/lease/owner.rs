@@ -289,13 +289,20 @@ impl OwnerBook {
             });
         }
         drop(guard);
-        if !reopened.is_empty() {
-            let mut pending = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
-            for holder in reopened {
-                pending.entry(holder).or_default().push(key.to_owned());
-            }
-        }
+        self.add_reopened(reopened, key);
         Ok(reply)
+    }
+
+    /// Notes `holders`, refused behind `key`'s gate that just opened, for
+    /// [`OwnerBook::ask_reopened`].
+    fn add_reopened(&self, holders: Vec<String>, key: &str) {
+        if holders.is_empty() {
+            return;
+        }
+        let mut pending = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+        for holder in holders {
+            pending.entry(holder).or_default().push(key.to_owned());
+        }
     }
 
     /// After a batch of statements: asks each holder refused behind a gate
@@ -381,18 +388,14 @@ impl OwnerBook {
         }
         let mut resting = Vec::new();
         let mut nudges: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        let mut reopened: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for (id, line) in lines.open.iter_mut() {
             if let Some(terms) = view.terms_for(keys.key(*id), line.config().capacity()) {
                 line.set_terms(Arc::clone(terms));
             }
-            // Before `settle`, which ends an opened line's recovery.
-            for holder in line.take_reopened(now_ms) {
-                reopened
-                    .entry(holder)
-                    .or_default()
-                    .push(keys.key(*id).to_owned());
-            }
+            // Before `settle`, which ends an opened line's recovery: gates
+            // opened by a ttl or by the terms (an unreachable holder no longer
+            // waited for) rather than by a statement, asked with the rest below.
+            self.add_reopened(line.take_reopened(now_ms), keys.key(*id));
             expired += line.settle(now_ms) as u64;
             for holder in line.to_nudge(now_ms, keys.ttl_ms / 4) {
                 if holder != view.self_id {
@@ -421,9 +424,6 @@ impl OwnerBook {
             );
         }
         self.send_nudges(&view, &nudges);
-        // Gates opened by a ttl or by the terms (an unreachable holder no
-        // longer waited for) rather than by a statement.
-        self.ask_to_state(&view, reopened.into_iter().collect());
         self.ask_reopened();
         nudges
     }
