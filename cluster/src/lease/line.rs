@@ -1119,6 +1119,18 @@ mod tests {
             .expect("ok");
         assert!(l.take_reopened(5_999).is_empty());
         assert_eq!(l.take_reopened(6_000), vec!["a"]);
+        // Opened by the terms (c became unreachable: its floor charges it, it
+        // is no longer waited for): named then.
+        let mut l = Line::rebuild(config, &[], &["a", "c"], 5_000);
+        l.sync(&"a", &statement(5_001, &[], 0, 10), 5_001)
+            .expect("ok");
+        assert!(l.take_reopened(5_002).is_empty());
+        l.set_terms(Terms {
+            borrow: 100,
+            floors: BTreeMap::from([("c", 30)]),
+            ..Terms::default()
+        });
+        assert_eq!(l.take_reopened(5_003), vec!["a"]);
         // A fresh line has no gate and names nobody.
         let mut l = Line::new(config);
         l.sync(&"a", &statement(1, &[], 0, 10), 1).expect("ok");
