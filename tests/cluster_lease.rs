@@ -27,20 +27,59 @@ use tokio::time::Instant;
 /// second, and the request is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_refused_behind_a_shut_gate_asks_again_as_soon_as_it_is_nudged() {
-    let slow_rounds = |toml: String| {
+    let (want, status) = refused_behind_a_shut_gate(KEY_REQUESTS, "", 5).await;
+    assert!(want >= 1);
+    assert_eq!(status, 200);
+}
+
+/// The same for a request costing more than `max_credit` (a quarter of a
+/// 1,000 TPM: 250 tokens; this one reserves its 400 of `max_tokens` and its
+/// prompt): asked again, the holder asks for all of that cost at once. Before,
+/// the ask stood again without its cost: the holder asked for its ordinary
+/// target (8 tokens, measured with the cost dropped), could still not pay,
+/// and asked once more a round trip later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_ask_for_a_costly_request_stands_again_with_its_cost() {
+    let (want, status) = refused_behind_a_shut_gate(KEY_TOKENS, "tpm = 1000\n", 400).await;
+    assert!(
+        want >= 400,
+        "asked again for {want}, the request costs 400+"
+    );
+    assert_eq!(status, 200);
+}
+
+const KEY_TOKENS: &str = "tenant:t:tokens";
+
+/// One request of `max_tokens` waiting on `key` (the tenant's limits plus
+/// `limits`) beside a bare owner whose line is shut, refused twice (the second
+/// at a round, asks between rounds waiting for the next round once refused);
+/// then the owner opens and nudges as a real owner does. The key must be asked
+/// for again well within the second its next round is away. Returns what that
+/// ask asked for and the request's status.
+async fn refused_behind_a_shut_gate(
+    key: &'static str,
+    limits: &str,
+    max_tokens: u64,
+) -> (u64, u16) {
+    let limits = limits.to_owned();
+    let slow_rounds = move |toml: String| {
         toml.replace("sync_interval = \"100ms\"", "sync_interval = \"1s\"")
             .replace("ttl = \"1s\"", "ttl = \"4s\"")
             .replace("max_wait = \"2s\"", "max_wait = \"5s\"")
+            .replace(
+                &format!("rpm = {LIMIT}\n"),
+                &format!("rpm = {LIMIT}\n{limits}"),
+            )
     };
     let cell = BesideAnOwner::start_edited(
         RPC_VERSION,
         Grants::NothingUntilOpened,
-        KEY_REQUESTS,
+        key,
         slow_rounds,
         mock(|_| {}).await,
     )
     .await;
-    let waiting = cell.request();
+    let waiting = cell.request_body(chat_body("hi", max_tokens));
     let deadline = Instant::now() + Duration::from_secs(5);
     while cell.seen.refused_asks.load(Ordering::Relaxed) < 2 {
         assert!(
@@ -51,7 +90,7 @@ async fn a_holder_refused_behind_a_shut_gate_asks_again_as_soon_as_it_is_nudged(
     }
     cell.seen.opened.store(true, Ordering::Relaxed);
     let nudged = Instant::now();
-    cell.nudge(&[KEY_REQUESTS]).await;
+    cell.nudge(&[key]).await;
     let deadline = nudged + Duration::from_secs(3);
     let asked = loop {
         if let Some(at) = *cell.seen.asked_after_opening.lock().unwrap() {
@@ -65,7 +104,62 @@ async fn a_holder_refused_behind_a_shut_gate_asks_again_as_soon_as_it_is_nudged(
         after < Duration::from_millis(500),
         "asked again {after:?} after the nudge (the next round is a second away)"
     );
-    assert_eq!(waiting.await.unwrap().0, 200);
+    let status = waiting.await.unwrap().0;
+    let want = cell.seen.want_after_opening.load(Ordering::Relaxed);
+    cell.stop().await;
+    (want, status)
+}
+
+/// A holder whose clients went quiet keeps the figure its owner told while
+/// the key is in use (it spent in the window), and serves on it when a cut
+/// comes next, exactly up to it. Before, its first statement with nothing held
+/// and nothing wanted (a heartbeat that gave its unused credit back, or one
+/// confirming a lowered figure) gave the figure back too, and cut off next it
+/// refused every request: a CI run's `lease_slow` liveness failure
+/// (docs/design/lease.md, "Giving back"). The owner here is bare: it grants
+/// what is asked and tells what the holder holds (nothing once it gave
+/// everything back), then refuses every batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_holder_still_in_use_serves_on_its_figure_when_cut_off() {
+    const SPENT: u64 = 5;
+    let cell = BesideAnOwner::of_requests(RPC_VERSION, Grants::AskedUntilCut).await;
+    for _ in 0..SPENT {
+        let r = post(&cell.node, "/chat/completions", chat_body("hi", 5), &[]).await;
+        assert_eq!(r.status(), 200);
+    }
+    // Quiet for three statements (heartbeats every ttl / 3: 333 ms here), the
+    // last two with nothing spent since the one before.
+    let seen = &cell.seen;
+    let quiet_from = seen.stated.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.stated.load(Ordering::Relaxed) < quiet_from + 3 {
+        assert!(Instant::now() < deadline, "no heartbeat statements");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    seen.cut.store(true, Ordering::Relaxed);
+    let figure = seen.last_told.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while seen.refused.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the holder never met the cut");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        figure > SPENT,
+        "the quiet holder gave its figure back: told {figure} after spending {SPENT}"
+    );
+    // Two more than the figure leaves (all within the 60 s window).
+    let sent = figure - SPENT + 2;
+    let requests: Vec<_> = (0..sent).map(|_| cell.request()).collect();
+    let mut served = 0;
+    for r in requests {
+        served += u64::from(r.await.unwrap().0 == 200);
+    }
+    assert_eq!(
+        served,
+        figure - SPENT,
+        "served on its figure {figure}, exactly"
+    );
+    assert_eq!(cell.upstream.stats().admitted, figure);
     cell.stop().await;
 }
 
@@ -1102,6 +1196,15 @@ mod owner_at_version {
         /// `Grants::NothingUntilOpened`: when the counted key was first asked
         /// for after the opening.
         pub asked_after_opening: std::sync::Mutex<Option<tokio::time::Instant>>,
+        /// `Grants::NothingUntilOpened`: what that first ask after the opening
+        /// asked for.
+        pub want_after_opening: AtomicU64,
+        /// Statements of the counted key read (answered or not).
+        pub stated: AtomicU64,
+        /// The figure last told for the counted key.
+        pub last_told: AtomicU64,
+        /// `Grants::AskedUntilCut`: refusing every batch from now on.
+        pub cut: std::sync::atomic::AtomicBool,
     }
 
     /// What the owner grants.
@@ -1115,8 +1218,11 @@ mod owner_at_version {
         /// as asked.
         OneSlot,
         /// Nothing of the counted key until `Seen::opened` (as a rebuilt line
-        /// whose gate is shut), the rest as asked.
+        /// whose gate is shut), then all that is asked; the rest as asked.
         NothingUntilOpened,
+        /// What is asked until `Seen::cut`, then every batch refused (400: the
+        /// holder reads its owner as unreachable).
+        AskedUntilCut,
     }
 
     /// Serves on `listener` as an owner speaking wire `version` and granting
@@ -1131,6 +1237,7 @@ mod owner_at_version {
         let sync = move |State(seen): State<Arc<Seen>>, body: Bytes| async move {
             let batch = serde_json::from_slice::<Batch>(&body).ok().filter(|b| {
                 grants != Grants::RefuseAll
+                    && !(grants == Grants::AskedUntilCut && seen.cut.load(Ordering::Relaxed))
                     && (version >= 2 || b.entries.iter().all(|e| e.held.is_none()))
             });
             let Some(batch) = batch else {
@@ -1139,6 +1246,9 @@ mod owner_at_version {
             };
             let answers: Vec<_> = (batch.entries.iter())
                 .map(|e| {
+                    if e.key == key {
+                        seen.stated.fetch_add(1, Ordering::Relaxed);
+                    }
                     if e.key == key && seen.told.load(Ordering::Relaxed) > 0 {
                         seen.stated_holding.fetch_add(1, Ordering::Relaxed);
                     }
@@ -1154,11 +1264,18 @@ mod owner_at_version {
                             seen.refused_asks.fetch_add(1, Ordering::Relaxed);
                         } else {
                             let mut at = seen.asked_after_opening.lock().unwrap();
-                            at.get_or_insert_with(tokio::time::Instant::now);
+                            if at.is_none() {
+                                *at = Some(tokio::time::Instant::now());
+                                seen.want_after_opening.store(e.want, Ordering::Relaxed);
+                            }
                         }
                     }
                     let (credit, granted) = if shut {
                         (e.remaining, 0)
+                    } else if grants == Grants::NothingUntilOpened && e.key == key {
+                        // Opened: all that is asked (a request may cost more
+                        // than the 10 granted at a time otherwise).
+                        (e.remaining + e.want, e.want)
                     } else if grants == Grants::OneSlot && e.key == key {
                         // One slot, granted to the first statement that asks (the
                         // holder's start statements hold nothing and ask nothing).
@@ -1172,9 +1289,16 @@ mod owner_at_version {
                     if e.key == key && credit + used > 0 {
                         seen.told.fetch_add(1, Ordering::Relaxed);
                     }
+                    // As a real owner: what it holds, nothing once it gave
+                    // everything back.
+                    let gives_back = e.want == 0 && e.remaining == 0;
+                    let figure = if gives_back { 0 } else { credit + used };
+                    if e.key == key {
+                        seen.last_told.store(figure, Ordering::Relaxed);
+                    }
                     serde_json::json!({"credit": {
                         "credit": credit, "granted": granted,
-                        "ttl_ms": 1000, "cut_off_share": credit + used,
+                        "ttl_ms": 1000, "cut_off_share": figure,
                     }})
                 })
                 .collect();
@@ -1303,10 +1427,15 @@ impl BesideAnOwner {
 
     /// One request sent in the background: its status and how long it took.
     fn request(&self) -> tokio::task::JoinHandle<(u16, Duration)> {
+        self.request_body(chat_body("hi", 5))
+    }
+
+    /// [`BesideAnOwner::request`] with `body`.
+    fn request_body(&self, body: serde_json::Value) -> tokio::task::JoinHandle<(u16, Duration)> {
         let url = self.node.url();
         tokio::spawn(async move {
             let sent = Instant::now();
-            let r = post_url(&url, "/chat/completions", chat_body("hi", 5)).await;
+            let r = post_url(&url, "/chat/completions", body).await;
             (r.status().as_u16(), sent.elapsed())
         })
     }

@@ -243,10 +243,14 @@ impl Credit {
         }
     }
 
-    /// The engine: an ask its owner refused stands again (the owner asked for
-    /// it once the refusal's cause, a rebuilt line's gate, was gone). No wake:
-    /// the engine is in the round that takes it.
-    pub fn ask_again(&self) {
+    /// The engine: an ask its owner refused stands again, with the largest
+    /// cost it was made for (the owner asked for it once the refusal's cause, a
+    /// rebuilt line's gate, was gone). Without the cost, a request above what
+    /// the holder aims to hold was granted the ordinary target, still could not
+    /// be paid, and asked once more a round trip later. No wake: the engine is
+    /// in the round that takes it.
+    pub fn ask_again(&self, cost: u64) {
+        self.0.wanted_cost.fetch_max(cost, Ordering::Relaxed);
         self.0.wanted.store(true, Ordering::Relaxed);
     }
 

@@ -252,25 +252,47 @@ impl Budget {
     }
 
     /// The statement for the owner at `now_ms`, asking `want` more. `seq` only grows.
+    ///
+    /// Stating want 0 with nothing left gives everything back, and the owner
+    /// drops the figure it told ([`SyncReply::cut_off_share`]) as it reads that.
+    /// A key still in use keeps its figure: one cut off from its owner (it may be
+    /// serving on it), or a windowed one that spent in the window, asks one unit
+    /// instead. Without the figure, a cut that came next left it serving nothing
+    /// for as long as the cut lasted: the jepsen harness's `slow` nemesis found
+    /// it twice, first with all three nodes refusing for a window (the returns of
+    /// holders cut off), then with one node refusing for 7 s after a statement
+    /// that only confirmed a lowered figure (docs/design/lease.md, "Giving back").
+    /// A node that stops gives back with [`Budget::final_snapshot`].
     pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
+        let cut_off_by_owner = self.cut_off_told && self.cut_off.is_some();
+        let spent_in_window = matches!(self.kind, Kind::Windowed(_)) && self.used(now_ms) > 0;
+        let keeps_figure = cut_off_by_owner || spent_in_window;
+        let nothing_left = self.remaining_now(now_ms) == 0;
+        let want = if want == 0 && nothing_left && keeps_figure {
+            1
+        } else {
+            want
+        };
+        self.statement(want, now_ms)
+    }
+
+    /// The last statement of a node that stops serving: it gives back its credit
+    /// and, whatever it spent in the window, the figure told for it (its spending
+    /// stays charged as usage).
+    pub fn final_snapshot(&mut self, now_ms: u64) -> Snapshot {
+        self.return_credit(now_ms);
+        self.statement(0, now_ms)
+    }
+
+    fn statement(&mut self, want: u64, now_ms: u64) -> Snapshot {
         self.last_seq = now_ms.max(self.last_seq + 1);
         self.owes_statement = false;
         self.end_credit_stated_over(now_ms);
-        let mut want = want;
         let nothing_left = self.remaining_now(now_ms) == 0;
-        let cut_off_by_owner = self.cut_off_told && self.cut_off.is_some();
-        if want == 0 && nothing_left && cut_off_by_owner {
-            // Cut off from its owner, it may be serving on its told figure (its
-            // clients backed off, so nothing looks used): giving everything back
-            // would have the owner drop that figure, so it asks one unit instead.
-            // The jepsen harness's `slow` nemesis found this: all three nodes
-            // served nothing for a window when returns zeroed their figures.
-            want = 1;
-        }
         if want == 0 && nothing_left {
-            // Giving everything back (never while cut off by its owner, above):
-            // the owner drops every figure it told as it reads this, so this
-            // holder stops holding one as it sends it.
+            // Giving everything back (never while in use: `snapshot`): the owner
+            // drops every figure it told as it reads this, so this holder stops
+            // holding one as it sends it.
             self.told_share = 0;
         }
         let (usage, remaining) = match self.kind {
@@ -583,6 +605,45 @@ mod tests {
         let back = g.snapshot(0, 600);
         g.apply(&back, &reply(0, 0, 0), 600);
         assert!(!g.owes_statement());
+    }
+
+    /// A key that spent in the window keeps its figure across a statement made
+    /// with nothing held and nothing wanted (a confirmation, or a heartbeat
+    /// after a quiet spell that gave its credit back): it asks one unit, so the
+    /// owner keeps the figure and a cut that comes next leaves it serving. Only
+    /// once its spending has left the window, or as its node stops, does such
+    /// a statement give everything back.
+    #[test]
+    fn a_key_in_use_keeps_its_figure_until_its_window_empties_or_its_node_stops() {
+        let mut b = windowed(CutOffPolicy::Share);
+        let first = b.snapshot(5, 0);
+        b.apply(&first, &reply(5, 5, 5), 0);
+        b.try_spend(2, 100).expect("fits");
+        // The owner lowers the figure and takes the credit (it told 2 + 1 the
+        // last time it granted one unit): one more statement is owed.
+        let second = b.snapshot(0, 200);
+        b.apply(&second, &reply(0, 0, 3), 200);
+        assert!(b.owes_statement());
+        b.return_credit(300);
+        let confirm = b.snapshot(0, 300);
+        assert_eq!((confirm.request.remaining, confirm.request.want), (0, 1));
+        assert_eq!(b.told_share(), 3, "kept while the owner still tells it");
+        b.cut_off_by_owner();
+        assert!(b.try_spend(1, 400).is_some(), "served on its figure: 2 + 1");
+        assert!(b.try_spend(1, 400).is_none(), "and no more");
+        b.set_cut_off(None);
+        // Its spending has left the window (1 s here): a give-back.
+        let later = b.snapshot(0, 1_500);
+        assert_eq!(later.request.want, 0);
+        assert_eq!(b.told_share(), 0);
+        // A stopping node gives back whatever it spent.
+        let mut s = windowed(CutOffPolicy::Share);
+        let first = s.snapshot(5, 0);
+        s.apply(&first, &reply(5, 5, 5), 0);
+        s.try_spend(2, 100).expect("fits");
+        let last = s.final_snapshot(200);
+        assert_eq!((last.request.remaining, last.request.want), (0, 0));
+        assert_eq!(s.told_share(), 0);
     }
 
     #[test]

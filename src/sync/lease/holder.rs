@@ -145,6 +145,10 @@ struct ActiveKey {
     /// refused: asked again at the next interval's round, not on every ask
     /// ([`Round::Woken`]).
     asked_in_vain: bool,
+    /// The largest cost the actor could not pay, as of its last statement: an
+    /// ask refused behind a rebuilt line's gate stands again with it
+    /// (`Credit::ask_again`).
+    asked_cost: u64,
 }
 
 /// What a round does.
@@ -387,7 +391,7 @@ impl Holder {
                     Some(key) => {
                         key.owner = None;
                         if std::mem::take(&mut key.asked_in_vain) {
-                            key.credit.ask_again();
+                            key.credit.ask_again(key.asked_cost);
                         }
                     }
                     None => self.unsettled.set(i as u32, true),
@@ -441,6 +445,7 @@ impl Holder {
             let credit = &key.credit;
             let moved = key.owner.as_deref() != Some(owner.id.as_str());
             let (wanted, wanted_cost) = credit.take_wanted();
+            key.asked_cost = wanted_cost;
             if moved && matches!(self.owners, Owners::Peers(_)) {
                 // What the previous owner kept for this node went with it.
                 credit.with(|b| b.owner_changed());
@@ -514,10 +519,15 @@ impl Holder {
             // near 0 whenever a round found the credit nearly full: the actor then
             // ran dry and its requests queued for the next round.)
             credit.set_low_water(target / 2);
-            // After any statement of nothing held made before the credit was.
+            // After any statement of nothing held made before the credit was. A
+            // stopping node gives its figures back too; a serving one keeps those
+            // of keys in use (`Budget::snapshot`).
             let snapshot = credit.with(|b| {
                 b.keep_seq_above(nothing_held_seq);
-                b.snapshot(want, now_ms)
+                match round {
+                    Round::ReturnAll => b.final_snapshot(now_ms),
+                    _ => b.snapshot(want, now_ms),
+                }
             });
             key.stated_ms = now_ms;
             add_to_batch(&mut batches, owner, (i as usize, snapshot));
@@ -638,6 +648,7 @@ impl Holder {
                     used: None,
                     target: 0,
                     asked_in_vain: false,
+                    asked_cost: 0,
                 },
             );
         }
