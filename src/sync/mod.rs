@@ -261,6 +261,11 @@ async fn start_lease(
     } else {
         let book = peer_book(state, config, window, usage, &view)?;
         rpc = Some(serve_rpc(state, config, &book, stopped).await?);
+        tasks.push(tokio::spawn(lease::owner::offer_room_at_each_bucket(
+            book.clone(),
+            window.bucket_ms(),
+            stopped.clone(),
+        )));
         (lease::holder::Owners::Peers(book.clone()), Some(book))
     };
     let settings = lease::holder::HolderSettings {

@@ -345,6 +345,10 @@ pub struct Line<H> {
     /// credit from the old owner that the counters do not show yet.
     departed: BTreeSet<H>,
     recovery: Option<Recovery<H>>,
+    /// Holders whose last statement asked for credit and was granted nothing
+    /// while the line was open (windowed keys): offered the room when it comes
+    /// back ([`Line::take_short_with_room`]). Only holders with an account.
+    short: BTreeSet<H>,
     /// Shared: every idle key of one capacity has the same terms in a round, and
     /// a copy per line was most of an idle lease key's memory.
     terms: Arc<Terms<H>>,
@@ -360,6 +364,7 @@ impl<H: Ord + Clone> Line<H> {
             rebuilt: BTreeMap::new(),
             departed: BTreeSet::new(),
             recovery: None,
+            short: BTreeSet::new(),
             terms: Arc::new(Terms::default()),
             last_now_ms: 0,
         }
@@ -554,6 +559,49 @@ impl<H: Ord + Clone> Line<H> {
         }
     }
 
+    /// The holders refused for want of room that could be granted something
+    /// now (room under L and under their share), each once: the owner asks
+    /// them to state again at once, when a bucket leaves the window, rather
+    /// than leaving each to its next sync round (docs/design/lease.md, "Room
+    /// offered as it comes back"). The others stay for a later call.
+    pub fn take_short_with_room(&mut self, now_ms: u64) -> Vec<H> {
+        // Not `available`: it counts each holder's told figure, which is room
+        // for that holder itself.
+        if self.short.is_empty() || self.recovering(now_ms) {
+            return Vec::new();
+        }
+        let with_room: Vec<H> = (self.short.iter())
+            .filter(|h| self.has_room_for(h, now_ms))
+            .cloned()
+            .collect();
+        for h in &with_room {
+            self.short.remove(h);
+        }
+        with_room
+    }
+
+    /// Whether `holder`'s next statement would be granted something, as
+    /// [`Line::sync`] reckons it (its figures apart from everyone else's):
+    /// below its share, room under L beside the others, and no figure told to
+    /// it beyond that room.
+    fn has_room_for(&self, holder: &H, now_ms: u64) -> bool {
+        let Some(account) = self.accounts.get(holder) else {
+            return false;
+        };
+        let share =
+            (self.terms.shares.get(holder).copied().unwrap_or(0)).saturating_add(self.terms.borrow);
+        let mine = self.account_stated(account, now_ms);
+        let others = (self.committed_beside(Some(holder), now_ms))
+            .saturating_sub(self.member_charge(holder, now_ms));
+        let left = self.config.capacity.saturating_sub(others);
+        mine < share && mine < left && account.reserves.max() <= left
+    }
+
+    /// Whether some holder waits for room ([`Line::take_short_with_room`]).
+    pub fn has_short(&self) -> bool {
+        !self.short.is_empty()
+    }
+
     /// Holders with an account.
     pub fn holders(&self) -> usize {
         self.accounts.len()
@@ -721,12 +769,17 @@ impl<H: Ord + Clone> Line<H> {
         account.reserves.tell(cut_off_share, request.seq);
         self.accounts.insert(holder.clone(), account);
         let shut = self.recovering(now_ms);
-        if let Some(r) = &mut self.recovery
-            && shut
-            && request.want > 0
-            && granted == 0
-        {
-            r.waiting.insert(holder.clone());
+        let refused = request.want > 0 && granted == 0;
+        match &mut self.recovery {
+            Some(r) if shut && refused => {
+                r.waiting.insert(holder.clone());
+            }
+            _ if refused && matches!(self.config.kind, Kind::Windowed(_)) => {
+                self.short.insert(holder.clone());
+            }
+            _ => {
+                self.short.remove(holder);
+            }
         }
         debug_assert!(
             granted == 0 || self.committed(now_ms) <= cap,
@@ -773,6 +826,8 @@ impl<H: Ord + Clone> Line<H> {
                 || a.until_ms > now_ms
                 || !a.reserves.0.is_empty()
         });
+        let accounts = &self.accounts;
+        self.short.retain(|h| accounts.get(h).is_some());
         if let Kind::Windowed(w) = kind {
             for part in self.rebuilt.values_mut() {
                 part.retain(|b, _| w.counts(*b, now_ms));
@@ -822,8 +877,15 @@ impl<H: Ord + Clone> Line<H> {
     }
 
     fn account_charge(&self, a: &Account, now_ms: u64) -> u64 {
+        // What it may spend cut off from this owner, on any figure it may hold.
+        self.account_stated(a, now_ms).max(a.reserves.max())
+    }
+
+    /// What an account holds by its statements: usage, lapsed credit and live
+    /// credit (its told figures apart).
+    fn account_stated(&self, a: &Account, now_ms: u64) -> u64 {
         let credit = if a.until_ms > now_ms { a.credit } else { 0 };
-        let stated = match self.config.kind {
+        match self.config.kind {
             Kind::Windowed(w) => {
                 let expired_now =
                     if a.until_ms <= now_ms && w.counts(w.bucket_index(a.until_ms), now_ms) {
@@ -840,9 +902,7 @@ impl<H: Ord + Clone> Line<H> {
                 let (previous, until) = a.previous;
                 credit.max(if until > now_ms { previous } else { 0 })
             }
-        };
-        // What it may spend cut off from this owner, on any figure it may hold.
-        stated.max(a.reserves.max())
+        }
     }
 
     fn usage_in_window(&self, usage: &BTreeMap<u64, u64>, now_ms: u64) -> u64 {
@@ -1087,6 +1147,44 @@ mod tests {
         assert_eq!(l.to_nudge(5_300, 300), vec!["b", "c"]);
         assert!(l.to_nudge(5_400, 300).is_empty(), "once per rebuild");
         assert!(Line::<&str>::new(config).to_nudge(9_000, 300).is_empty());
+    }
+
+    /// Holders refused for want of room are named once room for them comes
+    /// back (a bucket leaving the window), not before; one whose share is full
+    /// stays refused, and a holder granted since is no longer waiting. Each
+    /// holder's own told figure is room for itself: here both holders were
+    /// told their share, which keeps `available` at 0 throughout.
+    #[test]
+    fn holders_refused_for_want_of_room_are_named_once_it_comes_back() {
+        use crate::lease::budget::CutOffPolicy;
+        let w = Window::try_new(1_000, 10).expect("window");
+        let config = LineConfig::try_new(10, Kind::Windowed(w), 10, 3, 500).expect("config");
+        let mut l = Line::new(config);
+        l.set_terms(Terms {
+            shares: [("a", 5), ("b", 5)].into_iter().collect(),
+            ..Terms::default()
+        });
+        let budget = || Budget::new(Kind::Windowed(w), CutOffPolicy::Share);
+        let (a, b) = (&mut budget(), &mut budget());
+        state(&mut l, "a", a, 5, 0);
+        state(&mut l, "b", b, 5, 0);
+        a.try_spend(5, 50).expect("fits"); // bucket 0: counts until 1,100
+        b.try_spend(5, 250).expect("fits"); // bucket 2: until 1,300
+        state(&mut l, "a", a, 5, 300);
+        state(&mut l, "b", b, 5, 300);
+        assert!(l.has_short(), "both refused");
+        assert_eq!(l.available(300), 0);
+        assert!(l.take_short_with_room(1_000).is_empty(), "nothing left yet");
+        // a's bucket left: room for a, none for b (its share is still spent).
+        assert_eq!(l.take_short_with_room(1_101), vec!["a"]);
+        assert!(l.take_short_with_room(1_102).is_empty(), "named once");
+        assert_eq!(l.available(1_102), 0, "its own figure still counts");
+        state(&mut l, "a", a, 5, 1_102);
+        assert_eq!(a.credit(1_102), 5, "granted as named");
+        assert_eq!(l.take_short_with_room(1_301), vec!["b"]);
+        // Granted since: not waiting any more.
+        state(&mut l, "b", b, 5, 1_302);
+        assert!(!l.has_short());
     }
 
     #[test]

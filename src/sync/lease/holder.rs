@@ -383,17 +383,18 @@ impl Holder {
         self.mark_moved(&view);
         if let Owners::Peers(book) = &self.owners {
             // An owner's rebuilt line waits for these (its view moved, this
-            // node's did not): state them as if their owner had changed.
-            // One refused while its owner's gate was shut is asked again when it
-            // opens: not left to the next interval's round.
+            // node's did not): state them as if their owner had changed. One
+            // its owner refused, asked again now that the owner has room for it
+            // (its gate opened, or a bucket left the window), asks again at once
+            // with what it asked for: not left to the next interval's round. Its
+            // owner is the same, so it keeps the figure that owner told.
             for i in book.take_restates() {
                 match self.active.get_mut(&(i as u32)) {
-                    Some(key) => {
-                        key.owner = None;
-                        if std::mem::take(&mut key.asked_in_vain) {
-                            key.credit.ask_again(key.asked_cost);
-                        }
+                    Some(key) if key.asked_in_vain => {
+                        key.asked_in_vain = false;
+                        key.credit.ask_again(key.asked_cost);
                     }
+                    Some(key) => key.owner = None,
                     None => self.unsettled.set(i as u32, true),
                 }
             }

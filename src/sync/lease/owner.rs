@@ -128,6 +128,9 @@ struct Lines {
     resting: Bits,
     /// The members the resting bits were last checked against.
     members: Vec<String>,
+    /// Open lines with holders refused for want of room
+    /// ([`OwnerBook::offer_room`]).
+    short: std::collections::BTreeSet<u32>,
 }
 
 impl Lines {
@@ -266,6 +269,9 @@ impl OwnerBook {
         };
         let reply = line.sync(&from.to_owned(), request, now_ms)?;
         let reopened = line.take_reopened(now_ms);
+        if line.has_short() {
+            lines.short.insert(id);
+        }
         if super::audit::enabled()
             && line.config().kind() != tollgate_cluster::lease::line::Kind::Slots
         {
@@ -311,6 +317,37 @@ impl OwnerBook {
         let pending = std::mem::take(&mut *self.reopened.lock().unwrap_or_else(|p| p.into_inner()));
         if !pending.is_empty() {
             self.ask_to_state(&self.view(), pending.into_iter().collect());
+        }
+    }
+
+    /// As a bucket leaves the window: asks each holder that was refused for
+    /// want of room, on a line that has room for it now, to state again, once
+    /// for all its keys. Without this, such a holder asked again at its next
+    /// sync round: the bench's audit had the refused holders granted 50-200 ms
+    /// after the room came back, while their requests' waits ran out
+    /// (docs/design/lease.md, "Room offered as it comes back").
+    pub fn offer_room(&self) {
+        let now_ms = self.now_ms();
+        let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut guard = self.lines();
+        let lines = &mut *guard;
+        for id in std::mem::take(&mut lines.short) {
+            let Some(line) = lines.open.get_mut(&id) else {
+                continue;
+            };
+            for holder in line.take_short_with_room(now_ms) {
+                asked
+                    .entry(holder)
+                    .or_default()
+                    .push(self.keys.key(id).to_owned());
+            }
+            if line.has_short() {
+                lines.short.insert(id);
+            }
+        }
+        drop(guard);
+        if !asked.is_empty() {
+            self.ask_to_state(&self.view(), asked.into_iter().collect());
         }
     }
 
@@ -505,6 +542,28 @@ impl OwnerBook {
     }
 }
 
+/// Offers room as it comes back: at each bucket boundary of the owner's
+/// clock (when the oldest bucket leaves every windowed line's window),
+/// [`OwnerBook::offer_room`], until `stopped`. One timer per node; a boundary
+/// with nobody refused costs a look at an empty set.
+pub async fn offer_room_at_each_bucket(
+    book: Arc<OwnerBook>,
+    bucket_ms: u64,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let bucket_ms = bucket_ms.max(1);
+    loop {
+        let now_ms = book.now_ms();
+        // Just past the boundary: the bucket has left the window by then.
+        let next = (now_ms / bucket_ms + 1) * bucket_ms + 1;
+        let wait = std::time::Duration::from_millis(next - now_ms);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => book.offer_room(),
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -661,6 +720,53 @@ mod tests {
         tokio::time::advance(Duration::from_millis(TTL_MS / 2)).await;
         book.on_round();
         assert_eq!(book.take_restates(), vec![0]);
+    }
+
+    /// A holder refused for want of room is asked to state again as the bucket
+    /// that held its spending leaves the window (the owner's timer, just past
+    /// each bucket boundary), not at its next interval's round: this node's own
+    /// holder through its restate bits and a wake (a peer by a nudge).
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_refused_for_want_of_room_is_asked_again_as_a_bucket_leaves() {
+        let key = key_that_moves_to_c();
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let (book, _view) = book_waking(&key, Some(wake.clone()));
+        let book = Arc::new(book);
+        // Open the line (rebuilt: held until b states) and clear the gate's asks.
+        ask(&book, "a", &key, 10);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        ask(&book, "b", &key, 0);
+        book.ask_reopened();
+        book.take_restates();
+        let _woken = tokio::time::timeout(Duration::from_millis(1), wake.notified()).await;
+        // a states its share (40) spent in this bucket and asks for more.
+        let spent_ms = book.now_ms();
+        let request = SyncRequest {
+            seq: spent_ms,
+            usage: vec![(window().bucket_index(spent_ms), 40)],
+            want: 10,
+            ..SyncRequest::default()
+        };
+        assert_eq!(book.sync("a", &key, &request).expect("answered").granted, 0);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let timer = tokio::spawn(offer_room_at_each_bucket(book.clone(), 100, stopped));
+        // The bucket counts until its end has left the 1 s window.
+        let leaves_ms = (spent_ms / 100 + 1) * 100 + 1_000;
+        tokio::time::timeout(Duration::from_millis(2_000), wake.notified())
+            .await
+            .expect("its holder woken");
+        let asked_ms = book.now_ms();
+        assert!(
+            (leaves_ms..=leaves_ms + 1).contains(&asked_ms),
+            "asked at {asked_ms}, the bucket left at {leaves_ms}"
+        );
+        assert_eq!(book.take_restates(), vec![0], "a is asked again");
+        // Once: it is not refused again until it states.
+        tokio::time::advance(Duration::from_millis(300)).await;
+        tokio::task::yield_now().await;
+        assert!(book.take_restates().is_empty());
+        stop.send(true).expect("timer running");
+        timer.await.expect("stops");
     }
 
     #[tokio::test(start_paused = true)]
