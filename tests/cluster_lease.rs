@@ -137,12 +137,16 @@ async fn a_quiet_holder_still_in_use_serves_on_its_figure_when_cut_off() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     seen.cut.store(true, Ordering::Relaxed);
-    let figure = seen.last_told.load(Ordering::Relaxed);
     let deadline = Instant::now() + Duration::from_secs(3);
     while seen.refused.load(Ordering::Relaxed) == 0 {
         assert!(Instant::now() < deadline, "the holder never met the cut");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Every batch is refused from here on: the last figure told is final.
+    let figure = seen.last_told.load(Ordering::Relaxed);
+    // Past the last reply's credit (a 1 s ttl): what is served now is served
+    // on the figure alone.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     assert!(
         figure > SPENT,
         "the quiet holder gave its figure back: told {figure} after spending {SPENT}"

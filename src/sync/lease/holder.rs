@@ -149,6 +149,13 @@ struct ActiveKey {
     /// ask refused behind a rebuilt line's gate stands again with it
     /// (`Credit::ask_again`).
     asked_cost: u64,
+    /// Its last statement carried an actor's ask (not only the one unit a key
+    /// in use asks to keep its figure): only such an ask, refused, is asked in
+    /// vain.
+    asked: bool,
+    /// Its owner asked it to state (a nudge): stated at the next round even if
+    /// nothing else is due, to the same owner without dropping its figure.
+    restate_due: bool,
 }
 
 /// What a round does.
@@ -382,19 +389,24 @@ impl Holder {
         self.publish_cut_off();
         self.mark_moved(&view);
         if let Owners::Peers(book) = &self.owners {
-            // An owner's rebuilt line waits for these (its view moved, this
-            // node's did not): state them as if their owner had changed. One
-            // its owner refused, asked again now that the owner has room for it
-            // (its gate opened, or a bucket left the window), asks again at once
-            // with what it asked for: not left to the next interval's round. Its
-            // owner is the same, so it keeps the figure that owner told.
+            // An owner asked for these: its rebuilt line waits for them (its
+            // view moved, this node's did not), or it has room again for an ask
+            // it refused (its gate opened, or a bucket left the window). Each
+            // is stated at this round; one asked in vain asks again at once
+            // with what it asked for, not left to the next interval's round.
+            // Not as if its owner had changed (a review found that dropping
+            // the told figure, which a node cut off from its owner in one
+            // direction only then could not serve on): if the owner did move,
+            // the round sees it in the view, and a rebuilt line reads the
+            // figure the statement says it holds.
             for i in book.take_restates() {
                 match self.active.get_mut(&(i as u32)) {
-                    Some(key) if key.asked_in_vain => {
-                        key.asked_in_vain = false;
-                        key.credit.ask_again(key.asked_cost);
+                    Some(key) => {
+                        key.restate_due = true;
+                        if std::mem::take(&mut key.asked_in_vain) {
+                            key.credit.ask_again(key.asked_cost);
+                        }
                     }
-                    Some(key) => key.owner = None,
                     None => self.unsettled.set(i as u32, true),
                 }
             }
@@ -447,6 +459,7 @@ impl Holder {
             let moved = key.owner.as_deref() != Some(owner.id.as_str());
             let (wanted, wanted_cost) = credit.take_wanted();
             key.asked_cost = wanted_cost;
+            key.asked = wanted;
             if moved && matches!(self.owners, Owners::Peers(_)) {
                 // What the previous owner kept for this node went with it.
                 credit.with(|b| b.owner_changed());
@@ -455,10 +468,6 @@ impl Holder {
                 credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms), b.used(now_ms)));
             let last = key.stated_ms;
             let heartbeat = now_ms.saturating_sub(last) >= self.ttl_ms() / 3;
-            // A graceful stop also gives back a `redis-lease` reservation (peers
-            // would otherwise keep it for this node until it is collected).
-            let returning =
-                round == Round::ReturnAll && (held > 0 || self.reservation(&binding.key) > 0);
             // Read under one lock:
             // - a key still cut off is stated every round (every interval's round
             //   once its owner failed twice in a row): when its owner answers
@@ -470,7 +479,16 @@ impl Holder {
             //   statement, or the owner keeps charging the old one for good.
             let (cut_off, holds_figure, owes) =
                 credit.with(|b| (b.is_cut_off(), b.told_share() > 0, b.owes_statement()));
+            // A graceful stop gives back credit, a figure it holds (the owner
+            // charges it until told), and a `redis-lease` reservation (peers
+            // would otherwise keep it for this node until it is collected).
+            let returning = round == Round::ReturnAll
+                && (held > 0 || holds_figure || self.reservation(&binding.key) > 0);
+            // Its owner asked for a statement (a rebuilt line waits for it, or
+            // room came back for an ask it refused).
+            let restate_due = std::mem::take(&mut key.restate_due);
             if !(moved
+                || restate_due
                 || wanted
                 || returning
                 || cut_off
@@ -484,7 +502,7 @@ impl Holder {
             }
             // Nothing spent since the last statement: give unused credit back, so
             // nodes whose demand moved on do not hold capacity others need.
-            let unused = heartbeat && !wanted && key.used == Some(used);
+            let unused = (heartbeat || restate_due) && !wanted && key.used == Some(used);
             if returning || (unused && held > 0) {
                 credit.with(|b| b.return_credit(now_ms));
             }
@@ -650,6 +668,8 @@ impl Holder {
                     target: 0,
                     asked_in_vain: false,
                     asked_cost: 0,
+                    asked: false,
+                    restate_due: false,
                 },
             );
         }
@@ -941,7 +961,8 @@ impl Holder {
                                 b.set_cut_off(None);
                             });
                             key.owner = Some(owner_id.clone());
-                            key.asked_in_vain = snapshot.request.want > 0 && reply.granted == 0;
+                            key.asked_in_vain =
+                                key.asked && snapshot.request.want > 0 && reply.granted == 0;
                         }
                         // Its owner heard "nothing held" (a credit made since
                         // starts from this owner: `take_new_credits`).
