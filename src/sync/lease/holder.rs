@@ -145,14 +145,11 @@ struct ActiveKey {
     /// refused: asked again at the next interval's round, not on every ask
     /// ([`Round::Woken`]).
     asked_in_vain: bool,
-    /// The largest cost the actor could not pay, as of its last statement: an
-    /// ask refused behind a rebuilt line's gate stands again with it
-    /// (`Credit::ask_again`).
-    asked_cost: u64,
-    /// Its last statement carried an actor's ask (not only the one unit a key
-    /// in use asks to keep its figure): only such an ask, refused, is asked in
-    /// vain.
-    asked: bool,
+    /// The actor's ask its last statement carried, as the largest cost it
+    /// could not pay (`None`: no ask, at most the one unit a key in use asks
+    /// to keep its figure). Only such an ask, refused, is asked in vain, and
+    /// it stands again with that cost (`Credit::ask_again`).
+    asked: Option<u64>,
     /// Its owner asked it to state (a nudge): stated at the next round even if
     /// nothing else is due, to the same owner without dropping its figure.
     restate_due: bool,
@@ -404,7 +401,7 @@ impl Holder {
                     Some(key) => {
                         key.restate_due = true;
                         if std::mem::take(&mut key.asked_in_vain) {
-                            key.credit.ask_again(key.asked_cost);
+                            key.credit.ask_again(key.asked.unwrap_or(0));
                         }
                     }
                     None => self.unsettled.set(i as u32, true),
@@ -458,8 +455,7 @@ impl Holder {
             let credit = &key.credit;
             let moved = key.owner.as_deref() != Some(owner.id.as_str());
             let (wanted, wanted_cost) = credit.take_wanted();
-            key.asked_cost = wanted_cost;
-            key.asked = wanted;
+            key.asked = wanted.then_some(wanted_cost);
             if moved && matches!(self.owners, Owners::Peers(_)) {
                 // What the previous owner kept for this node went with it.
                 credit.with(|b| b.owner_changed());
@@ -667,8 +663,7 @@ impl Holder {
                     used: None,
                     target: 0,
                     asked_in_vain: false,
-                    asked_cost: 0,
-                    asked: false,
+                    asked: None,
                     restate_due: false,
                 },
             );
@@ -763,7 +758,7 @@ impl Holder {
                         .map_err(|e| super::wire::refusal_code(&e).to_owned())
                 })
                 .collect();
-            book.ask_reopened();
+            book.send_asks_again();
             return vec![(items, Ok(answers))];
         }
         let entries = (items.iter())
@@ -961,8 +956,9 @@ impl Holder {
                                 b.set_cut_off(None);
                             });
                             key.owner = Some(owner_id.clone());
-                            key.asked_in_vain =
-                                key.asked && snapshot.request.want > 0 && reply.granted == 0;
+                            key.asked_in_vain = key.asked.is_some()
+                                && snapshot.request.want > 0
+                                && reply.granted == 0;
                         }
                         // Its owner heard "nothing held" (a credit made since
                         // starts from this owner: `take_new_credits`).

@@ -29,10 +29,11 @@ pub struct OwnerBook {
     /// Wakes this node's holder when it is asked to state keys (`None`: it
     /// finds them at its next interval's round).
     holder_wake: Option<Arc<tokio::sync::Notify>>,
-    /// Holders refused behind a gate that statements since opened, and their
-    /// keys: asked to state once per batch ([`OwnerBook::ask_reopened`]), so a
-    /// batch opening many gates sends each holder one nudge, not one per key.
-    reopened: Mutex<std::collections::BTreeMap<String, Vec<String>>>,
+    /// Holders refused that may be granted now (a gate opened, or room came
+    /// back), and their keys: asked to state once per batch of statements, per
+    /// round or per bucket ([`OwnerBook::send_asks_again`]), so a batch opening
+    /// many gates sends each holder one nudge, not one per key.
+    asks_again: Mutex<std::collections::BTreeMap<String, Vec<String>>>,
     view: Arc<RwLock<Arc<View>>>,
     usage: Arc<Mutex<ClusterUsage>>,
     clock: Clock,
@@ -187,7 +188,7 @@ impl OwnerBook {
             restate: Mutex::default(),
             nudger,
             holder_wake,
-            reopened: Mutex::default(),
+            asks_again: Mutex::default(),
             view,
             usage,
             clock,
@@ -295,26 +296,28 @@ impl OwnerBook {
             });
         }
         drop(guard);
-        self.add_reopened(reopened, key);
+        self.add_asks_again(reopened, key);
         Ok(reply)
     }
 
-    /// Notes `holders`, refused behind `key`'s gate that just opened, for
-    /// [`OwnerBook::ask_reopened`].
-    fn add_reopened(&self, holders: Vec<String>, key: &str) {
+    /// Notes `holders`, refused on `key` and now to be asked again (its gate
+    /// opened, or room came back), for [`OwnerBook::send_asks_again`].
+    fn add_asks_again(&self, holders: Vec<String>, key: &str) {
         if holders.is_empty() {
             return;
         }
-        let mut pending = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.asks_again.lock().unwrap_or_else(|p| p.into_inner());
         for holder in holders {
             pending.entry(holder).or_default().push(key.to_owned());
         }
     }
 
-    /// After a batch of statements: asks each holder refused behind a gate
-    /// those statements opened to state again, once for all its keys.
-    pub fn ask_reopened(&self) {
-        let pending = std::mem::take(&mut *self.reopened.lock().unwrap_or_else(|p| p.into_inner()));
+    /// After a batch of statements, a round or a bucket: asks each holder
+    /// noted by [`OwnerBook::add_asks_again`] to state again, once for all its
+    /// keys.
+    pub fn send_asks_again(&self) {
+        let pending =
+            std::mem::take(&mut *self.asks_again.lock().unwrap_or_else(|p| p.into_inner()));
         if !pending.is_empty() {
             self.ask_to_state(&self.view(), pending.into_iter().collect());
         }
@@ -328,27 +331,23 @@ impl OwnerBook {
     /// (docs/design/lease.md, "Room offered as it comes back").
     pub fn offer_room(&self) {
         let now_ms = self.now_ms();
-        let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut with_room = Vec::new();
         let mut guard = self.lines();
         let lines = &mut *guard;
         for id in std::mem::take(&mut lines.short) {
             let Some(line) = lines.open.get_mut(&id) else {
                 continue;
             };
-            for holder in line.take_short_with_room(now_ms) {
-                asked
-                    .entry(holder)
-                    .or_default()
-                    .push(self.keys.key(id).to_owned());
-            }
+            with_room.push((line.take_short_with_room(now_ms), id));
             if line.has_short() {
                 lines.short.insert(id);
             }
         }
         drop(guard);
-        if !asked.is_empty() {
-            self.ask_to_state(&self.view(), asked.into_iter().collect());
+        for (holders, id) in with_room {
+            self.add_asks_again(holders, self.keys.key(id));
         }
+        self.send_asks_again();
     }
 
     /// Asks each holder to state its keys: this node's own holder through its
@@ -432,7 +431,7 @@ impl OwnerBook {
             // Before `settle`, which ends an opened line's recovery: gates
             // opened by a ttl or by the terms (an unreachable holder no longer
             // waited for) rather than by a statement, asked with the rest below.
-            self.add_reopened(line.take_reopened(now_ms), keys.key(*id));
+            self.add_asks_again(line.take_reopened(now_ms), keys.key(*id));
             expired += line.settle(now_ms) as u64;
             for holder in line.to_nudge(now_ms, keys.ttl_ms / 4) {
                 if holder != view.self_id {
@@ -461,7 +460,7 @@ impl OwnerBook {
             );
         }
         self.send_nudges(&view, &nudges);
-        self.ask_reopened();
+        self.send_asks_again();
         nudges
     }
 
@@ -704,7 +703,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         ask(&book, "b", &key, 0);
         assert!(book.take_restates().is_empty(), "asked once the batch ends");
-        book.ask_reopened();
+        book.send_asks_again();
         assert_eq!(book.take_restates(), vec![0], "a is asked again");
         tokio::time::timeout(Duration::from_millis(1), wake.notified())
             .await
@@ -736,7 +735,7 @@ mod tests {
         ask(&book, "a", &key, 10);
         tokio::time::advance(Duration::from_millis(1)).await;
         ask(&book, "b", &key, 0);
-        book.ask_reopened();
+        book.send_asks_again();
         book.take_restates();
         let _woken = tokio::time::timeout(Duration::from_millis(1), wake.notified()).await;
         // a states its share (40) spent in this bucket and asks for more.

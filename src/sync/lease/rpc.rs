@@ -201,7 +201,7 @@ async fn sync(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body
             Answer::from_result(&result)
         })
         .collect();
-    state.book.ask_reopened();
+    state.book.send_asks_again();
     axum::Json(Answers { entries }).into_response()
 }
 
