@@ -5,11 +5,12 @@
 //! governor reads its own clock (quanta), which is part of its decision cost.
 //! Run: `cargo bench --bench limiter` (about a minute; `-- --quick` for less).
 
+mod common;
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
@@ -127,17 +128,9 @@ fn governor_and_baseline(c: &mut Criterion) {
     group.finish();
 }
 
-/// Short runs: the whole bench stays around a minute on two cores.
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(50)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = common::short_runs();
     targets = ours, governor_and_baseline
 }
 criterion_main!(benches);

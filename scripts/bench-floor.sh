@@ -12,21 +12,7 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3} secs=${2:-6} generator=${GENERATOR:-tollgate}
 [[ $generator == tollgate || $generator == wrk ]] || { echo "GENERATOR: tollgate or wrk" >&2; exit 2; }
 [[ $generator == tollgate ]] || command -v wrk >/dev/null || { echo "wrk not installed" >&2; exit 1; }
-target=${CARGO_TARGET_DIR:-target}
-cargo build --release --bin tollgate --example bare_proxy >&2
-bin=$target/release/tollgate bare=$target/release/examples/bare_proxy
-out=$(mktemp -d)
-"$bin" mock-upstream --listen 127.0.0.1:9190 --completion-tokens 16..16 >/dev/null 2>&1 &
-mock=$!
-"$bare" 127.0.0.1:8192 http://127.0.0.1:9190 >/dev/null 2>&1 &
-proxy=$!
-RUST_LOG=warn "$bin" serve --config config/bench-lease.toml >/dev/null 2>&1 &
-lease=$!
-trap 'kill $mock $proxy $lease 2>/dev/null; wait 2>/dev/null; rm -rf "$out"' EXIT
-for port in 8191 8192; do
-  for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-done
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+source scripts/floor-processes.sh
 for _ in $(seq "$rounds"); do
   for path in direct:9190:0 bare:8192:$proxy lease:8191:$lease; do
     IFS=: read -r name port middle <<<"$path"
