@@ -766,6 +766,7 @@ async fn cut_off_crash_then_successor(mode: &str, most: u64, ports: [u16; 3]) {
         panic!("node 3 still shared");
     };
     third.crash().await;
+    wait_gossip_released(&transport, ports[2]).await;
     heal_third(&transport, ports).await;
     let shared: Arc<dyn tollgate_cluster::chitchat::transport::Transport> =
         Arc::new(transport.clone());

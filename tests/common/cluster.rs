@@ -224,6 +224,29 @@ pub async fn heal_third(
     transport.add_link(addr(2), addr(1)).await;
 }
 
+/// Waits until the in-memory gossip socket on `port` is closed. A crashed
+/// node's chitchat runs in a task of its own, which ends a moment after the
+/// node's task is aborted (later on a loaded machine), and until then a
+/// successor on the same address fails to start ("Address not available": a CI
+/// flake of `in_gossip_a_successor_charges_what_the_survivors_charge`,
+/// reproduced 2 in 14 runs beside two busy loops).
+pub async fn wait_gossip_released(
+    transport: &tollgate_cluster::chitchat::transport::ChannelTransport,
+    port: u16,
+) {
+    use tollgate_cluster::chitchat::transport::Transport;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // An open socket is closed again as it drops.
+    while transport.open(addr).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the crashed node's gossip socket on {addr} was never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until `node` sees `n` live members (10 s at most).
 pub async fn wait_members(node: &Node, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
