@@ -14,7 +14,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use tollgate::load::request::prompt;
 use tollgate::proxy::headers::format_reset;
 use tollgate::proxy::request::{Api, ParseSettings, parse};
-use tollgate::tokens::{ChatMessage, Encoding, count_chat_prompt};
+use tollgate::tokens::{ChatMessage, CountMemo, Counter, Encoding, count_chat_prompt};
 
 /// A chat body as `tollgate load` sends it, with a prompt of `tokens` tokens.
 fn chat_body(tokens: usize) -> Bytes {
@@ -29,17 +29,31 @@ fn chat_body(tokens: usize) -> Bytes {
 fn request(c: &mut Criterion) {
     let encoding = Encoding::for_openai_model("gpt-4o-mini").expect("known model");
     encoding.warm_up();
-    // 16 tokens: the end-to-end runs' prompt; 1,200: the seed scenario's.
-    for tokens in [16, 1_200] {
+    // 16 tokens: the end-to-end runs' prompt; 1,200: the seed scenario's,
+    // counted every time (without a memo, as before the thirty-second session,
+    // or a text new to the memo) and answered from the node's memo (a text its
+    // tenant sent lately: a system prompt, a chat's history).
+    let memo = CountMemo::default();
+    for (tokens, memoized) in [(16, false), (1_200, false), (1_200, true)] {
         let body = chat_body(tokens);
-        let name = format!("request/parse/chat, one {tokens}-token message");
+        let how = if memoized {
+            ", counted before (memo)"
+        } else {
+            ""
+        };
+        let name = format!("request/parse/chat, one {tokens}-token message{how}");
+        let counter = if memoized {
+            Counter::memoized(encoding, &memo, "tenant")
+        } else {
+            encoding.into()
+        };
         c.bench_function(&name, |b| {
             b.iter(|| {
                 let settings = ParseSettings {
                     default_max_tokens: 4096,
                 };
                 let parsed = parse(Api::Chat, black_box(body.clone()), settings, |_| {
-                    Ok(encoding)
+                    Ok(counter)
                 });
                 black_box(parsed.is_ok())
             })

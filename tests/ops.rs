@@ -165,3 +165,45 @@ async fn worker_threads_in_the_config_size_the_served_nodes_runtime() {
     assert_eq!(served_workers("worker_threads = 3").await, 3);
     assert_eq!(served_workers("").await, 1);
 }
+
+/// A long text a tenant sends again is counted once: the second estimate comes
+/// from the node's memo (`tokens::CountMemo`), and another tenant sending the
+/// same text counts it itself (the memo is scoped per tenant, so a hit's speed
+/// tells nobody what another tenant sent).
+#[tokio::test]
+async fn a_long_prompt_sent_again_is_counted_from_the_memo_of_its_tenant_only() {
+    const OTHER: &str = "sk-other";
+    let upstream = mock(|_| {}).await;
+    let other = format!(
+        "[[tenants]]\nid = \"u\"\napi_key_hashes = [\"sha256:{}\"]\n",
+        tollgate::config::hash_api_key(OTHER)
+    );
+    let node = node(&format!("{}{other}", single("")), &[&upstream]).await;
+    let prompt = "Summarise the following notes for the team. ".repeat(40);
+    let memo = |text: &str, outcome: &str| -> u64 {
+        let name = format!("tollgate_prompt_count_memo_total{{outcome=\"{outcome}\"}} ");
+        (text.lines())
+            .find_map(|l| l.strip_prefix(name.as_str()))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let mut seen = Vec::new();
+    for key in [KEY, KEY, OTHER] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/chat/completions", node.url()))
+            .bearer_auth(key)
+            .json(&chat_body(&prompt, 5))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let text = metrics(&node).await;
+        seen.push((memo(&text, "hit"), memo(&text, "miss")));
+    }
+    assert_eq!(
+        seen,
+        [(0, 1), (1, 1), (1, 2)],
+        "(hits, misses) after each request: counted, from the memo, counted for the other tenant"
+    );
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}

@@ -225,7 +225,7 @@ async fn token_estimates_equal_the_mock_counts_for_openai_models() {
             tollgate::proxy::request::Api::Chat,
             bytes,
             settings,
-            |_| Ok(encoding),
+            |_| Ok(encoding.into()),
         )
         .unwrap();
         let response = json(post(&node, "/chat/completions", body.clone(), &[]).await).await;

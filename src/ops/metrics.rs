@@ -67,6 +67,7 @@ pub struct Metrics {
     rpc_refused: Family<Static<1>, Counter>,
     spilled: Family<Static<1>, Counter>,
     spill_received: Family<ByApiStatus, Counter>,
+    prompt_count_memo: Family<Static<1>, Counter>,
     redis_latency: HistogramFamily<Static<1>>,
     redis_errors: Family<Static<2>, Counter>,
     redis_orphans_released: Counter,
@@ -223,6 +224,7 @@ impl Metrics {
             rpc_refused: Family::default(),
             spilled: Family::default(),
             spill_received: Family::default(),
+            prompt_count_memo: Family::default(),
             redis_latency: Family::new_with_constructor(micros_histogram),
             redis_errors: Family::default(),
             redis_orphans_released: Counter::default(),
@@ -387,7 +389,22 @@ impl Metrics {
             "Requests a peer spilled to this node, by API and status (counted here instead of tollgate_requests_total, which the sending node counts)",
             m.spill_received.clone(),
         );
+        r.register(
+            "prompt_count_memo",
+            "Texts of an estimate long enough for the node's count memo (256 bytes and up), by outcome: hit (counted lately for the same tenant, answered from the memo) or miss (counted)",
+            m.prompt_count_memo.clone(),
+        );
         m
+    }
+
+    /// The counters of the node's token count memo: hits, misses.
+    pub fn prompt_count_memo(&self) -> (Counter, Counter) {
+        let counter = |outcome| {
+            (self.prompt_count_memo)
+                .get_or_create(&[("outcome", outcome)])
+                .clone()
+        };
+        (counter("hit"), counter("miss"))
     }
 
     /// Prometheus text exposition.

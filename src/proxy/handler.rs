@@ -10,6 +10,7 @@ use super::spill::{self, Refused};
 use super::state::{AppState, Route, Tenant};
 use crate::actor::task::{AcquireRequest, Refusal};
 use crate::actor::{Lane, Permit};
+use crate::tokens::Counter;
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
@@ -256,7 +257,8 @@ async fn serve(
             .filter(|r| r.upstreams.iter().any(|u| u.kind == api.upstream_kind()))
             .ok_or_else(|| ApiError::unknown_model(model))?;
         route_cell.set(Some(route));
-        Ok(state.encoding_for(route, model))
+        let encoding = state.encoding_for(route, model);
+        Ok(Counter::memoized(encoding, &state.count_memo, &tenant.id))
     })?;
     let route = route_cell
         .get()

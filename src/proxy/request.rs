@@ -6,7 +6,7 @@
 
 use super::error::{ApiError, Flavor};
 use crate::config::UpstreamKind;
-use crate::tokens::{ChatMessage, Content, Encoding, count_chat_prompt};
+use crate::tokens::{ChatMessage, Content, Counter, count_chat_prompt};
 use bytes::Bytes;
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -122,10 +122,10 @@ enum TextInput<'a> {
 }
 
 impl TextInput<'_> {
-    fn count(&self, encoding: Encoding) -> u64 {
+    fn count(&self, counter: Counter<'_>) -> u64 {
         match self {
-            TextInput::One(text) => encoding.count_text(text),
-            TextInput::Many(texts) => texts.iter().map(|t| encoding.count_text(t)).sum(),
+            TextInput::One(text) => counter.count_text(text),
+            TextInput::Many(texts) => texts.iter().map(|t| counter.count_text(t)).sum(),
             TextInput::Tokens(ids) => ids.len() as u64,
             TextInput::TokenLists(lists) => lists.iter().map(|l| l.len() as u64).sum(),
         }
@@ -207,19 +207,20 @@ fn check_n(n: Option<i64>) -> Result<u64, ApiError> {
     }
 }
 
-/// Parses `body` for `api`. `encoding_for(model)` picks the encoding (it knows the
-/// route); it may refuse an unknown model with the 404 the caller should see.
-pub fn parse(
+/// Parses `body` for `api`. `counter_for(model)` picks how its texts are counted
+/// (it knows the route's encoding, the node's memo and the tenant); it may refuse
+/// an unknown model with the 404 the caller should see.
+pub fn parse<'c>(
     api: Api,
     body: Bytes,
     settings: ParseSettings,
-    encoding_for: impl Fn(&str) -> Result<Encoding, ApiError>,
+    counter_for: impl Fn(&str) -> Result<Counter<'c>, ApiError>,
 ) -> Result<Parsed, ApiError> {
     let default = settings.default_max_tokens;
     let (model, prompt_tokens, max_completion, stream, client_wants_usage) = match api {
         Api::Chat => {
             let b: ChatBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = encoding_for(&b.model)?;
+            let enc = counter_for(&b.model)?;
             let max = match b.max_completion_tokens {
                 Some(_) => {
                     check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?
@@ -238,7 +239,7 @@ pub fn parse(
         }
         Api::Completions => {
             let b: CompletionsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = encoding_for(&b.model)?;
+            let enc = counter_for(&b.model)?;
             let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
             (
@@ -251,12 +252,12 @@ pub fn parse(
         }
         Api::Embeddings => {
             let b: EmbeddingsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = encoding_for(&b.model)?;
+            let enc = counter_for(&b.model)?;
             (b.model.into_owned(), b.input.count(enc), 0, false, false)
         }
         Api::Messages => {
             let b: MessagesBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = encoding_for(&b.model)?;
+            let enc = counter_for(&b.model)?;
             if b.max_tokens.is_none() {
                 return Err(ApiError::bad_request(
                     "`max_tokens` is required",
@@ -330,6 +331,7 @@ fn with_usage_requested(body: &Bytes) -> Result<Bytes, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::Encoding;
 
     const SETTINGS: ParseSettings = ParseSettings {
         default_max_tokens: 4096,
@@ -337,7 +339,7 @@ mod tests {
 
     fn chat(body: &str) -> Result<Parsed, ApiError> {
         parse(Api::Chat, Bytes::from(body.to_owned()), SETTINGS, |_| {
-            Ok(Encoding::Cl100kBase)
+            Ok(Encoding::Cl100kBase.into())
         })
     }
 
@@ -390,7 +392,7 @@ mod tests {
         assert_eq!(chat("{not json").unwrap_err().status, 400);
         let invalid_utf8 = Bytes::from_static(b"{\"model\":\"\xff\xfe\",\"messages\":[]}");
         let e = parse(Api::Chat, invalid_utf8, SETTINGS, |_| {
-            Ok(Encoding::Cl100kBase)
+            Ok(Encoding::Cl100kBase.into())
         })
         .unwrap_err();
         assert_eq!(e.status, 400);
@@ -403,7 +405,7 @@ mod tests {
             Api::Messages,
             body(r#"{"model":"c","messages":[]}"#),
             SETTINGS,
-            |_| Ok(Encoding::Cl100kBase),
+            |_| Ok(Encoding::Cl100kBase.into()),
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
@@ -411,7 +413,7 @@ mod tests {
             Api::Messages,
             body(r#"{"model":"c","system":"Be brief.","messages":[{"role":"user","content":"Hi"}],"max_tokens":7}"#),
             SETTINGS,
-            |_| Ok(Encoding::Cl100kBase),
+            |_| Ok(Encoding::Cl100kBase.into()),
         )
         .unwrap();
         assert_eq!(p.max_completion_tokens, 7);
@@ -424,7 +426,7 @@ mod tests {
             Api::Embeddings,
             Bytes::from_static(br#"{"model":"text-embedding-3-small","input":["a b","c"]}"#),
             SETTINGS,
-            |_| Ok(Encoding::Cl100kBase),
+            |_| Ok(Encoding::Cl100kBase.into()),
         )
         .unwrap();
         assert_eq!((p.prompt_tokens, p.max_completion_tokens), (3, 0));

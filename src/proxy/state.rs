@@ -12,7 +12,7 @@ use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key
 use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::Metrics;
 use crate::sync::engine::Binding;
-use crate::tokens::Encoding;
+use crate::tokens::{CountMemo, Encoding};
 use sha2::Digest;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -98,6 +98,8 @@ pub struct AppState {
     pub in_flight: Arc<Semaphore>,
     /// Encoding for models tiktoken does not know.
     pub default_encoding: Encoding,
+    /// Token counts of long texts counted lately, per tenant (`tokens::CountMemo`).
+    pub count_memo: CountMemo,
     /// Set when shutdown starts (readyz turns 503).
     pub draining: AtomicBool,
     /// Set for good once a newer process runs under this node's `node_id`
@@ -374,6 +376,8 @@ impl AppState {
         let default_encoding =
             Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
         default_encoding.warm_up();
+        let (memo_hits, memo_misses) = metrics.prompt_count_memo();
+        let count_memo = CountMemo::new(memo_hits, memo_misses);
         let bucket = config.limits.window / config.limits.buckets.max(1);
         Ok(AppState {
             stall_watch: Arc::new(super::stall::StallWatch::new(bucket)),
@@ -385,6 +389,7 @@ impl AppState {
             http,
             metrics,
             default_encoding,
+            count_memo,
             draining: AtomicBool::new(false),
             superseded: AtomicBool::new(false),
             rng_counter: AtomicU64::new(0),

@@ -9,6 +9,9 @@
 //! The BPE tables load once per process (tiktoken-rs singletons, ~100 ms); callers on
 //! the hot path pay only the encoding itself.
 
+mod memo;
+
+pub use memo::{CountMemo, MIN_MEMO_BYTES};
 use serde::Deserialize;
 use tiktoken_rs::CoreBPE;
 use tiktoken_rs::tokenizer::Tokenizer;
@@ -96,6 +99,43 @@ impl Encoding {
     }
 }
 
+/// Counts texts under one encoding, through a node's [`CountMemo`] for one
+/// tenant (the gateway's estimates) or not (the mock upstream, whose counts
+/// are the ground truth: it counts every text itself). An [`Encoding`] is a
+/// counter without a memo.
+#[derive(Clone, Copy)]
+pub struct Counter<'a> {
+    encoding: Encoding,
+    memo: Option<(&'a CountMemo, &'a str)>,
+}
+
+impl From<Encoding> for Counter<'_> {
+    fn from(encoding: Encoding) -> Self {
+        Counter {
+            encoding,
+            memo: None,
+        }
+    }
+}
+
+impl<'a> Counter<'a> {
+    /// Counts through `memo`, its entries scoped to `tenant`.
+    pub fn memoized(encoding: Encoding, memo: &'a CountMemo, tenant: &'a str) -> Self {
+        Counter {
+            encoding,
+            memo: Some((memo, tenant)),
+        }
+    }
+
+    /// Tokens in `text`.
+    pub fn count_text(self, text: &str) -> u64 {
+        match self.memo {
+            Some((memo, tenant)) => memo.count(tenant, self.encoding, text),
+            None => self.encoding.count_text(text),
+        }
+    }
+}
+
 /// One chat message as far as counting needs it; every other field is ignored.
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage<'a> {
@@ -134,14 +174,15 @@ pub struct ContentPart<'a> {
 }
 
 impl Content<'_> {
-    /// Tokens of this content under `encoding`.
-    pub fn count(&self, encoding: Encoding) -> u64 {
+    /// Tokens of this content.
+    pub fn count<'c>(&self, counter: impl Into<Counter<'c>>) -> u64 {
+        let counter = counter.into();
         match self {
-            Content::Text(text) => encoding.count_text(text),
+            Content::Text(text) => counter.count_text(text),
             Content::Parts(parts) => parts
                 .iter()
                 .map(|part| match (&*part.kind, &part.text) {
-                    ("text", Some(text)) => encoding.count_text(text),
+                    ("text", Some(text)) => counter.count_text(text),
                     _ => NON_TEXT_PART_TOKENS,
                 })
                 .sum(),
@@ -150,16 +191,17 @@ impl Content<'_> {
 }
 
 /// Prompt tokens of a chat request, counted as OpenAI counts them.
-pub fn count_chat_prompt(encoding: Encoding, messages: &[ChatMessage<'_>]) -> u64 {
+pub fn count_chat_prompt<'c>(counter: impl Into<Counter<'c>>, messages: &[ChatMessage<'_>]) -> u64 {
+    let counter = counter.into();
     let per_message: u64 = messages
         .iter()
         .map(|m| {
             TOKENS_PER_MESSAGE
-                + encoding.count_text(&m.role)
-                + m.content.as_ref().map_or(0, |c| c.count(encoding))
+                + counter.count_text(&m.role)
+                + m.content.as_ref().map_or(0, |c| c.count(counter))
                 + m.name
                     .as_ref()
-                    .map_or(0, |n| TOKENS_PER_NAME + encoding.count_text(n))
+                    .map_or(0, |n| TOKENS_PER_NAME + counter.count_text(n))
         })
         .sum();
     per_message + REPLY_PRIMING_TOKENS
