@@ -10,11 +10,11 @@ mod common;
 use std::hint::black_box;
 
 use axum::body::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use tollgate::load::request::prompt;
 use tollgate::proxy::headers::format_reset;
 use tollgate::proxy::request::{Api, ParseSettings, parse};
-use tollgate::tokens::{ChatMessage, CountMemo, Counter, Encoding, count_chat_prompt};
+use tollgate::tokens::{ChatMessage, CountMemo, Encoding, TokenCounter, count_chat_prompt};
 
 /// A chat body as `tollgate load` sends it, with a prompt of `tokens` tokens.
 fn chat_body(tokens: usize) -> Bytes {
@@ -26,29 +26,54 @@ fn chat_body(tokens: usize) -> Bytes {
     Bytes::from(serde_json::to_vec(&body).expect("json"))
 }
 
+/// How a case's texts are counted.
+#[derive(Clone, Copy)]
+enum Memo {
+    /// Without a memo.
+    Off,
+    /// Through the node's memo, a text new to it.
+    Miss,
+    /// Through the node's memo, a text it holds (or, under 256 bytes, one it
+    /// passes by).
+    Hit,
+}
+
+impl Memo {
+    fn name(self, tokens: usize) -> &'static str {
+        match self {
+            Memo::Off => "",
+            Memo::Miss => ", new to the memo",
+            Memo::Hit if tokens < 64 => ", through the memo (too short for it)",
+            Memo::Hit => ", through the memo (counted before)",
+        }
+    }
+}
+
 fn request(c: &mut Criterion) {
     let encoding = Encoding::for_openai_model("gpt-4o-mini").expect("known model");
     encoding.warm_up();
-    // 16 tokens: the end-to-end runs' prompt; 1,200: the seed scenario's,
-    // counted every time (without a memo, as before the thirty-second session,
-    // or a text new to the memo) and answered from the node's memo (a text its
-    // tenant sent lately: a system prompt, a chat's history).
-    let memo = CountMemo::default();
-    for (tokens, memoized) in [(16, false), (1_200, false), (1_200, true)] {
+    // 16 tokens: the end-to-end runs' prompt (under the memo's 256 bytes: the
+    // memo only adds a length check); 1,200: the seed scenario's, counted
+    // without a memo, new to the memo (a miss: hashed, counted and stored; a
+    // new tenant scope each time) and counted before (a hit: a text its tenant
+    // sent lately, as a system prompt or a chat's history).
+    let memo = CountMemo::new(1 << 16, Default::default(), Default::default());
+    let cases = [
+        (16, Memo::Off),
+        (16, Memo::Hit),
+        (1_200, Memo::Off),
+        (1_200, Memo::Miss),
+        (1_200, Memo::Hit),
+    ];
+    let mut scopes = (0u64..).map(|i| format!("tenant-{i}"));
+    for (tokens, how) in cases {
         let body = chat_body(tokens);
-        let how = if memoized {
-            ", counted before (memo)"
-        } else {
-            ""
-        };
-        let name = format!("request/parse/chat, one {tokens}-token message{how}");
-        let counter = if memoized {
-            Counter::memoized(encoding, &memo, "tenant")
-        } else {
-            encoding.into()
-        };
+        let name = format!(
+            "request/parse/chat, one {tokens}-token message{}",
+            how.name(tokens)
+        );
         c.bench_function(&name, |b| {
-            b.iter(|| {
+            let parse_with = |counter: TokenCounter<'_>| {
                 let settings = ParseSettings {
                     default_max_tokens: 4096,
                 };
@@ -56,7 +81,16 @@ fn request(c: &mut Criterion) {
                     Ok(counter)
                 });
                 black_box(parsed.is_ok())
-            })
+            };
+            match how {
+                Memo::Off => b.iter(|| parse_with(encoding.into())),
+                Memo::Hit => b.iter(|| parse_with(TokenCounter::memoized(encoding, &memo, "t"))),
+                Memo::Miss => b.iter_batched(
+                    || scopes.next().expect("endless"),
+                    |scope| parse_with(TokenCounter::memoized(encoding, &memo, &scope)),
+                    BatchSize::SmallInput,
+                ),
+            }
         });
     }
     let text = serde_json::json!([{"role": "user", "content": prompt(16, 0)}]).to_string();

@@ -42,6 +42,8 @@ pub mod defaults {
     pub const ADAPTIVE_HEADROOM: f64 = 1.2;
     /// Completions seen before the adaptive policy trusts its p95.
     pub const ADAPTIVE_MIN_SAMPLES: usize = 20;
+    /// Slots of the token count memo (8 B each: 512 KB).
+    pub const COUNT_MEMO_SLOTS: usize = 65_536;
     /// Wait cap when a tenant sets none.
     pub const MAX_WAIT: Duration = Duration::from_secs(30);
     /// Time to response headers from an upstream, per attempt.
@@ -439,6 +441,8 @@ pub struct EstimationConfig {
     /// Encoding for models tiktoken does not know: `cl100k_base`, `o200k_base` or
     /// `chars-per-token:<ratio>`.
     pub default_encoding: String,
+    /// Slots of the node's token count memo (`tokens::CountMemo`); 0 turns it off.
+    pub count_memo_slots: usize,
 }
 
 impl Default for EstimationConfig {
@@ -449,6 +453,7 @@ impl Default for EstimationConfig {
             adaptive_headroom: defaults::ADAPTIVE_HEADROOM,
             adaptive_min_samples: defaults::ADAPTIVE_MIN_SAMPLES,
             default_encoding: "cl100k_base".to_owned(),
+            count_memo_slots: defaults::COUNT_MEMO_SLOTS,
         }
     }
 }

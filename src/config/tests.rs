@@ -429,6 +429,13 @@ fn values_serve_cannot_use_are_refused_with_their_field() {
         "{MINIMAL}\n[estimation]\ndefault_max_tokens = 4611686018427387904\n"
     ));
     assert_eq!(field, "estimation.default_max_tokens");
+    for slots in [1000, 512, 1 << 23] {
+        let (field, reason) = invalid(&format!(
+            "{MINIMAL}\n[estimation]\ncount_memo_slots = {slots}\n"
+        ));
+        assert_eq!(field, "estimation.count_memo_slots", "{slots}");
+        assert!(reason.contains("power of two"), "{reason}");
+    }
     let zero_idle = MINIMAL.replace("rpm = 10\n", "rpm = 10\nstream_idle_timeout = \"0s\"\n");
     let (field, _) = invalid(&zero_idle);
     assert_eq!(field, "upstreams[0].stream_idle_timeout");

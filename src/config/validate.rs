@@ -337,6 +337,14 @@ fn validate_estimation(config: &Config) -> Result<(), Violation> {
             format!("must be in 1..={most} (the p95 is read from the last {most} completions)"),
         );
     }
+    let slots = est.count_memo_slots;
+    let (least, most) = crate::tokens::COUNT_MEMO_SLOTS_RANGE;
+    if slots != 0 && !(slots.is_power_of_two() && (least..=most).contains(&slots)) {
+        return fail(
+            "estimation.count_memo_slots",
+            format!("must be 0 (off) or a power of two in {least}..={most}, got {slots}"),
+        );
+    }
     Encoding::parse(&est.default_encoding)
         .map(|_| ())
         .or_else(|reason| fail("estimation.default_encoding", reason))

@@ -391,7 +391,7 @@ impl Metrics {
         );
         r.register(
             "prompt_count_memo",
-            "Texts of an estimate long enough for the node's count memo (256 bytes and up), by outcome: hit (counted lately for the same tenant, answered from the memo) or miss (counted)",
+            "Texts of an estimate the node's count memo takes (256 bytes and up, under a BPE encoding), by outcome: hit (counted lately for the same tenant, answered from the memo) or miss (counted)",
             m.prompt_count_memo.clone(),
         );
         m

@@ -10,7 +10,7 @@ use super::spill::{self, Refused};
 use super::state::{AppState, Route, Tenant};
 use crate::actor::task::{AcquireRequest, Refusal};
 use crate::actor::{Lane, Permit};
-use crate::tokens::Counter;
+use crate::tokens::TokenCounter;
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
@@ -258,7 +258,11 @@ async fn serve(
             .ok_or_else(|| ApiError::unknown_model(model))?;
         route_cell.set(Some(route));
         let encoding = state.encoding_for(route, model);
-        Ok(Counter::memoized(encoding, &state.count_memo, &tenant.id))
+        Ok(TokenCounter::memoized(
+            encoding,
+            &state.count_memo,
+            &tenant.id,
+        ))
     })?;
     let route = route_cell
         .get()

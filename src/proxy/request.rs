@@ -6,7 +6,7 @@
 
 use super::error::{ApiError, Flavor};
 use crate::config::UpstreamKind;
-use crate::tokens::{ChatMessage, Content, Counter, count_chat_prompt};
+use crate::tokens::{ChatMessage, Content, TokenCounter, count_chat_prompt};
 use bytes::Bytes;
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -122,7 +122,7 @@ enum TextInput<'a> {
 }
 
 impl TextInput<'_> {
-    fn count(&self, counter: Counter<'_>) -> u64 {
+    fn count(&self, counter: TokenCounter<'_>) -> u64 {
         match self {
             TextInput::One(text) => counter.count_text(text),
             TextInput::Many(texts) => texts.iter().map(|t| counter.count_text(t)).sum(),
@@ -214,7 +214,7 @@ pub fn parse<'c>(
     api: Api,
     body: Bytes,
     settings: ParseSettings,
-    counter_for: impl Fn(&str) -> Result<Counter<'c>, ApiError>,
+    counter_for: impl Fn(&str) -> Result<TokenCounter<'c>, ApiError>,
 ) -> Result<Parsed, ApiError> {
     let default = settings.default_max_tokens;
     let (model, prompt_tokens, max_completion, stream, client_wants_usage) = match api {

@@ -377,7 +377,7 @@ impl AppState {
             Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
         default_encoding.warm_up();
         let (memo_hits, memo_misses) = metrics.prompt_count_memo();
-        let count_memo = CountMemo::new(memo_hits, memo_misses);
+        let count_memo = CountMemo::new(config.estimation.count_memo_slots, memo_hits, memo_misses);
         let bucket = config.limits.window / config.limits.buckets.max(1);
         Ok(AppState {
             stall_watch: Arc::new(super::stall::StallWatch::new(bucket)),

@@ -11,7 +11,7 @@
 
 mod memo;
 
-pub use memo::{CountMemo, MIN_MEMO_BYTES};
+pub use memo::{COUNT_MEMO_SLOTS_RANGE, CountMemo, MIN_MEMO_BYTES};
 use serde::Deserialize;
 use tiktoken_rs::CoreBPE;
 use tiktoken_rs::tokenizer::Tokenizer;
@@ -104,24 +104,24 @@ impl Encoding {
 /// are the ground truth: it counts every text itself). An [`Encoding`] is a
 /// counter without a memo.
 #[derive(Clone, Copy)]
-pub struct Counter<'a> {
+pub struct TokenCounter<'a> {
     encoding: Encoding,
     memo: Option<(&'a CountMemo, &'a str)>,
 }
 
-impl From<Encoding> for Counter<'_> {
+impl From<Encoding> for TokenCounter<'_> {
     fn from(encoding: Encoding) -> Self {
-        Counter {
+        TokenCounter {
             encoding,
             memo: None,
         }
     }
 }
 
-impl<'a> Counter<'a> {
+impl<'a> TokenCounter<'a> {
     /// Counts through `memo`, its entries scoped to `tenant`.
     pub fn memoized(encoding: Encoding, memo: &'a CountMemo, tenant: &'a str) -> Self {
-        Counter {
+        TokenCounter {
             encoding,
             memo: Some((memo, tenant)),
         }
@@ -175,7 +175,7 @@ pub struct ContentPart<'a> {
 
 impl Content<'_> {
     /// Tokens of this content.
-    pub fn count<'c>(&self, counter: impl Into<Counter<'c>>) -> u64 {
+    pub fn count<'c>(&self, counter: impl Into<TokenCounter<'c>>) -> u64 {
         let counter = counter.into();
         match self {
             Content::Text(text) => counter.count_text(text),
@@ -191,7 +191,10 @@ impl Content<'_> {
 }
 
 /// Prompt tokens of a chat request, counted as OpenAI counts them.
-pub fn count_chat_prompt<'c>(counter: impl Into<Counter<'c>>, messages: &[ChatMessage<'_>]) -> u64 {
+pub fn count_chat_prompt<'c>(
+    counter: impl Into<TokenCounter<'c>>,
+    messages: &[ChatMessage<'_>],
+) -> u64 {
     let counter = counter.into();
     let per_message: u64 = messages
         .iter()
