@@ -41,8 +41,9 @@ use super::Encoding;
 
 /// Texts shorter than this (bytes) are not memoized.
 pub const MIN_MEMO_BYTES: usize = 256;
-/// The sizes `estimation.count_memo_slots` may take besides 0 (powers of two):
-/// at most 22 bits of index, under the tag's 24 low bits it leaves alone.
+/// The sizes `estimation.count_memo_slots` may take besides 0 (powers of two,
+/// 8 KB to 32 MB): an index of at most 22 bits stays within the 24 low bits of
+/// the hash that the tag leaves out.
 pub const COUNT_MEMO_SLOTS_RANGE: (usize, usize) = (1 << 10, 1 << 22);
 /// Bits of a slot holding the count; the rest hold the tag.
 const COUNT_BITS: u32 = 24;
