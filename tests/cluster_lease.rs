@@ -134,11 +134,7 @@ async fn a_quiet_holder_still_in_use_serves_on_its_figure_when_cut_off() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     seen.cut.store(true, Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while seen.refused.load(Ordering::Relaxed) == 0 {
-        assert!(Instant::now() < deadline, "the holder never met the cut");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    cell.refused_once_more().await;
     // Every batch is refused from here on: the last figure told is final.
     let figure = seen.last_told.load(Ordering::Relaxed);
     assert!(
@@ -168,12 +164,7 @@ async fn a_holder_nudged_by_an_owner_it_cannot_reach_keeps_serving_on_its_figure
     // told before the first refusal is final).
     let mut figure = None;
     for _ in 0..3 {
-        let refused = seen.refused.load(Ordering::Relaxed);
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while seen.refused.load(Ordering::Relaxed) == refused {
-            assert!(Instant::now() < deadline, "the holder stopped stating");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        cell.refused_once_more().await;
         figure.get_or_insert(seen.last_told.load(Ordering::Relaxed));
         cell.nudge(&[KEY_REQUESTS]).await;
     }
@@ -1519,6 +1510,17 @@ impl BesideAnOwner {
             let r = post_url(&url, "/chat/completions", body).await;
             (r.status().as_u16(), sent.elapsed())
         })
+    }
+
+    /// Waits until the owner refuses one more batch than it had so far (3 s at
+    /// most): under `Grants::AskedUntilCut`, the holder met the cut once more.
+    async fn refused_once_more(&self) {
+        let refused = self.seen.refused.load(Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while self.seen.refused.load(Ordering::Relaxed) == refused {
+            assert!(Instant::now() < deadline, "the holder never met the cut");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Sends `n` requests one at a time, each served.

@@ -169,22 +169,39 @@ async fn worker_threads_in_the_config_size_the_served_nodes_runtime() {
 /// A long text a tenant sends again is counted once: the second estimate comes
 /// from the node's memo (`tokens::CountMemo`), and another tenant sending the
 /// same text counts it itself (the memo is scoped per tenant, so a hit's speed
-/// tells nobody what another tenant sent).
+/// tells nobody what another tenant sent). With `count_memo_slots = 0` every
+/// text is counted.
 #[tokio::test]
 async fn a_long_prompt_sent_again_is_counted_from_the_memo_of_its_tenant_only() {
+    let seen = memo_after_three_requests("").await;
+    assert_eq!(
+        seen,
+        [(0, 1), (1, 1), (1, 2)],
+        "(hits, misses) after each request: counted, from the memo, counted for the other tenant"
+    );
+    let off = "[estimation]\ncount_memo_slots = 0\n";
+    assert_eq!(
+        memo_after_three_requests(off).await,
+        [(0, 0); 3],
+        "memo off"
+    );
+}
+
+/// The memo's (hits, misses) after each of three requests with one long
+/// prompt, sent by tenant `t` twice, then by tenant `u`, on a node whose
+/// config ends with `tail`.
+async fn memo_after_three_requests(tail: &str) -> Vec<(u64, u64)> {
     const OTHER: &str = "sk-other";
     let upstream = mock(|_| {}).await;
     let other = format!(
         "[[tenants]]\nid = \"u\"\napi_key_hashes = [\"sha256:{}\"]\n",
         tollgate::config::hash_api_key(OTHER)
     );
-    let node = node(&format!("{}{other}", single("")), &[&upstream]).await;
+    let node = node(&format!("{}{other}{tail}", single("")), &[&upstream]).await;
     let prompt = "Summarise the following notes for the team. ".repeat(40);
-    let memo = |text: &str, outcome: &str| -> u64 {
-        let name = format!("tollgate_prompt_count_memo_total{{outcome=\"{outcome}\"}} ");
-        (text.lines())
-            .find_map(|l| l.strip_prefix(name.as_str()))
-            .map_or(0, |v| v.trim().parse().unwrap())
+    let memo = |text: &str, outcome: &str| {
+        let series = format!("tollgate_prompt_count_memo_total{{outcome=\"{outcome}\"}}");
+        tollgate::ops::metrics::sample(text, &series).unwrap_or(0.0) as u64
     };
     let mut seen = Vec::new();
     for key in [KEY, KEY, OTHER] {
@@ -199,11 +216,7 @@ async fn a_long_prompt_sent_again_is_counted_from_the_memo_of_its_tenant_only() 
         let text = metrics(&node).await;
         seen.push((memo(&text, "hit"), memo(&text, "miss")));
     }
-    assert_eq!(
-        seen,
-        [(0, 1), (1, 1), (1, 2)],
-        "(hits, misses) after each request: counted, from the memo, counted for the other tenant"
-    );
     node.stop().await;
     upstream.shutdown().await.unwrap();
+    seen
 }

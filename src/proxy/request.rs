@@ -220,7 +220,7 @@ pub fn parse<'c>(
     let (model, prompt_tokens, max_completion, stream, client_wants_usage) = match api {
         Api::Chat => {
             let b: ChatBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = counter_for(&b.model)?;
+            let counter = counter_for(&b.model)?;
             let max = match b.max_completion_tokens {
                 Some(_) => {
                     check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?
@@ -228,7 +228,7 @@ pub fn parse<'c>(
                 None => check_max_tokens(b.max_tokens, "max_tokens", default)?,
             };
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
-            let prompt = count_chat_prompt(enc, &b.messages);
+            let prompt = count_chat_prompt(counter, &b.messages);
             (
                 b.model.into_owned(),
                 prompt,
@@ -239,12 +239,12 @@ pub fn parse<'c>(
         }
         Api::Completions => {
             let b: CompletionsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = counter_for(&b.model)?;
+            let counter = counter_for(&b.model)?;
             let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
             (
                 b.model.into_owned(),
-                b.prompt.count(enc),
+                b.prompt.count(counter),
                 max,
                 b.stream.unwrap_or(false),
                 usage,
@@ -252,12 +252,18 @@ pub fn parse<'c>(
         }
         Api::Embeddings => {
             let b: EmbeddingsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = counter_for(&b.model)?;
-            (b.model.into_owned(), b.input.count(enc), 0, false, false)
+            let counter = counter_for(&b.model)?;
+            (
+                b.model.into_owned(),
+                b.input.count(counter),
+                0,
+                false,
+                false,
+            )
         }
         Api::Messages => {
             let b: MessagesBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let enc = counter_for(&b.model)?;
+            let counter = counter_for(&b.model)?;
             if b.max_tokens.is_none() {
                 return Err(ApiError::bad_request(
                     "`max_tokens` is required",
@@ -271,7 +277,7 @@ pub fn parse<'c>(
                 name: None,
             });
             let prompt = count_chat_prompt(
-                enc,
+                counter,
                 &system.into_iter().chain(b.messages).collect::<Vec<_>>(),
             );
             (
