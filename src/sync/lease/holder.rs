@@ -1234,6 +1234,39 @@ upstreams = ["u"]
         assert_eq!(holder.active[&0].owner.as_deref(), Some(owner0.as_str()));
     }
 
+    /// Only a refused statement that carried an actor's ask is asked in vain:
+    /// the one unit a key in use asks to keep its figure, granted nothing, is
+    /// not (a review found a nudge then turning that unit into a horizon's
+    /// worth of credit, through `Credit::ask_again`; docs/design/lease.md,
+    /// "Room offered as it comes back").
+    #[tokio::test]
+    async fn only_a_refused_actors_ask_is_asked_in_vain() {
+        let (mut holder, two, owner0, table) = key_0_settled(1);
+        let _actor = table.get_or_make(0);
+        holder.take_new_credits(&two);
+        let owner = (two.members.iter())
+            .find(|m| m.id == owner0)
+            .unwrap()
+            .clone();
+        let nothing_granted = SyncReply {
+            credit: 0,
+            granted: 0,
+            ttl_ms: 3_000,
+            cut_off_share: 5,
+        };
+        for (asked, in_vain) in [(None, false), (Some(0), true), (Some(40), true)] {
+            holder.active.get_mut(&0).unwrap().asked = asked;
+            let mut asks_one_unit = nothing_held(10, 10);
+            asks_one_unit.request.want = 1;
+            holder.adopt(
+                &owner,
+                vec![(0, asks_one_unit)],
+                Ok(vec![Ok(nothing_granted)]),
+            );
+            assert_eq!(holder.active[&0].asked_in_vain, in_vain, "asked {asked:?}");
+        }
+    }
+
     fn inputs() -> TargetInputs {
         TargetInputs {
             demand: 0,
