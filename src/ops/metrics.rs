@@ -157,6 +157,34 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The `status` label of `tollgate_upstream_responses_total`, in
+/// [`UpstreamMetrics`]' order.
+const STATUS_CLASSES: [&str; 6] = ["2xx", "3xx", "429", "4xx", "5xx", "error"];
+
+/// One upstream's response counters and latency histogram ([`Metrics::upstream`]).
+#[derive(Clone, Debug)]
+pub struct UpstreamMetrics {
+    responses: [Counter; STATUS_CLASSES.len()],
+    latency: Histogram,
+}
+
+impl UpstreamMetrics {
+    /// The upstream answered with `status` (`None`: no answer) after `seconds`.
+    pub fn response(&self, status: Option<u16>, seconds: f64) {
+        let class = match status {
+            Some(s) if s < 300 => 0,
+            // A redirect is a misconfigured `base_url`, not the client's mistake.
+            Some(s) if s < 400 => 1,
+            Some(429) => 2,
+            Some(s) if s < 500 => 3,
+            Some(_) => 4,
+            None => 5,
+        };
+        self.responses[class].inc();
+        self.latency.observe(seconds);
+    }
+}
+
 impl Metrics {
     /// Handles for one actor of `kind`.
     pub fn scope(&self, kind: ScopeKind) -> ScopeMetrics {
@@ -420,22 +448,20 @@ impl Metrics {
         self.actors.get_or_create(&[("scope", kind.as_str())]).inc();
     }
 
-    /// An upstream answered (or failed) after `seconds`.
-    pub fn upstream_response(&self, upstream: &Arc<str>, status: Option<u16>, seconds: f64) {
-        let class = match status {
-            Some(429) => "429",
-            Some(s) if s < 300 => "2xx",
-            // A redirect is a misconfigured `base_url`, not the client's mistake.
-            Some(s) if s < 400 => "3xx",
-            Some(s) if s < 500 => "4xx",
-            Some(_) => "5xx",
-            None => "error",
-        };
-        let labels = ([("upstream", upstream.clone())], [("status", class)]);
-        self.upstream_responses.get_or_create(&labels).inc();
-        self.upstream_latency
-            .get_or_create(&[("upstream", upstream.clone())])
-            .observe(seconds);
+    /// Handles for one upstream's response metrics, made when the node starts:
+    /// every response passes [`UpstreamMetrics::response`], and a family lookup
+    /// would hash the labels under a lock each time. Its six status series
+    /// start at zero.
+    pub fn upstream(&self, upstream: &Arc<str>) -> UpstreamMetrics {
+        UpstreamMetrics {
+            responses: STATUS_CLASSES.map(|class| {
+                self.upstream_responses
+                    .get_or_create_owned(&([("upstream", upstream.clone())], [("status", class)]))
+            }),
+            latency: self
+                .upstream_latency
+                .get_or_create_owned(&[("upstream", upstream.clone())]),
+        }
     }
 
     /// A client request finished with `status`.

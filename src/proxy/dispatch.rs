@@ -12,7 +12,7 @@ use super::stream::{Held, StreamLimits, metered};
 use super::usage;
 use crate::actor::{Permit, SettleWith};
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -234,23 +234,14 @@ fn provider_exhausted_for(
     request_tokens: u64,
 ) -> Option<Duration> {
     // Every response passes here: header names are constants, nothing allocated.
-    const REQUESTS: [&str; 3] = [
-        "x-ratelimit-remaining-requests",
-        "x-ratelimit-reset-requests",
-        "x-ratelimit-limit-requests",
-    ];
-    const TOKENS: [&str; 3] = [
-        "x-ratelimit-remaining-tokens",
-        "x-ratelimit-reset-tokens",
-        "x-ratelimit-limit-tokens",
-    ];
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    use super::headers::{REQUESTS, TOKENS};
+    let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     [(REQUESTS, 1), (TOKENS, request_tokens.max(1))]
         .into_iter()
-        .filter(|([remaining, ..], _)| get(remaining).is_some_and(|v| v.trim() == "0"))
-        .filter_map(|([_, reset, limit], unit)| {
-            let reset = get(reset).and_then(super::headers::parse_reset)?;
-            let share = get(limit)
+        .filter(|([_, remaining, _], _)| get(remaining).is_some_and(|v| v.trim() == "0"))
+        .filter_map(|([limit, _, reset], unit)| {
+            let reset = get(&reset).and_then(super::headers::parse_reset)?;
+            let share = get(&limit)
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .filter(|limit| *limit > 0)
                 .map_or(1.0, |limit| (unit as f64 / limit as f64).min(1.0));
@@ -306,18 +297,29 @@ async fn attempt_once(
     held.tenant.sending();
     held.upstream.sending();
     let headers_by = req.deadline.min(started + upstream.timeout);
-    let send = tokio::time::timeout_at(headers_by, upstream_request(state, req, upstream).send());
+    let send = upstream_request(state, req, upstream).send();
     tokio::pin!(send);
     // The provider counts the request when it arrives, which the gateway only knows
     // happened by the answer: the charges count a window from there, not from the
     // admission (docs/design/limiter.md, "Charged when answered"). While no answer
-    // comes, they are moved every half window so they keep counting.
+    // comes, they are moved every half window so they keep counting. One timer
+    // serves both that and the wait's end (`None`: no headers by then), so a
+    // request registers one, not two.
+    let redate_every = limits.window / 2;
+    let timer = tokio::time::sleep_until(headers_by.min(started + redate_every));
+    tokio::pin!(timer);
     let sent = loop {
         tokio::select! {
-            sent = &mut send => break sent,
-            () = tokio::time::sleep(limits.window / 2) => {
+            biased;
+            sent = &mut send => break Some(sent),
+            () = &mut timer => {
+                let now = Instant::now();
+                if now >= headers_by {
+                    break None;
+                }
                 held.tenant.redate_now();
                 held.upstream.redate_now();
+                timer.as_mut().reset(headers_by.min(now + redate_every));
             }
         }
     };
@@ -327,8 +329,8 @@ async fn attempt_once(
     held.upstream.answered();
     let seconds = started.elapsed().as_secs_f64();
     let response = match sent {
-        Err(_) => {
-            state.metrics.upstream_response(&upstream.id, None, seconds);
+        None => {
+            upstream.metrics.response(None, seconds);
             // The provider may have done the work: the upstream keeps its charge.
             let error = ApiError::gateway_timeout(format!(
                 "upstream {} did not answer in time",
@@ -336,17 +338,15 @@ async fn attempt_once(
             ));
             return retry(held, SettleWith::KeepReserved, error, true);
         }
-        Ok(Err(e)) => {
-            state.metrics.upstream_response(&upstream.id, None, seconds);
+        Some(Err(e)) => {
+            upstream.metrics.response(None, seconds);
             let error = ApiError::bad_gateway(format!("upstream {} failed: {e}", upstream.id));
             return retry(held, SettleWith::RefundTokens, error, true);
         }
-        Ok(Ok(response)) => response,
+        Some(Ok(response)) => response,
     };
     let status = response.status();
-    state
-        .metrics
-        .upstream_response(&upstream.id, Some(status.as_u16()), seconds);
+    upstream.metrics.response(Some(status.as_u16()), seconds);
     let request_tokens = req.demand.prompt_tokens + req.demand.completion_tokens;
     if let Some(wait) = provider_exhausted_for(response.headers(), request_tokens) {
         // The provider is the ground truth: when it says a window is used up, stop

@@ -7,13 +7,14 @@ use super::headers::RateHeaders;
 use super::request::{Api, ParseSettings, parse};
 use super::select::UpstreamDemand;
 use super::spill::{self, Refused};
-use super::state::{AppState, Route, Tenant};
+use super::state::{AppState, Route, Tenant, Upstream};
 use crate::actor::task::{AcquireRequest, Refusal};
 use crate::actor::{Lane, Permit};
 use crate::tokens::TokenCounter;
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
@@ -267,13 +268,21 @@ async fn serve(
     let route = route_cell
         .get()
         .ok_or_else(|| ApiError::unknown_model(&parsed.model))?;
-    let candidates: Vec<_> = route
-        .upstreams
-        .iter()
-        .filter(|u| u.kind == api.upstream_kind())
-        .cloned()
-        .collect();
-    let model: Arc<str> = parsed.model.as_str().into();
+    // Most routes speak one API: then the route's own list, borrowed.
+    let speaks = |u: &Arc<Upstream>| u.kind == api.upstream_kind();
+    let candidates: Cow<'_, [Arc<Upstream>]> = if route.upstreams.iter().all(speaks) {
+        Cow::Borrowed(&route.upstreams)
+    } else {
+        Cow::Owned(
+            route
+                .upstreams
+                .iter()
+                .filter(|u| speaks(u))
+                .cloned()
+                .collect(),
+        )
+    };
+    let model = parsed.model.clone();
     let wait_until = (started + max_wait).min(deadline);
     // What the request costs a peer's room: prompt plus the most completion.
     let spill_tokens = (parsed.prompt_tokens).saturating_add(parsed.max_completion_tokens);

@@ -5,6 +5,21 @@
 use crate::actor::ScopeStatus;
 use crate::actor::scope::WindowStatus;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+
+/// `x-ratelimit-{limit,remaining,reset}-requests`: names made at compile time
+/// (`from_static` in a const; a `&str` name is parsed on every use).
+pub const REQUESTS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-requests"),
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+];
+/// `x-ratelimit-{limit,remaining,reset}-tokens`.
+pub const TOKENS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-tokens"),
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+];
 
 /// The six header values of one response.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,54 +37,56 @@ impl RateHeaders {
         }
     }
 
-    /// Writes the headers of every limited dimension.
+    /// Writes the headers of every limited dimension. Every response passes here:
+    /// the names are constants and each value is one allocation.
     pub fn apply(&self, headers: &mut HeaderMap) {
-        for (window, limit, remaining, reset) in [
-            (
-                self.requests,
-                "x-ratelimit-limit-requests",
-                "x-ratelimit-remaining-requests",
-                "x-ratelimit-reset-requests",
-            ),
-            (
-                self.tokens,
-                "x-ratelimit-limit-tokens",
-                "x-ratelimit-remaining-tokens",
-                "x-ratelimit-reset-tokens",
-            ),
-        ] {
+        headers.reserve(6);
+        for (window, [limit, remaining, reset]) in
+            [(self.requests, REQUESTS), (self.tokens, TOKENS)]
+        {
             let Some(w) = window else { continue };
-            headers.insert(HeaderName::from_static(limit), HeaderValue::from(w.limit));
-            headers.insert(
-                HeaderName::from_static(remaining),
-                HeaderValue::from(w.remaining),
-            );
-            if let Ok(value) = HeaderValue::from_str(&format_reset(w.reset_ns)) {
-                headers.insert(HeaderName::from_static(reset), value);
+            headers.insert(limit, HeaderValue::from(w.limit));
+            headers.insert(remaining, HeaderValue::from(w.remaining));
+            // Digits, letters and a dot: always a valid header value.
+            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(format_reset(w.reset_ns)))
+            {
+                headers.insert(reset, value);
             }
         }
     }
 }
 
-/// Formats nanoseconds as OpenAI does: `"20ms"`, `"1s"`, `"1.5s"`, `"6m0s"`, `"1h2m3s"`.
+/// Formats nanoseconds as OpenAI does: `"20ms"`, `"1s"`, `"1.5s"`, `"6m0s"`,
+/// `"1h2m3s"`; milliseconds rounded up, in integers, into one string.
 pub fn format_reset(ns: u64) -> String {
+    use std::fmt::Write as _;
     let ms = ns.div_ceil(1_000_000);
+    let mut out = String::with_capacity(24);
+    // Writing to a String cannot fail.
     if ms < 1000 {
-        return format!("{ms}ms");
+        let _ = write!(out, "{ms}ms");
+        return out;
     }
     let (h, rest_ms) = (ms / 3_600_000, ms % 3_600_000);
     let (m, rest_ms) = (rest_ms / 60_000, rest_ms % 60_000);
-    let secs = if rest_ms % 1000 == 0 {
-        format!("{}s", rest_ms / 1000)
-    } else {
-        let s = format!("{:.3}", rest_ms as f64 / 1000.0);
-        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
-    };
-    match (h, m) {
-        (0, 0) => secs,
-        (0, m) => format!("{m}m{secs}"),
-        (h, m) => format!("{h}h{m}m{secs}"),
+    if h > 0 {
+        let _ = write!(out, "{h}h{m}m");
+    } else if m > 0 {
+        let _ = write!(out, "{m}m");
     }
+    let _ = write!(out, "{}", rest_ms / 1000);
+    let millis = rest_ms % 1000;
+    if millis > 0 {
+        // Three places, trailing zeros dropped: 500 -> ".5", 50 -> ".05", 5 -> ".005".
+        let (mut digits, mut places) = (millis, 3);
+        while digits % 10 == 0 {
+            digits /= 10;
+            places -= 1;
+        }
+        let _ = write!(out, ".{digits:0places$}");
+    }
+    out.push('s');
+    out
 }
 
 /// Parses a reset duration as OpenAI writes it (`"20ms"`, `"1.5s"`, `"6m0s"`,
@@ -105,7 +122,9 @@ pub fn parse_reset(text: &str) -> Option<std::time::Duration> {
 
 #[cfg(test)]
 mod tests {
-    use super::{format_reset, parse_reset};
+    use super::{RateHeaders, format_reset, parse_reset};
+    use crate::actor::scope::WindowStatus;
+    use axum::http::HeaderMap;
     use std::time::Duration;
 
     #[test]
@@ -133,6 +152,45 @@ mod tests {
         assert_eq!(parse_reset(&format!("{}s", "9".repeat(400))), None);
     }
 
+    /// The formula `format_reset` had before it went integer-only (a float
+    /// printed to three places, its trailing zeros trimmed), kept as the
+    /// reference the new one must match.
+    fn format_reset_by_float(ns: u64) -> String {
+        let ms = ns.div_ceil(1_000_000);
+        if ms < 1000 {
+            return format!("{ms}ms");
+        }
+        let (h, rest_ms) = (ms / 3_600_000, ms % 3_600_000);
+        let (m, rest_ms) = (rest_ms / 60_000, rest_ms % 60_000);
+        let secs = if rest_ms % 1000 == 0 {
+            format!("{}s", rest_ms / 1000)
+        } else {
+            let s = format!("{:.3}", rest_ms as f64 / 1000.0);
+            format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+        };
+        match (h, m) {
+            (0, 0) => secs,
+            (0, m) => format!("{m}m{secs}"),
+            (h, m) => format!("{h}h{m}m{secs}"),
+        }
+    }
+
+    #[test]
+    fn resets_read_as_the_float_formula_wrote_them() {
+        // Every millisecond of the first three minutes, the nanoseconds around
+        // each, and a spread of hours.
+        let ms = (0..180_000u64).chain((0..2_000).map(|i| i * 7_919_993));
+        for ms in ms {
+            for ns in [
+                ms * 1_000_000,
+                (ms * 1_000_000).saturating_sub(1),
+                ms * 1_000_000 + 1,
+            ] {
+                assert_eq!(format_reset(ns), format_reset_by_float(ns), "{ns} ns");
+            }
+        }
+    }
+
     #[test]
     fn resets_look_like_openai_s() {
         assert_eq!(format_reset(20_000_000), "20ms");
@@ -141,5 +199,54 @@ mod tests {
         assert_eq!(format_reset(1_500_000_000), "1.5s");
         assert_eq!(format_reset(360_000_000_000), "6m0s");
         assert_eq!(format_reset(3_723_000_000_000), "1h2m3s");
+    }
+
+    #[test]
+    fn every_limited_dimension_gets_its_three_headers() {
+        let window = |limit, remaining, reset_ns| WindowStatus {
+            limit,
+            used: limit - remaining,
+            remaining,
+            reset_ns,
+        };
+        let mut headers = HeaderMap::new();
+        RateHeaders {
+            requests: Some(window(500, 498, 1_500_000_000)),
+            tokens: None,
+        }
+        .apply(&mut headers);
+        let get = |headers: &HeaderMap, name: &str| {
+            headers.get(name).map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(
+            get(&headers, "x-ratelimit-limit-requests").as_deref(),
+            Some("500")
+        );
+        assert_eq!(
+            get(&headers, "x-ratelimit-remaining-requests").as_deref(),
+            Some("498")
+        );
+        assert_eq!(
+            get(&headers, "x-ratelimit-reset-requests").as_deref(),
+            Some("1.5s")
+        );
+        assert_eq!(headers.len(), 3, "no token headers without a token limit");
+        RateHeaders {
+            requests: None,
+            tokens: Some(window(150_000, 149_000, 20_000_000)),
+        }
+        .apply(&mut headers);
+        assert_eq!(
+            get(&headers, "x-ratelimit-limit-tokens").as_deref(),
+            Some("150000")
+        );
+        assert_eq!(
+            get(&headers, "x-ratelimit-remaining-tokens").as_deref(),
+            Some("149000")
+        );
+        assert_eq!(
+            get(&headers, "x-ratelimit-reset-tokens").as_deref(),
+            Some("20ms")
+        );
     }
 }

@@ -75,8 +75,8 @@ impl Api {
 /// What the limiter needs to know about one request.
 #[derive(Debug)]
 pub struct Parsed {
-    /// Requested model.
-    pub model: String,
+    /// Requested model (shared: the limiter's requests carry it on).
+    pub model: std::sync::Arc<str>,
     /// Prompt tokens, counted as the provider counts them.
     pub prompt_tokens: u64,
     /// Upper bound of completion tokens (max_tokens x n, or the default).
@@ -230,7 +230,7 @@ pub fn parse<'c>(
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
             let prompt = count_chat_prompt(counter, &b.messages);
             (
-                b.model.into_owned(),
+                std::sync::Arc::from(b.model),
                 prompt,
                 max * check_n(b.n)?,
                 b.stream.unwrap_or(false),
@@ -243,7 +243,7 @@ pub fn parse<'c>(
             let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
             (
-                b.model.into_owned(),
+                std::sync::Arc::from(b.model),
                 b.prompt.count(counter),
                 max,
                 b.stream.unwrap_or(false),
@@ -254,7 +254,7 @@ pub fn parse<'c>(
             let b: EmbeddingsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
             let counter = counter_for(&b.model)?;
             (
-                b.model.into_owned(),
+                std::sync::Arc::from(b.model),
                 b.input.count(counter),
                 0,
                 false,
@@ -281,7 +281,7 @@ pub fn parse<'c>(
                 &system.into_iter().chain(b.messages).collect::<Vec<_>>(),
             );
             (
-                b.model.into_owned(),
+                std::sync::Arc::from(b.model),
                 prompt,
                 max,
                 b.stream.unwrap_or(false),

@@ -10,7 +10,7 @@ use crate::actor::registry::ActorDefaults;
 use crate::actor::{Registry, ScopeId, ScopeSpec};
 use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key_hash};
 use crate::limiter::{Ceiling, LimitSpec};
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{Metrics, UpstreamMetrics};
 use crate::sync::engine::Binding;
 use crate::tokens::{CountMemo, Encoding};
 use sha2::Digest;
@@ -50,6 +50,8 @@ pub struct Upstream {
     pub stream_idle_timeout: Duration,
     /// Its actor's scope.
     pub scope: ScopeId,
+    /// Its response metrics.
+    pub metrics: UpstreamMetrics,
 }
 
 /// A model route.
@@ -306,6 +308,7 @@ impl AppState {
                     api_key: u.api_key.clone(),
                     timeout: u.timeout,
                     stream_idle_timeout: u.stream_idle_timeout,
+                    metrics: metrics.upstream(&scope.id),
                     scope,
                 }),
             );

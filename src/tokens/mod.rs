@@ -13,6 +13,7 @@ mod memo;
 
 pub use memo::{COUNT_MEMO_SLOTS_RANGE, CountMemo, MIN_MEMO_BYTES};
 use serde::Deserialize;
+use std::sync::OnceLock;
 use tiktoken_rs::CoreBPE;
 use tiktoken_rs::tokenizer::Tokenizer;
 
@@ -93,11 +94,40 @@ impl Encoding {
         }
     }
 
+    /// Tokens in a message's `role`. Every chat message has one and nearly all
+    /// are one of [`COMMON_ROLES`], whose counts each BPE encoding works out
+    /// once, from its own tables: a pass of the tokenizer's regex per message
+    /// (about 0.4 µs, measured in a profile of the node) saved on the hot path.
+    pub fn count_role(self, role: &str) -> u64 {
+        static CL100K: OnceLock<[u64; COMMON_ROLES.len()]> = OnceLock::new();
+        static O200K: OnceLock<[u64; COMMON_ROLES.len()]> = OnceLock::new();
+        let table = match self {
+            Encoding::Cl100kBase => &CL100K,
+            Encoding::O200kBase => &O200K,
+            Encoding::CharsPerToken(_) => return self.count_text(role),
+        };
+        match COMMON_ROLES.iter().position(|common| *common == role) {
+            Some(i) => table.get_or_init(|| COMMON_ROLES.map(|r| self.count_text(r)))[i],
+            None => self.count_text(role),
+        }
+    }
+
     /// Loads the BPE tables now, so the first request does not pay for it.
     pub fn warm_up(self) {
         let _ = self.bpe();
+        let _ = self.count_role(COMMON_ROLES[0]);
     }
 }
+
+/// The chat roles [`Encoding::count_role`] counts once per encoding.
+pub const COMMON_ROLES: [&str; 6] = [
+    "system",
+    "user",
+    "assistant",
+    "tool",
+    "developer",
+    "function",
+];
 
 /// Counts texts under one encoding, through a node's [`CountMemo`] for one
 /// tenant (the gateway's estimates) or not (the mock upstream, whose counts
@@ -125,6 +155,12 @@ impl<'a> TokenCounter<'a> {
             encoding,
             memo: Some((memo, tenant)),
         }
+    }
+
+    /// Tokens in a message's `role` (never memoized: [`Encoding::count_role`]
+    /// already knows the common ones).
+    pub fn count_role(self, role: &str) -> u64 {
+        self.encoding.count_role(role)
     }
 
     /// Tokens in `text`.
@@ -200,7 +236,7 @@ pub fn count_chat_prompt<'c>(
         .iter()
         .map(|m| {
             TOKENS_PER_MESSAGE
-                + counter.count_text(&m.role)
+                + counter.count_role(&m.role)
                 + m.content.as_ref().map_or(0, |c| c.count(counter))
                 + m.name
                     .as_ref()
@@ -237,6 +273,26 @@ mod tests {
             + NON_TEXT_PART_TOKENS
             + REPLY_PRIMING_TOKENS;
         assert_eq!(count_chat_prompt(enc, &messages), expected);
+    }
+
+    #[test]
+    fn a_role_counts_as_its_text_does_common_or_not() {
+        for enc in [
+            Encoding::Cl100kBase,
+            Encoding::O200kBase,
+            Encoding::CharsPerToken(2.0),
+        ] {
+            for role in COMMON_ROLES
+                .into_iter()
+                .chain(["critic", "User", "", "assistant "])
+            {
+                assert_eq!(
+                    enc.count_role(role),
+                    enc.count_text(role),
+                    "{enc:?} {role:?}"
+                );
+            }
+        }
     }
 
     #[test]
