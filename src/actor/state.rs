@@ -148,7 +148,9 @@ pub struct Core {
     settings: ActorSettings,
     limits: ScopeLimits,
     queue: WaitQueue<Pending>,
-    permits: HashMap<u64, Held>,
+    /// By permit id, a counter of this node's (Fx: no client picks the keys,
+    /// and every grant and release hashes one).
+    permits: HashMap<u64, Held, rustc_hash::FxBuildHasher>,
     next_permit: u64,
     completions: CompletionStats,
     blocked_until_ns: Option<Nanos>,
@@ -178,7 +180,7 @@ impl Core {
         Core {
             limits,
             queue: WaitQueue::new(aging_ns, max_queue),
-            permits: HashMap::new(),
+            permits: HashMap::default(),
             next_permit: 0,
             completions: CompletionStats::default(),
             blocked_until_ns: None,

@@ -566,3 +566,46 @@ impl Metrics {
         self.in_flight.inc_by(delta);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upstreams_answers_are_counted_by_class_from_zero() {
+        let metrics = Metrics::new(false);
+        let mock = metrics.upstream(&Arc::from("mock"));
+        let series = |class: &str| {
+            format!("tollgate_upstream_responses_total{{upstream=\"mock\",status=\"{class}\"}}")
+        };
+        let text = metrics.render();
+        for class in STATUS_CLASSES {
+            assert_eq!(sample(&text, &series(class)), Some(0.0), "{class} from 0");
+        }
+        let answers = [
+            Some(200),
+            Some(204),
+            Some(302),
+            Some(429),
+            Some(404),
+            Some(503),
+            None,
+        ];
+        for status in answers {
+            mock.response(status, 0.01);
+        }
+        let text = metrics.render();
+        for (class, count) in [
+            ("2xx", 2.0),
+            ("3xx", 1.0),
+            ("429", 1.0),
+            ("4xx", 1.0),
+            ("5xx", 1.0),
+            ("error", 1.0),
+        ] {
+            assert_eq!(sample(&text, &series(class)), Some(count), "{class}");
+        }
+        let latency = "tollgate_upstream_latency_seconds_count{upstream=\"mock\"}";
+        assert_eq!(sample(&text, latency), Some(answers.len() as f64));
+    }
+}
