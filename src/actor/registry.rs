@@ -227,7 +227,10 @@ impl Registry {
     }
 
     fn shard_index(&self, scope: &ScopeId) -> usize {
-        (FxBuildHasher.hash_one(scope) as usize) % SHARDS
+        // High bits: the shard's map picks a slot from the low bits and its tag
+        // from the top seven, so sharding by either would crowd each shard's
+        // keys into a fraction of its slots.
+        ((FxBuildHasher.hash_one(scope) >> 32) as usize) % SHARDS
     }
 
     /// Live actors (for tests and the admin API).

@@ -306,7 +306,9 @@ async fn attempt_once(
     // serves both that and the wait's end (`None`: no headers by then), so a
     // request registers one, not two.
     let redate_every = limits.window / 2;
-    let timer = tokio::time::sleep_until(headers_by.min(started + redate_every));
+    // Checked: a configured window of ages would overflow an `Instant`.
+    let redate_after = |from: Instant| from.checked_add(redate_every).unwrap_or(headers_by);
+    let timer = tokio::time::sleep_until(headers_by.min(redate_after(started)));
     tokio::pin!(timer);
     let sent = loop {
         tokio::select! {
@@ -319,7 +321,7 @@ async fn attempt_once(
                 }
                 held.tenant.redate_now();
                 held.upstream.redate_now();
-                timer.as_mut().reset(headers_by.min(now + redate_every));
+                timer.as_mut().reset(headers_by.min(redate_after(now)));
             }
         }
     };

@@ -38,7 +38,8 @@ impl RateHeaders {
     }
 
     /// Writes the headers of every limited dimension. Every response passes here:
-    /// the names are constants and each value is one allocation.
+    /// the names are constants; a count is one allocation, a reset string two
+    /// (the string, then the shared bytes the header value keeps).
     pub fn apply(&self, headers: &mut HeaderMap) {
         headers.reserve(6);
         for (window, [limit, remaining, reset]) in

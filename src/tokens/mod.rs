@@ -98,6 +98,9 @@ impl Encoding {
     /// are one of [`COMMON_ROLES`], whose counts each BPE encoding works out
     /// once, from its own tables: a pass of the tokenizer's regex per message
     /// (about 0.4 µs, measured in a profile of the node) saved on the hot path.
+    /// Other roles are counted every time, never through the count memo: a
+    /// role is no client's long repeated text, and a client inventing long
+    /// roles pays what the same text as content costs.
     pub fn count_role(self, role: &str) -> u64 {
         static CL100K: OnceLock<[u64; COMMON_ROLES.len()]> = OnceLock::new();
         static O200K: OnceLock<[u64; COMMON_ROLES.len()]> = OnceLock::new();
