@@ -7,14 +7,13 @@ use super::headers::RateHeaders;
 use super::request::{Api, ParseSettings, parse};
 use super::select::UpstreamDemand;
 use super::spill::{self, Refused};
-use super::state::{AppState, Route, Tenant, Upstream};
+use super::state::{AppState, Route, Tenant};
 use crate::actor::task::{AcquireRequest, Refusal};
 use crate::actor::{Lane, Permit};
 use crate::tokens::TokenCounter;
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use std::borrow::Cow;
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
@@ -255,7 +254,7 @@ async fn serve(
     let parsed = parse(api, bytes, settings, |model| {
         let route = state
             .route_for(model)
-            .filter(|r| r.upstreams.iter().any(|u| u.kind == api.upstream_kind()))
+            .filter(|r| !r.upstreams_for(api.upstream_kind()).is_empty())
             .ok_or_else(|| ApiError::unknown_model(model))?;
         route_cell.set(Some(route));
         let encoding = state.encoding_for(route, model);
@@ -268,20 +267,7 @@ async fn serve(
     let route = route_cell
         .get()
         .ok_or_else(|| ApiError::unknown_model(&parsed.model))?;
-    // Most routes speak one API: then the route's own list, borrowed.
-    let speaks = |u: &Arc<Upstream>| u.kind == api.upstream_kind();
-    let candidates: Cow<'_, [Arc<Upstream>]> = if route.upstreams.iter().all(speaks) {
-        Cow::Borrowed(&route.upstreams)
-    } else {
-        Cow::Owned(
-            route
-                .upstreams
-                .iter()
-                .filter(|u| speaks(u))
-                .cloned()
-                .collect(),
-        )
-    };
+    let candidates = route.upstreams_for(api.upstream_kind());
     let model = parsed.model.clone();
     let wait_until = (started + max_wait).min(deadline);
     // What the request costs a peer's room: prompt plus the most completion.
@@ -291,7 +277,7 @@ async fn serve(
         api,
         hop,
         tenant: &tenant.scope,
-        upstreams: &candidates,
+        upstreams: candidates,
         tokens: spill_tokens,
         headers,
         body: as_sent.clone(),
@@ -340,7 +326,7 @@ async fn serve(
                     probe = false;
                     let error = tenant_refusal(&refusal);
                     if error.spillable
-                        && spill::spill_now(state, &tenant.scope, &candidates, spill_tokens)
+                        && spill::spill_now(state, &tenant.scope, candidates, spill_tokens)
                         && let Ok(response) = spill::or_refuse(state, error, refused()).await
                     {
                         return Ok(response);
@@ -379,7 +365,7 @@ async fn serve(
         let admitted = Admitted {
             api,
             parsed: &parsed,
-            candidates: &candidates,
+            candidates,
             demand,
             deadline,
             client_headers: headers,

@@ -10,6 +10,7 @@ use crate::tokens::{ChatMessage, Content, TokenCounter, count_chat_prompt};
 use bytes::Bytes;
 use serde::Deserialize;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Largest max_tokens accepted; anything above is a mistake, not a request.
 pub const MAX_TOKENS_CAP: i64 = 1 << 20;
@@ -76,7 +77,7 @@ impl Api {
 #[derive(Debug)]
 pub struct Parsed {
     /// Requested model (shared: the limiter's requests carry it on).
-    pub model: std::sync::Arc<str>,
+    pub model: Arc<str>,
     /// Prompt tokens, counted as the provider counts them.
     pub prompt_tokens: u64,
     /// Upper bound of completion tokens (max_tokens x n, or the default).
@@ -230,7 +231,7 @@ pub fn parse<'c>(
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
             let prompt = count_chat_prompt(counter, &b.messages);
             (
-                std::sync::Arc::from(b.model),
+                Arc::from(b.model),
                 prompt,
                 max * check_n(b.n)?,
                 b.stream.unwrap_or(false),
@@ -243,7 +244,7 @@ pub fn parse<'c>(
             let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
             let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
             (
-                std::sync::Arc::from(b.model),
+                Arc::from(b.model),
                 b.prompt.count(counter),
                 max,
                 b.stream.unwrap_or(false),
@@ -253,13 +254,7 @@ pub fn parse<'c>(
         Api::Embeddings => {
             let b: EmbeddingsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
             let counter = counter_for(&b.model)?;
-            (
-                std::sync::Arc::from(b.model),
-                b.input.count(counter),
-                0,
-                false,
-                false,
-            )
+            (Arc::from(b.model), b.input.count(counter), 0, false, false)
         }
         Api::Messages => {
             let b: MessagesBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
@@ -281,7 +276,7 @@ pub fn parse<'c>(
                 &system.into_iter().chain(b.messages).collect::<Vec<_>>(),
             );
             (
-                std::sync::Arc::from(b.model),
+                Arc::from(b.model),
                 prompt,
                 max,
                 b.stream.unwrap_or(false),

@@ -375,7 +375,7 @@ fn time_left_ms(deadline: Instant) -> u128 {
 /// idle timeout plus a margin (the peer ends a stalled upstream stream by then).
 fn stream_idle_bound(state: &AppState) -> Duration {
     let longest = (state.routes.iter())
-        .flat_map(|r| r.upstreams.iter())
+        .flat_map(|r| r.upstreams())
         .map(|u| u.stream_idle_timeout)
         .max()
         .unwrap_or(Duration::from_secs(60));

@@ -58,13 +58,31 @@ pub struct Upstream {
 #[derive(Debug)]
 pub struct Route {
     patterns: Vec<String>,
-    /// Upstreams in preference order.
-    pub upstreams: Vec<Arc<Upstream>>,
+    /// Upstreams in preference order, apart by the API they speak (indexed by
+    /// [`kind_index`]): worked out once here, not on every request.
+    by_kind: [Vec<Arc<Upstream>>; 2],
     /// Encoding override.
     pub encoding: Option<Encoding>,
 }
 
+fn kind_index(kind: UpstreamKind) -> usize {
+    match kind {
+        UpstreamKind::Openai => 0,
+        UpstreamKind::Anthropic => 1,
+    }
+}
+
 impl Route {
+    /// The route's upstreams speaking `kind`, in preference order.
+    pub fn upstreams_for(&self, kind: UpstreamKind) -> &[Arc<Upstream>] {
+        &self.by_kind[kind_index(kind)]
+    }
+
+    /// Every upstream of the route.
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.by_kind.iter().flatten()
+    }
+
     fn matches(&self, model: &str) -> bool {
         self.patterns.iter().any(|p| match p.strip_suffix('*') {
             Some(prefix) => model.starts_with(prefix),
@@ -316,15 +334,17 @@ impl AppState {
         let routes = config
             .routes
             .iter()
-            .map(|r| Route {
-                patterns: r.models.clone(),
+            .map(|r| {
+                let mut by_kind: [Vec<Arc<Upstream>>; 2] = Default::default();
                 // validate() guarantees every id exists.
-                upstreams: r
-                    .upstreams
-                    .iter()
-                    .filter_map(|id| upstreams.get(id).cloned())
-                    .collect(),
-                encoding: r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok()),
+                for upstream in r.upstreams.iter().filter_map(|id| upstreams.get(id)) {
+                    by_kind[kind_index(upstream.kind)].push(upstream.clone());
+                }
+                Route {
+                    patterns: r.models.clone(),
+                    by_kind,
+                    encoding: r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok()),
+                }
             })
             .collect();
         let credit_wake = Arc::new(tokio::sync::Notify::new());
