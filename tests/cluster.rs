@@ -535,10 +535,16 @@ async fn local_split_shares_a_sides_part_of_l_with_a_node_that_joined_during_the
     tokio::time::sleep(Duration::from_millis(500)).await;
     let key = "tenant:t:requests";
     let mut shares = Vec::new();
+    let mut views = Vec::new();
     for n in side {
-        shares.push(allowance(&admin(n, "/admin/cluster").await, key));
+        let view = admin(n, "/admin/cluster").await;
+        shares.push(allowance(&view, key));
+        views.push(view);
     }
-    assert!(shares.iter().all(|s| *s > 0), "each serves: {shares:?}");
+    assert!(
+        shares.iter().all(|s| *s > 0),
+        "each serves: {shares:?}\n{views:#?}"
+    );
     println!(
         "a side of 2 of 3 at the cut, a newcomer joined: allowances {shares:?} of L = {LIMIT}"
     );
