@@ -85,6 +85,16 @@ fn impossible_combinations_name_the_field() {
     let (field, _) = invalid(&MINIMAL.replace("sha256:f778", "sha256:zz78"));
     assert_eq!(field, "tenants[0].api_key_hashes[0]");
 
+    // The provider key goes out as a header on every request.
+    for key in ["", "sk with space", "sk-é", "sk-\\n"] {
+        let (field, reason) =
+            invalid(&MINIMAL.replace("rpm = 10\n", &format!("rpm = 10\napi_key = \"{key}\"\n")));
+        assert_eq!(field, "upstreams[0].api_key", "{key:?}");
+        assert!(reason.contains("printable ASCII"), "{reason}");
+    }
+    let keyed = MINIMAL.replace("rpm = 10\n", "rpm = 10\napi_key = \"sk-proj_AZ09.~+/=\"\n");
+    assert!(Config::from_toml(&keyed, "test.toml").is_ok());
+
     for workers in [0, defaults::MAX_WORKER_THREADS + 1] {
         let (field, reason) = invalid(&format!("[server]\nworker_threads = {workers}\n{MINIMAL}"));
         assert_eq!(field, "server.worker_threads");

@@ -480,6 +480,15 @@ fn validate_upstreams(config: &Config) -> Result<(), Violation> {
                 );
             }
         }
+        // Sent as a header on every request: refused here, not at the first send.
+        if let Some(key) = &upstream.api_key
+            && (key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return fail(
+                format!("{path}.api_key"),
+                "must be printable ASCII without spaces (it is sent as a header)",
+            );
+        }
         validate_quota(&path, &upstream.quota, config.limits.algorithm)?;
         if upstream.timeout.is_zero() {
             return fail(format!("{path}.timeout"), "must be greater than 0");

@@ -9,6 +9,7 @@ use super::request::{Api, Parsed};
 use super::select::{UpstreamDemand, choose};
 use super::state::{AppState, Upstream};
 use super::stream::{Held, StreamLimits, metered};
+use super::upstream_http::{UpstreamResponse, describe};
 use super::usage;
 use crate::actor::{Permit, SettleWith};
 use axum::body::Body;
@@ -163,45 +164,47 @@ pub async fn dispatch(
     Err(error)
 }
 
-fn upstream_request(
-    state: &AppState,
-    req: &Admitted<'_>,
-    upstream: &Upstream,
-) -> reqwest::RequestBuilder {
-    let mut builder = state
-        .http
-        .post(upstream.endpoints[req.api.index()].clone())
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(req.parsed.body.clone());
+/// The request's headers to the upstream: its body's type, the provider key in
+/// the header its API family reads, and Anthropic's version headers.
+fn upstream_headers(req: &Admitted<'_>, upstream: &Upstream) -> HeaderMap {
+    const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+    const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+    const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+    let mut headers = HeaderMap::with_capacity(4);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let credentials = upstream.credentials.as_ref();
     match req.api {
         Api::Messages => {
             let version = req
                 .client_headers
-                .get("anthropic-version")
+                .get(&ANTHROPIC_VERSION)
                 .cloned()
                 .unwrap_or(HeaderValue::from_static("2023-06-01"));
-            builder = builder.header("anthropic-version", version);
-            if let Some(beta) = req.client_headers.get("anthropic-beta") {
-                builder = builder.header("anthropic-beta", beta.clone());
+            headers.insert(ANTHROPIC_VERSION, version);
+            if let Some(beta) = req.client_headers.get(&ANTHROPIC_BETA) {
+                headers.insert(ANTHROPIC_BETA, beta.clone());
             }
-            if let Some(key) = &upstream.api_key {
-                builder = builder.header("x-api-key", key);
+            if let Some(credentials) = credentials {
+                headers.insert(X_API_KEY, credentials.key.clone());
             }
         }
         _ => {
-            if let Some(key) = &upstream.api_key {
-                builder = builder.bearer_auth(key);
+            if let Some(credentials) = credentials {
+                headers.insert(header::AUTHORIZATION, credentials.bearer.clone());
             }
         }
     }
-    builder
+    headers
 }
 
 /// Seconds or milliseconds the upstream asked us to wait, at most
 /// [`MAX_COOLDOWN`]. The figure is the upstream's input: `inf`, `NaN` or `1e30`
 /// (`Duration::from_secs_f64` panics on those, and did, in the request's task)
 /// read as no figure.
-fn upstream_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+fn upstream_retry_after(headers: &HeaderMap) -> Option<Duration> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let number = |name: &str| get(name).and_then(|v| v.trim().parse::<f64>().ok());
     let seconds =
@@ -229,10 +232,7 @@ fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
 /// node's own limiter already holds it to L; this pause only matters when the
 /// provider disagrees (another consumer on the same account), and then the
 /// provider's 429 carries the exact `retry-after` the next pause uses.
-fn provider_exhausted_for(
-    headers: &reqwest::header::HeaderMap,
-    request_tokens: u64,
-) -> Option<Duration> {
+fn provider_exhausted_for(headers: &HeaderMap, request_tokens: u64) -> Option<Duration> {
     // Every response passes here: header names are constants, nothing allocated.
     use super::headers::{REQUESTS, TOKENS};
     let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
@@ -297,7 +297,11 @@ async fn attempt_once(
     held.tenant.sending();
     held.upstream.sending();
     let headers_by = req.deadline.min(started + upstream.timeout);
-    let send = upstream_request(state, req, upstream).send();
+    let send = state.upstream_http.post(
+        &upstream.endpoints[req.api.index()],
+        upstream_headers(req, upstream),
+        req.parsed.body.clone(),
+    );
     tokio::pin!(send);
     // The provider counts the request when it arrives, which the gateway only knows
     // happened by the answer: the charges count a window from there, not from the
@@ -342,7 +346,11 @@ async fn attempt_once(
         }
         Some(Err(e)) => {
             upstream.metrics.response(None, seconds);
-            let error = ApiError::bad_gateway(format!("upstream {} failed: {e}", upstream.id));
+            let error = ApiError::bad_gateway(format!(
+                "upstream {} failed: {}",
+                upstream.id,
+                describe(&*e)
+            ));
             return retry(held, SettleWith::RefundTokens, error, true);
         }
         Some(Ok(response)) => response,
@@ -401,7 +409,7 @@ async fn attempt_once(
 }
 
 fn stream_response(
-    response: reqwest::Response,
+    response: UpstreamResponse,
     held: Held,
     req: &Admitted<'_>,
     upstream: &Upstream,
@@ -413,7 +421,7 @@ fn stream_response(
         deadline: req.deadline,
     };
     let body = metered(
-        response,
+        response.into_body(),
         held,
         req.api,
         req.parsed.strip_usage_chunk,
@@ -431,16 +439,32 @@ fn stream_response(
 }
 
 async fn read_body(
-    mut response: reqwest::Response,
+    response: UpstreamResponse,
     idle: Duration,
     deadline: Instant,
 ) -> Result<(StatusCode, Option<HeaderValue>, bytes::Bytes), ApiError> {
+    use http_body_util::BodyExt;
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let mut response = response.into_body();
     let mut body = bytes::BytesMut::new();
     loop {
         let by = deadline.min(Instant::now() + idle);
-        match tokio::time::timeout_at(by, response.chunk()).await {
+        let chunk = async {
+            loop {
+                match response.frame().await {
+                    None => return Ok(None),
+                    Some(Err(e)) => return Err(e),
+                    // Trailers carry nothing the gateway reads.
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Ok(Some(data));
+                        }
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout_at(by, chunk).await {
             Err(_) => {
                 return Err(ApiError::gateway_timeout(
                     "upstream stopped sending its response",
@@ -448,7 +472,8 @@ async fn read_body(
             }
             Ok(Err(e)) => {
                 return Err(ApiError::bad_gateway(format!(
-                    "upstream response broke off: {e}"
+                    "upstream response broke off: {}",
+                    describe(&*e)
                 )));
             }
             Ok(Ok(None)) => break,
@@ -520,8 +545,8 @@ mod tests {
         assert_eq!(read(&[("retry-after", "soon")]), None);
     }
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> reqwest::header::HeaderMap {
-        let mut h = reqwest::header::HeaderMap::new();
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
         for (name, value) in pairs {
             h.insert(*name, value.parse().expect("header value"));
         }

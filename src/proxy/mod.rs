@@ -16,6 +16,7 @@ pub mod spill;
 pub mod stall;
 pub mod state;
 pub mod stream;
+pub mod upstream_http;
 pub mod usage;
 
 pub use state::AppState;

@@ -3,6 +3,7 @@
 
 use super::error::ApiError;
 use super::request::Api;
+use super::upstream_http::{Endpoint, UpstreamHttp};
 use crate::actor::clock::Clock;
 use crate::actor::credit::CreditTable;
 use crate::actor::estimate::AdaptivePolicy;
@@ -13,6 +14,7 @@ use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::{Metrics, UpstreamMetrics};
 use crate::sync::engine::Binding;
 use crate::tokens::{CountMemo, Encoding};
+use axum::http::HeaderValue;
 use sha2::Digest;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,9 +43,11 @@ pub struct Upstream {
     pub kind: UpstreamKind,
     /// Endpoint per API, parsed once (`base_url` + the API's path), indexed by
     /// [`Api::index`].
-    pub endpoints: [reqwest::Url; 4],
-    /// Provider key.
-    pub api_key: Option<String>,
+    pub endpoints: [Endpoint; 4],
+    /// The provider key as the header each API family sends it in, made once
+    /// (marked sensitive: never logged): `authorization: Bearer <key>` and
+    /// `x-api-key: <key>`. `None` without a key.
+    pub credentials: Option<Credentials>,
     /// Time to response headers.
     pub timeout: Duration,
     /// Longest silence inside a stream.
@@ -52,6 +56,31 @@ pub struct Upstream {
     pub scope: ScopeId,
     /// Its response metrics.
     pub metrics: UpstreamMetrics,
+}
+
+/// An upstream's key, ready to send.
+#[derive(Debug)]
+pub struct Credentials {
+    /// `Bearer <key>` (OpenAI-style APIs).
+    pub bearer: HeaderValue,
+    /// The key alone (Anthropic's `x-api-key`).
+    pub key: HeaderValue,
+}
+
+impl Credentials {
+    /// `validate()` proved the key is a header value.
+    fn new(key: &str) -> Result<Credentials, ApiError> {
+        let value = |text: &str| {
+            let mut value = HeaderValue::from_str(text)
+                .map_err(|_| ApiError::bad_gateway("an upstream api_key is not a header value"))?;
+            value.set_sensitive(true);
+            Ok::<_, ApiError>(value)
+        };
+        Ok(Credentials {
+            bearer: value(&format!("Bearer {key}"))?,
+            key: value(key)?,
+        })
+    }
 }
 
 /// A model route.
@@ -110,8 +139,11 @@ pub struct AppState {
     pub routes: Vec<Route>,
     /// Limiter actors.
     pub registry: Registry,
-    /// Pooled upstream client.
+    /// The client for spilled requests (to peers) and for upstreams behind a
+    /// proxy (`super::upstream_http`).
     pub http: reqwest::Client,
+    /// The client upstream requests go out through.
+    pub upstream_http: UpstreamHttp,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Node-wide bound on requests in flight.
@@ -263,11 +295,11 @@ fn bind_allowances(
 }
 
 /// The four endpoints of an upstream; validate() already proved the base URL parses.
-fn endpoints(base_url: &str) -> Result<[reqwest::Url; 4], ApiError> {
+fn endpoints(http: &UpstreamHttp, base_url: &str) -> Result<[Endpoint; 4], ApiError> {
     let base = base_url.trim_end_matches('/');
     let parse = |api: Api| {
-        reqwest::Url::parse(&format!("{base}{}", api.path()))
-            .map_err(|e| ApiError::bad_gateway(format!("bad upstream URL {base_url:?}: {e}")))
+        http.endpoint(&format!("{base}{}", api.path()))
+            .map_err(ApiError::bad_gateway)
     };
     Ok([
         parse(Api::Chat)?,
@@ -313,6 +345,9 @@ impl AppState {
                 }
             }
         }
+        let upstream_http = UpstreamHttp::new(config.server.upstream_idle_timeout)
+            .map_err(ApiError::bad_gateway)?;
+        let http = upstream_http.reqwest().clone();
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
             let scope = ScopeId::upstream(&u.id);
@@ -322,8 +357,8 @@ impl AppState {
                 Arc::new(Upstream {
                     id: scope.id.clone(),
                     kind: u.kind,
-                    endpoints: endpoints(&u.base_url)?,
-                    api_key: u.api_key.clone(),
+                    endpoints: endpoints(&upstream_http, &u.base_url)?,
+                    credentials: u.api_key.as_deref().map(Credentials::new).transpose()?,
                     timeout: u.timeout,
                     stream_idle_timeout: u.stream_idle_timeout,
                     metrics: metrics.upstream(&scope.id),
@@ -381,21 +416,6 @@ impl AppState {
         .map_err(|(scope, e)| {
             ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}"))
         })?;
-        // No redirects (a provider's 3xx is a 502 to the client, dispatch.rs;
-        // following it would send the body and the key somewhere the config never
-        // named) and no hidden retries (the attempt loop in dispatch.rs is the only
-        // one, so every send is charged and bounded by `retry.max_attempts`).
-        let idle = config.server.upstream_idle_timeout;
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .retry(reqwest::retry::never())
-            .referer(false)
-            .tcp_nodelay(true)
-            .pool_idle_timeout(idle)
-            .pool_max_idle_per_host(if idle.is_zero() { 0 } else { 1024 })
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| ApiError::bad_gateway(format!("cannot build HTTP client: {e}")))?;
         let default_encoding =
             Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
         default_encoding.warm_up();
@@ -410,6 +430,7 @@ impl AppState {
             routes,
             registry,
             http,
+            upstream_http,
             metrics,
             default_encoding,
             count_memo,

@@ -14,11 +14,12 @@
 //! - the request's deadline (`server.request_timeout`) passes.
 
 use super::request::Api;
+use super::upstream_http::{UpstreamBody, describe};
 use super::usage::{OpenAiEvent, Usage, anthropic_event, openai_event};
 use crate::actor::{Permit, SettleWith};
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
-use std::pin::Pin;
+use http_body_util::BodyDataStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -159,7 +160,7 @@ pub struct StreamLimits {
 type Piece = Result<Bytes, std::io::Error>;
 
 struct Pump {
-    upstream: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    upstream: BodyDataStream<UpstreamBody>,
     scanner: SseScanner,
     held: Option<Held>,
     api: Api,
@@ -206,7 +207,7 @@ impl Pump {
                     (Ok(rest), Some(true))
                 }
                 Ok(Some(Err(e))) => (
-                    Err(cut(&format!("upstream stream broke: {e}"))),
+                    Err(cut(&format!("upstream stream broke: {}", describe(&*e)))),
                     Some(false),
                 ),
                 Err(_) => (Err(cut("upstream stream went silent")), Some(false)),
@@ -233,7 +234,7 @@ fn cut(why: &str) -> std::io::Error {
 
 /// The client-facing body of a streamed response, pumped by a task of its own.
 pub fn metered(
-    response: reqwest::Response,
+    upstream: UpstreamBody,
     held: Held,
     api: Api,
     strip_usage_chunk: bool,
@@ -242,7 +243,7 @@ pub fn metered(
     let (to_client, from_pump) = mpsc::channel(PUMPED_PIECES);
     let whole = Arc::new(AtomicBool::new(false));
     let pump = Pump {
-        upstream: Box::pin(response.bytes_stream()),
+        upstream: BodyDataStream::new(upstream),
         scanner: SseScanner::default(),
         held: Some(held),
         api,
