@@ -174,6 +174,32 @@ impl CutKnowledge {
     }
 }
 
+/// `local split`'s budget during a cut: [`side_budget`] by the members at the
+/// cut as this node froze them (`own`), or, where it froze none (it did not see
+/// the cut begin, or never saw an unreachable member live), by the members
+/// peers that saw it tell (`told`; the least budget of theirs), and 0 while
+/// none has told anything: the safe side. Returns the members used, for this
+/// node to publish in turn.
+///
+/// An empty freeze read as "no members" gave 0 before: a node that had seen an
+/// unreachable member live only with a round it already held froze nothing,
+/// and refused everything on its side of the cut (`super::sightings`).
+pub fn split_budget<'a>(
+    capacity: u64,
+    own: &[String],
+    told: impl Iterator<Item = &'a [String]>,
+    dead: &[String],
+) -> (u64, Vec<String>) {
+    if !own.is_empty() {
+        return (side_budget(capacity, own, dead), own.to_vec());
+    }
+    told.map(|at_cut| (side_budget(capacity, at_cut, dead), at_cut))
+        .min_by_key(|(budget, _)| *budget)
+        .map_or((0, Vec::new()), |(budget, at_cut)| {
+            (budget, at_cut.to_vec())
+        })
+}
+
 /// `local split`'s part of `capacity` for the members on this side of a cut:
 /// `capacity x (at-cut members not unreachable) / (at-cut members)`, rounded down.
 pub fn side_budget(capacity: u64, at_cut: &[String], dead: &[String]) -> u64 {
@@ -190,6 +216,24 @@ mod tests {
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_split_budget_comes_from_the_own_freeze_else_the_least_a_peer_tells_else_nothing() {
+        let dead = names(&["c"]);
+        let three = names(&["a", "b", "c"]);
+        let four = names(&["a", "b", "c", "d"]);
+        let told = [three.as_slice(), four.as_slice()];
+        // Its own freeze wins: 30 x 2/3.
+        let (budget, used) = split_budget(30, &three, told.iter().copied(), &dead);
+        assert_eq!((budget, used), (20, three.clone()));
+        // Nothing frozen here (the CI failure's node read 0): the least a peer
+        // gives, 30 x 2/3 rather than 30 x 3/4.
+        let (budget, used) = split_budget(30, &[], told.iter().copied(), &dead);
+        assert_eq!((budget, used), (20, three.clone()));
+        // Nobody told anything: nothing.
+        let (budget, used) = split_budget(30, &[], std::iter::empty(), &dead);
+        assert_eq!((budget, used), (0, Vec::new()));
     }
 
     #[test]

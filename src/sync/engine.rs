@@ -3,13 +3,14 @@
 //! ever read an atomic.
 
 use super::allowance::{KeyFigures, SyncPolicy, policy};
-use super::cut::{CutKnowledge, is_cut_key, side_budget};
+use super::cut::{CutKnowledge, is_cut_key, split_budget};
 use super::demand::Demand;
 use super::echo::OwnEcho;
 use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
 use super::redis_loss::{Announced, Loss, REDIS_CHARGING_KEY, RedisLosses};
+use super::sightings::Sightings;
 use super::status::{ClusterStatus, HeldKeys, MemberStatus};
 use super::successor::Successors;
 use crate::actor::scope::{Allowance, ScopeExport};
@@ -119,9 +120,8 @@ pub struct Engine {
     cutoff_lag_ms: u64,
     /// Two gossip intervals: how long a value takes to reach a peer.
     propagation_ms: u64,
-    /// Each member's last `sync:at` value, and when (here) it last changed.
-    round_seen: HashMap<String, u64>,
-    last_fresh: HashMap<String, u64>,
+    /// Each member's last round, and when it was last fresh here (`super::sightings`).
+    sightings: Sightings,
     /// Members (this one included) that announced they cannot reach Redis.
     redis_lost: Vec<String>,
     /// `redis`: who lost Redis, who charges whom (`super::redis_loss`).
@@ -216,8 +216,7 @@ impl Engine {
             lag_ms: 0,
             cutoff_lag_ms,
             propagation_ms: (config.gossip_interval * 2).as_millis() as u64,
-            round_seen: HashMap::new(),
-            last_fresh: HashMap::new(),
+            sightings: Sightings::default(),
             demand_lag_ms,
             redis_lost: Vec::new(),
             redis_losses: RedisLosses::default(),
@@ -396,7 +395,7 @@ impl Engine {
         // rounds moved an earlier unreachable member's floor to the demands of
         // that moment (69 of L = 120 to 17, in the successor test).
         let newly_dead: Vec<String> = (dead_now.iter())
-            .filter(|d| !self.dead.contains(d) && self.last_fresh.contains_key(*d))
+            .filter(|d| !self.dead.contains(d) && self.sightings.last_fresh(d).is_some())
             .cloned()
             .collect();
         if !newly_dead.is_empty() {
@@ -685,11 +684,8 @@ impl Engine {
                         // Bounds how far its clock runs behind this one, so its
                         // buckets can be dated on this clock where it matters.
                         usage.observe_round(&node, at, now_ms, true);
-                        // When this member was last heard from (a new round of its).
-                        if self.round_seen.get(&node) != Some(&at) {
-                            self.round_seen.insert(node.clone(), at);
-                            self.last_fresh.insert(node.clone(), now_ms);
-                        }
+                        // When this member was last heard from.
+                        self.sightings.live_round(&node, at, now_ms);
                     }
                     continue;
                 }
@@ -716,7 +712,7 @@ impl Engine {
         let mut known = live.clone();
         for (member, values) in departed {
             let node = member.to_string();
-            let heard_ms = self.last_fresh.get(&node).copied().unwrap_or(0);
+            let heard_ms = self.sightings.last_fresh(&node).unwrap_or(0);
             let mut redis = Announced {
                 id: member,
                 live: false,
@@ -743,7 +739,7 @@ impl Engine {
                         usage.observe_round(&node, at, now_ms, false);
                         // Its last round, for `unwitnessed_cut` (not a sign of life:
                         // `last_fresh` is not touched).
-                        self.round_seen.insert(node.clone(), at);
+                        self.sightings.departed_round(&node, at);
                     }
                     continue;
                 }
@@ -785,8 +781,7 @@ impl Engine {
         // Bounded: members chitchat still holds (live, dead or superseded). A
         // member that just went silent keeps its last fresh round: the cut's time
         // for `freeze`, and what tells a witness of the cut (`unwitnessed_cut`).
-        self.round_seen.retain(|n, _| known.contains(n));
-        self.last_fresh.retain(|n, _| known.contains(n));
+        self.sightings.retain(&known);
         redis_lost.sort();
         self.redis_lost = redis_lost;
         if self.redis_gate.is_some() {
@@ -1125,7 +1120,7 @@ impl Engine {
     /// side last saw, however its refused demand grows meanwhile.
     fn horizon_ms(&self, now_ms: u64) -> u64 {
         let healthy = now_ms.saturating_sub(self.cutoff_lag_ms);
-        let quietest = (self.last_fresh.iter())
+        let quietest = (self.sightings.fresh())
             .filter(|(n, _)| !self.dead.contains(*n))
             .map(|(_, t)| t.saturating_sub(self.propagation_ms))
             .min();
@@ -1147,7 +1142,7 @@ impl Engine {
             return false;
         };
         (self.dead.iter()).any(|d| {
-            (self.round_seen.get(d))
+            (self.sightings.round(d))
                 .is_some_and(|at| at.saturating_add(self.demand_lag_ms) < joined)
         })
     }
@@ -1162,19 +1157,15 @@ impl Engine {
     }
 
     /// `local split` during a cut: this side's part of `capacity` by the members
-    /// at the cut, as this node froze them or, if it did not see the cut begin,
-    /// the least any peer's members give (nothing while none has told it).
+    /// at the cut (`super::cut::split_budget`), as this node froze them unless it
+    /// did not see the cut begin.
     fn split_budget(&mut self, capacity: u64) -> u64 {
-        if !self.unwitnessed {
-            let at_cut = self.history.frozen_members();
-            self.cut.record_members(&at_cut);
-            return side_budget(capacity, &at_cut, &self.dead);
-        }
-        let told = (self.cut.adopted_members())
-            .min_by_key(|at_cut| side_budget(capacity, at_cut, &self.dead))
-            .map(<[String]>::to_vec);
-        let Some(at_cut) = told else { return 0 };
-        let budget = side_budget(capacity, &at_cut, &self.dead);
+        let own = if self.unwitnessed {
+            Vec::new()
+        } else {
+            self.history.frozen_members()
+        };
+        let (budget, at_cut) = split_budget(capacity, &own, self.cut.adopted_members(), &self.dead);
         self.cut.record_members(&at_cut);
         budget
     }
@@ -1184,7 +1175,7 @@ impl Engine {
     /// time a value takes to reach them): the figure the other side holds.
     fn freeze(&mut self, newly_dead: &[String], now_ms: u64) {
         let cut_ms = (newly_dead.iter())
-            .filter_map(|d| self.last_fresh.get(d).copied())
+            .filter_map(|d| self.sightings.last_fresh(d))
             .min()
             .unwrap_or(now_ms.saturating_sub(self.demand_lag_ms));
         self.history

@@ -24,6 +24,7 @@ pub mod engine;
 pub mod history;
 pub mod lease;
 pub mod redis_loss;
+pub mod sightings;
 pub mod status;
 pub mod successor;
 
