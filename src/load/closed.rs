@@ -71,9 +71,8 @@ async fn worker(ctx: Arc<Ctx>, budget: Arc<Budget>, id: usize) {
     while budget.take(&ctx.stop) {
         let variant = rng.random_range(0..ctx.target.variants());
         let sent = send(
-            &ctx.client,
+            ctx.via(),
             ctx.target.request(&headers, variant),
-            ctx.stream,
             Instant::now(),
         )
         .await;

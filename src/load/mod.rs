@@ -50,6 +50,7 @@ pub use args::{Api, LoadArgs, Plan, Priority};
 pub use record::Outcome;
 pub use report::{Summary, render_table, write_json};
 
+use crate::proxy::upstream_http::UpstreamHttp;
 use args::Mode;
 use progress::{Goal, Progress};
 use record::{Live, Shards};
@@ -61,9 +62,11 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// What every sending task shares.
 #[derive(Debug)]
 struct Ctx {
-    client: reqwest::Client,
+    client: UpstreamHttp,
     target: Target,
     stream: bool,
+    /// `--timeout`: from a send to its answer's last byte.
+    timeout: Duration,
     honour_retry_after: bool,
     seed: u64,
     shards: Shards,
@@ -100,6 +103,7 @@ pub async fn run_until(
         client,
         target,
         stream: args.stream,
+        timeout: plan.timeout,
         honour_retry_after: plan.honour_retry_after,
         seed: args.seed,
         shards: Shards::new(users),
@@ -153,14 +157,21 @@ async fn drive(ctx: Arc<Ctx>, plan: &Plan) {
     }
 }
 
-fn client(plan: &Plan, pool: usize) -> anyhow::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(pool)
-        .timeout(plan.timeout)
-        .connect_timeout(plan.timeout.min(CONNECT_TIMEOUT))
-        // Measure the target itself, never an HTTP(S)_PROXY from the environment.
-        .no_proxy()
-        .build()
+/// Measures the target itself, never an HTTP(S)_PROXY from the environment.
+fn client(plan: &Plan, pool: usize) -> anyhow::Result<UpstreamHttp> {
+    UpstreamHttp::without_proxies(pool, plan.timeout.min(CONNECT_TIMEOUT))
+        .map_err(anyhow::Error::msg)
         .context("building the HTTP client")
+}
+
+impl Ctx {
+    /// How this run's requests go out.
+    fn via(&self) -> send::Via<'_> {
+        send::Via {
+            client: &self.client,
+            endpoint: self.target.endpoint(),
+            stream: self.stream,
+            timeout: self.timeout,
+        }
+    }
 }

@@ -148,7 +148,7 @@ async fn slot(
 ) {
     let req = ctx.target.request(ctx.target.headers(), variant);
     let started = Instant::now().min(due.at + TIMER_GRAIN);
-    let sent = send(&ctx.client, req, ctx.stream, started).await;
+    let sent = send(ctx.via(), req, started).await;
     ctx.live.record(sent.sample.outcome);
     // Spread slots over the shards; truncation only changes which shard is used.
     ctx.shards

@@ -10,6 +10,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::json;
 
 use super::args::{Api, LoadArgs};
+use crate::proxy::upstream_http::Endpoint;
 
 /// Anthropic API version sent with `--api messages`.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -30,9 +31,18 @@ const VARIANT_WORDS: [&str; 16] = [
 /// Everything needed to build one request cheaply.
 #[derive(Debug, Clone)]
 pub struct Target {
-    url: reqwest::Url,
+    endpoint: Endpoint,
     headers: HeaderMap,
     bodies: Vec<Bytes>,
+}
+
+/// One request's headers and body, for [`Target::endpoint`].
+#[derive(Debug)]
+pub struct Outgoing {
+    /// The shared headers (and a worker id).
+    pub headers: HeaderMap,
+    /// A body variant (shared bytes).
+    pub body: Bytes,
 }
 
 impl Target {
@@ -45,14 +55,15 @@ impl Target {
             Api::Messages => "messages",
         };
         let base = args.url.trim_end_matches('/');
-        let url = reqwest::Url::parse(&format!("{base}/{path}"))
+        let endpoint = Endpoint::direct(&format!("{base}/{path}"))
+            .map_err(anyhow::Error::msg)
             .with_context(|| format!("bad --url {:?}", args.url))?;
         let headers = headers(args)?;
         let bodies = (0..VARIANT_WORDS.len())
             .map(|variant| body(args, &prompt(args.prompt_tokens, variant)))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Target {
-            url,
+            endpoint,
             headers,
             bodies,
         })
@@ -78,13 +89,17 @@ impl Target {
         &self.headers
     }
 
-    /// One request ready to execute: URL and `headers` cloned, body variant shared.
-    pub fn request(&self, headers: &HeaderMap, variant: usize) -> reqwest::Request {
-        let mut req = reqwest::Request::new(reqwest::Method::POST, self.url.clone());
-        *req.headers_mut() = headers.clone();
-        let body = self.bodies[variant % self.bodies.len()].clone();
-        *req.body_mut() = Some(body.into());
-        req
+    /// Where every request goes.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// One request ready to send: `headers` cloned, body variant shared.
+    pub fn request(&self, headers: &HeaderMap, variant: usize) -> Outgoing {
+        Outgoing {
+            headers: headers.clone(),
+            body: self.bodies[variant % self.bodies.len()].clone(),
+        }
     }
 }
 
@@ -173,7 +188,7 @@ mod tests {
 
     fn body_json(t: &Target, variant: usize) -> serde_json::Value {
         let req = t.request(t.headers(), variant);
-        let bytes = req.body().unwrap().as_bytes().unwrap();
+        let bytes = &req.body;
         serde_json::from_slice(bytes).unwrap()
     }
 
@@ -193,12 +208,12 @@ mod tests {
         let (_, t) = target(&["--stream", "--priority", "batch", "--max-wait-ms", "250"]);
         let req = t.request(t.headers(), 3);
         assert_eq!(
-            req.url().as_str(),
+            t.endpoint().url.as_str(),
             "http://127.0.0.1:8080/v1/chat/completions"
         );
-        assert_eq!(req.headers()["authorization"], "Bearer sk-demo");
-        assert_eq!(req.headers()[PRIORITY_HEADER], "batch");
-        assert_eq!(req.headers()[MAX_WAIT_HEADER], "250");
+        assert_eq!(req.headers["authorization"], "Bearer sk-demo");
+        assert_eq!(req.headers[PRIORITY_HEADER], "batch");
+        assert_eq!(req.headers[MAX_WAIT_HEADER], "250");
         let body = body_json(&t, 3);
         assert_eq!(body["stream"], true);
         assert_eq!(body["stream_options"]["include_usage"], true);
@@ -210,11 +225,11 @@ mod tests {
     fn messages_use_anthropic_headers_and_path() {
         let (_, t) = target(&["--api", "messages", "--url", "http://h:1/v1/", "--stream"]);
         let req = t.request(&t.worker_headers(7), 0);
-        assert_eq!(req.url().as_str(), "http://h:1/v1/messages");
-        assert_eq!(req.headers()["x-api-key"], "sk-demo");
-        assert_eq!(req.headers()["anthropic-version"], ANTHROPIC_VERSION);
-        assert_eq!(req.headers()[WORKER_HEADER], "7");
-        assert!(req.headers().get("authorization").is_none());
+        assert_eq!(t.endpoint().url.as_str(), "http://h:1/v1/messages");
+        assert_eq!(req.headers["x-api-key"], "sk-demo");
+        assert_eq!(req.headers["anthropic-version"], ANTHROPIC_VERSION);
+        assert_eq!(req.headers[WORKER_HEADER], "7");
+        assert!(req.headers.get("authorization").is_none());
         let body = body_json(&t, 0);
         assert_eq!(body["stream"], true);
         assert!(body.get("stream_options").is_none());

@@ -1,6 +1,9 @@
 //! Sending one request and reading its answer into a [`Sample`].
 //!
-//! Non-stream bodies are read as bytes (at most [`MAX_BODY_BYTES`] kept) and only
+//! Requests go through hyper's pooled client directly, the gateway's own upstream
+//! client without proxies (`crate::proxy::upstream_http`): reqwest, the client
+//! before, turned each request's URL into a URI and back three times, work the
+//! generator did on the same cores as the target it measured. Non-stream bodies are read as bytes (at most [`MAX_BODY_BYTES`] kept) and only
 //! `usage` is deserialized. Streams are read chunk by chunk through [`SseUsage`]; the
 //! first chunk's arrival is the time to first byte. Bodies of error answers are drained
 //! unread so the connection goes back to the pool.
@@ -11,8 +14,12 @@ use reqwest::header::CONTENT_TYPE;
 use tokio::time::Instant;
 
 use super::record::{Outcome, Sample};
+use super::request::Outgoing;
 use super::retry;
 use super::usage::{self, SseUsage, Usage};
+use crate::proxy::upstream_http::{
+    BoxError, Endpoint, UpstreamBody, UpstreamHttp, UpstreamResponse,
+};
 
 /// Largest non-stream body kept for usage parsing; a longer body is drained and its
 /// usage is not read.
@@ -27,42 +34,68 @@ pub struct Sent {
     pub retry_after: Option<Duration>,
 }
 
-/// Executes `req` on `client` and reads the whole answer, timing it from `started`
-/// (in a closed loop the send itself; in an open loop up to when the slot was due,
-/// so that a generator that fell behind charges its lateness to the latency
-/// instead of hiding it, as wrk2 does). Never fails: transport problems become
-/// [`Outcome::TransportError`].
-pub async fn send(
-    client: &reqwest::Client,
-    req: reqwest::Request,
-    stream: bool,
-    started: Instant,
-) -> Sent {
-    let transport = |e: reqwest::Error| {
-        tracing::debug!(error = %e, timeout = e.is_timeout(), "transport error");
-        Sent {
-            sample: Sample {
-                outcome: Outcome::TransportError,
-                latency: started.elapsed(),
-                ttfb: None,
-                usage: Usage::default(),
-            },
-            retry_after: None,
+/// How one request goes out: the client, where to, whether to read a stream, and
+/// the longest the whole exchange may take (`--timeout`, from the send).
+#[derive(Debug, Clone, Copy)]
+pub struct Via<'a> {
+    /// The pooled client.
+    pub client: &'a UpstreamHttp,
+    /// The target's endpoint.
+    pub endpoint: &'a Endpoint,
+    /// Read a `text/event-stream` answer as one.
+    pub stream: bool,
+    /// From the send to the answer's last byte.
+    pub timeout: Duration,
+}
+
+/// Sends `req` and reads the whole answer, timing it from `started` (in a closed
+/// loop the send itself; in an open loop up to when the slot was due, so that a
+/// generator that fell behind charges its lateness to the latency instead of
+/// hiding it, as wrk2 does). Never fails: transport problems and answers not
+/// whole within the timeout become [`Outcome::TransportError`].
+pub async fn send(via: Via<'_>, req: Outgoing, started: Instant) -> Sent {
+    let exchange = exchange(via, req, started);
+    match tokio::time::timeout(via.timeout, exchange).await {
+        Ok(sent) => sent,
+        Err(_) => {
+            tracing::debug!(timeout = ?via.timeout, "transport error: timed out");
+            transport_error(started)
         }
+    }
+}
+
+fn transport_error(started: Instant) -> Sent {
+    Sent {
+        sample: Sample {
+            outcome: Outcome::TransportError,
+            latency: started.elapsed(),
+            ttfb: None,
+            usage: Usage::default(),
+        },
+        retry_after: None,
+    }
+}
+
+async fn exchange(via: Via<'_>, req: Outgoing, started: Instant) -> Sent {
+    let transport = |e: BoxError| {
+        tracing::debug!(error = %crate::proxy::upstream_http::describe(&*e), "transport error");
+        transport_error(started)
     };
-    let resp = match client.execute(req).await {
+    let resp = match via.client.post(via.endpoint, req.headers, req.body).await {
         Ok(resp) => resp,
         Err(e) => return transport(e),
     };
     let status = resp.status();
     let retry_after = retry::retry_after(status, resp.headers());
     let outcome = Outcome::from_status(status);
+    let stream = via.stream && is_event_stream(&resp);
+    let body = resp.into_body();
     let read = if outcome != Outcome::Ok {
-        drain(resp).await.map(|()| (Usage::default(), None))
-    } else if stream && is_event_stream(&resp) {
-        read_stream(resp, started).await
+        drain(body).await.map(|()| (Usage::default(), None))
+    } else if stream {
+        read_stream(body, started).await
     } else {
-        read_json(resp).await.map(|usage| (usage, None))
+        read_json(body).await.map(|usage| (usage, None))
     };
     match read {
         Ok((usage, ttfb)) => Sent {
@@ -78,20 +111,20 @@ pub async fn send(
     }
 }
 
-fn is_event_stream(resp: &reqwest::Response) -> bool {
+fn is_event_stream(resp: &UpstreamResponse) -> bool {
     resp.headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-async fn drain(mut resp: reqwest::Response) -> reqwest::Result<()> {
+async fn drain(mut resp: UpstreamBody) -> Result<(), BoxError> {
     while resp.chunk().await?.is_some() {}
     Ok(())
 }
 
 /// Reads a JSON body; the common one-chunk body is parsed without copying.
-async fn read_json(mut resp: reqwest::Response) -> reqwest::Result<Usage> {
+async fn read_json(mut resp: UpstreamBody) -> Result<Usage, BoxError> {
     let Some(first) = resp.chunk().await? else {
         return Ok(Usage::default());
     };
@@ -118,9 +151,9 @@ async fn read_json(mut resp: reqwest::Response) -> reqwest::Result<Usage> {
 }
 
 async fn read_stream(
-    mut resp: reqwest::Response,
+    mut resp: UpstreamBody,
     started: Instant,
-) -> reqwest::Result<(Usage, Option<Duration>)> {
+) -> Result<(Usage, Option<Duration>), BoxError> {
     let mut sse = SseUsage::default();
     let mut ttfb = None;
     while let Some(chunk) = resp.chunk().await? {

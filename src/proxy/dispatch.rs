@@ -443,28 +443,13 @@ async fn read_body(
     idle: Duration,
     deadline: Instant,
 ) -> Result<(StatusCode, Option<HeaderValue>, bytes::Bytes), ApiError> {
-    use http_body_util::BodyExt;
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     let mut response = response.into_body();
     let mut body = bytes::BytesMut::new();
     loop {
         let by = deadline.min(Instant::now() + idle);
-        let chunk = async {
-            loop {
-                match response.frame().await {
-                    None => return Ok(None),
-                    Some(Err(e)) => return Err(e),
-                    // Trailers carry nothing the gateway reads.
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            return Ok(Some(data));
-                        }
-                    }
-                }
-            }
-        };
-        match tokio::time::timeout_at(by, chunk).await {
+        match tokio::time::timeout_at(by, response.chunk()).await {
             Err(_) => {
                 return Err(ApiError::gateway_timeout(
                     "upstream stopped sending its response",

@@ -60,6 +60,20 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// Parses `url` (an absolute http(s) URL) into an endpoint hyper's client
+    /// sends to directly, unless its URL carries credentials.
+    pub fn direct(url: &str) -> Result<Endpoint, String> {
+        let url = reqwest::Url::parse(url).map_err(|e| format!("bad URL {url:?}: {e}"))?;
+        let uri: http::Uri =
+            (url.as_str().parse()).map_err(|e| format!("bad URL {:?}: {e}", url.as_str()))?;
+        let via_reqwest = !url.username().is_empty() || url.password().is_some();
+        Ok(Endpoint {
+            url,
+            uri,
+            via_reqwest,
+        })
+    }
+
     /// Whether requests to this endpoint go through reqwest (a proxy, or
     /// credentials in the URL) rather than hyper's client directly.
     pub fn via_reqwest(&self) -> bool {
@@ -85,12 +99,28 @@ impl UpstreamHttp {
     /// Both clients, with idle connections kept for `idle` (zero: none), on one
     /// TLS configuration (the platform's trust store is read once).
     pub fn new(idle: Duration) -> Result<UpstreamHttp, String> {
-        Self::with_proxies(idle, Matcher::from_system())
+        let max_idle = if idle.is_zero() { 0 } else { 1024 };
+        Self::build(idle, max_idle, CONNECT_TIMEOUT, Matcher::from_system())
     }
 
-    fn with_proxies(idle: Duration, proxies: Matcher) -> Result<UpstreamHttp, String> {
+    /// A client that never uses a proxy, keeping up to `max_idle` connections
+    /// per host (`tollgate load`: it measures the target, never a proxy the
+    /// environment names).
+    pub fn without_proxies(
+        max_idle: usize,
+        connect_timeout: Duration,
+    ) -> Result<UpstreamHttp, String> {
+        let idle = Duration::from_secs(90);
+        Self::build(idle, max_idle, connect_timeout, Matcher::builder().build())
+    }
+
+    fn build(
+        idle: Duration,
+        max_idle: usize,
+        connect_timeout: Duration,
+        proxies: Matcher,
+    ) -> Result<UpstreamHttp, String> {
         let tls = tls_config()?;
-        let max_idle = if idle.is_zero() { 0 } else { 1024 };
         // No redirects (a provider's 3xx is a 502 to the client, dispatch.rs;
         // following it would send the body and the key somewhere the config never
         // named) and no hidden retries (the attempt loop in dispatch.rs is the only
@@ -103,12 +133,12 @@ impl UpstreamHttp {
             .tcp_nodelay(true)
             .pool_idle_timeout(idle)
             .pool_max_idle_per_host(max_idle)
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(connect_timeout)
             .build()
             .map_err(|e| format!("cannot build HTTP client: {e}"))?;
         let mut tcp = HttpConnector::new();
         tcp.set_nodelay(true);
-        tcp.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        tcp.set_connect_timeout(Some(connect_timeout));
         // Schemes are the TLS layer's to check: it wraps this connector.
         tcp.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
@@ -136,16 +166,9 @@ impl UpstreamHttp {
     /// Parses `url` (already validated as an absolute http(s) URL) into an
     /// endpoint, and decides once which client sends to it.
     pub fn endpoint(&self, url: &str) -> Result<Endpoint, String> {
-        let url = reqwest::Url::parse(url).map_err(|e| format!("bad upstream URL {url:?}: {e}"))?;
-        let uri: http::Uri = (url.as_str().parse())
-            .map_err(|e| format!("bad upstream URL {:?}: {e}", url.as_str()))?;
-        let credentials = !url.username().is_empty() || url.password().is_some();
-        let via_reqwest = credentials || self.proxies.intercept(&uri).is_some();
-        Ok(Endpoint {
-            url,
-            uri,
-            via_reqwest,
-        })
+        let mut endpoint = Endpoint::direct(url)?;
+        endpoint.via_reqwest |= self.proxies.intercept(&endpoint.uri).is_some();
+        Ok(endpoint)
     }
 
     /// POSTs `body` with `headers` to `endpoint`: the answer's head, its body
@@ -198,6 +221,19 @@ pub enum UpstreamBody {
     Direct(hyper::body::Incoming),
     /// Through reqwest (a proxied endpoint).
     Proxied(reqwest::Body),
+}
+
+impl UpstreamBody {
+    /// The next piece of data (trailers skipped), `None` at the end.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, BoxError> {
+        use http_body_util::BodyExt;
+        while let Some(frame) = self.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                return Ok(Some(data));
+            }
+        }
+        Ok(None)
+    }
 }
 
 impl http_body::Body for UpstreamBody {
@@ -254,7 +290,7 @@ mod tests {
     use super::*;
 
     fn client(proxies: Matcher) -> UpstreamHttp {
-        UpstreamHttp::with_proxies(Duration::from_secs(90), proxies).unwrap()
+        UpstreamHttp::build(Duration::from_secs(90), 1024, CONNECT_TIMEOUT, proxies).unwrap()
     }
 
     #[test]
