@@ -457,6 +457,7 @@ impl Engine {
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
         status.unreachable_charged.clone_from(self.cut.recorded());
         status.cut_adopted = self.unwitnessed;
+        status.cut_members = self.history.frozen_members();
         status.bytes_received_total += received;
         status.state_keys = self.state_size.keys;
         status.state_bytes = self.state_size.bytes;

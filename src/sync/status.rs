@@ -83,6 +83,9 @@ pub struct ClusterStatus {
     /// Whether this node did not see the current cut begin, and so charges at
     /// least what its peers publish (docs/design/cluster.md, "Joining during a cut").
     pub cut_adopted: bool,
+    /// The members at the current cut as this node froze them (empty: no cut,
+    /// or none frozen here; then `local split` takes them from peers).
+    pub cut_members: Vec<String>,
     /// Why this node is degraded, if it is.
     pub degraded: Option<String>,
     /// This node's view of each key's global usage (its own plus the live members'
@@ -140,6 +143,7 @@ impl ClusterStatus {
             duplicate_ids_seen: 0,
             unreachable_charged: Default::default(),
             cut_adopted: false,
+            cut_members: Vec::new(),
             degraded: None,
             global_usage: Default::default(),
             held: HeldKeys::default(),
