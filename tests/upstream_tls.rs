@@ -5,7 +5,9 @@
 //!
 //! - trusted through `SSL_CERT_FILE` (the platform verifier reads it), the
 //!   request goes straight to the TLS upstream with the provider key;
-//! - without it the certificate is refused, and the mock sees nothing;
+//! - trusting another CA instead, the certificate is refused, and the mock sees
+//!   nothing (`SSL_CERT_FILE` replaces the trust store, it does not extend it);
+//! - both clients offer HTTP/1.1 by ALPN;
 //! - with `HTTPS_PROXY` set, the request goes through the proxy (a CONNECT
 //!   tunnel, counted), unless `NO_PROXY` names the upstream's host.
 #![allow(clippy::unwrap_used)]
@@ -16,7 +18,6 @@ use common::{KEY, chat_body, key_hash, mock};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,10 +27,12 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 const UPSTREAM_KEY: &str = "sk-upstream-secret";
 
-/// A CA and a certificate it signed for `localhost` and 127.0.0.1.
+/// A CA and a certificate it signed for `localhost` and 127.0.0.1, and an
+/// unrelated CA.
 struct Certs {
     _dir: tempfile::TempDir,
     ca: PathBuf,
+    other_ca: PathBuf,
     cert: PathBuf,
     key: PathBuf,
 }
@@ -74,6 +77,15 @@ fn make_certs() -> Certs {
         "keyUsage=critical,keyCertSign,cRLSign",
     ]);
     openssl(d, &ca);
+    let other: Vec<&str> = (ca.iter())
+        .map(|a| match *a {
+            "ca.key" => "other.key",
+            "ca.pem" => "other.pem",
+            "/CN=tollgate test CA" => "/CN=unrelated test CA",
+            a => a,
+        })
+        .collect();
+    openssl(d, &other);
     let mut csr = vec!["req"];
     csr.extend(ec);
     csr.extend([
@@ -112,6 +124,7 @@ fn make_certs() -> Certs {
     );
     Certs {
         ca: d.join("ca.pem"),
+        other_ca: d.join("other.pem"),
         cert: d.join("server.pem"),
         key: d.join("server.key"),
         _dir: dir,
@@ -119,14 +132,17 @@ fn make_certs() -> Certs {
 }
 
 /// Terminates TLS on a free port and relays each connection to `target`;
-/// counts completed handshakes.
-async fn tls_terminator(certs: &Certs, target: SocketAddr) -> (SocketAddr, Arc<AtomicU64>) {
+/// records each completed handshake's ALPN protocol (empty: none offered).
+async fn tls_terminator(
+    certs: &Certs,
+    target: SocketAddr,
+) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&certs.cert)
         .unwrap()
         .map(Result::unwrap)
         .collect();
     let key = PrivateKeyDer::from_pem_file(&certs.key).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
@@ -134,10 +150,11 @@ async fn tls_terminator(certs: &Certs, target: SocketAddr) -> (SocketAddr, Arc<A
     .with_no_client_auth()
     .with_single_cert(chain, key)
     .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let handshakes = Arc::new(AtomicU64::new(0));
+    let handshakes = Arc::new(std::sync::Mutex::new(Vec::new()));
     let counted = handshakes.clone();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
@@ -146,7 +163,11 @@ async fn tls_terminator(certs: &Certs, target: SocketAddr) -> (SocketAddr, Arc<A
                 let Ok(mut tls) = acceptor.accept(client).await else {
                     return;
                 };
-                counted.fetch_add(1, Ordering::SeqCst);
+                let alpn = tls.get_ref().1.alpn_protocol().unwrap_or_default();
+                counted
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(alpn).into_owned());
                 if let Ok(mut upstream) = TcpStream::connect(target).await {
                     let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
                 }
@@ -309,11 +330,15 @@ async fn an_upstream_over_tls_is_reached_directly_or_through_a_proxy_and_verifie
     let (status, body) = chat(&node).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(mock.stats().admitted, 1);
-    assert_eq!(handshakes.load(Ordering::SeqCst), 1);
+    // HTTP/1.1 offered by ALPN, as reqwest did (the terminator also offers h2).
+    assert_eq!(*handshakes.lock().unwrap(), ["http/1.1"]);
     drop(node);
 
-    // The platform's own roots do not hold the test CA: refused, nothing sent.
-    let node = serve(&upstream, &[]).await;
+    // Another CA's trust does not cover this certificate: refused, nothing
+    // sent (not the system's roots: a machine without a CA bundle could not
+    // start the node at all).
+    let other = certs.other_ca.to_str().unwrap();
+    let node = serve(&upstream, &[("SSL_CERT_FILE", other)]).await;
     let (status, body) = chat(&node).await;
     assert_eq!(status, 502, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
@@ -324,7 +349,7 @@ async fn an_upstream_over_tls_is_reached_directly_or_through_a_proxy_and_verifie
         "an unverified upstream got nothing"
     );
     assert_eq!(
-        handshakes.load(Ordering::SeqCst),
+        handshakes.lock().unwrap().len(),
         1,
         "no handshake completed"
     );
@@ -361,7 +386,8 @@ async fn an_upstream_over_tls_is_reached_directly_or_through_a_proxy_and_verifie
     assert_eq!(status, 200, "{body}");
     assert_eq!(mock.stats().admitted, 3);
     assert_eq!(tunnels.lock().unwrap().len(), 1, "no new tunnel");
-    assert_eq!(handshakes.load(Ordering::SeqCst), 3);
+    // Through reqwest (proxied) and hyper (direct) alike.
+    assert_eq!(*handshakes.lock().unwrap(), ["http/1.1"; 3]);
     drop(node);
     mock.shutdown().await.unwrap();
 }

@@ -170,11 +170,13 @@ fn upstream_headers(req: &Admitted<'_>, upstream: &Upstream) -> HeaderMap {
     const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
     const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
     const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-    let mut headers = HeaderMap::with_capacity(4);
+    let mut headers = HeaderMap::with_capacity(5);
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    // As reqwest sent it: a provider sees the same request from either client.
+    headers.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
     let credentials = upstream.credentials.as_ref();
     match req.api {
         Api::Messages => {

@@ -13,8 +13,12 @@
 //! - TLS by rustls with the platform's verifier (`rustls-platform-verifier`, the
 //!   OS trust store and its revocation checks) on the default provider, ALPN
 //!   `http/1.1`;
-//! - HTTP/1.1 with `TCP_NODELAY`, a 10 s connect timeout, and the idle pool of
-//!   `server.upstream_idle_timeout`;
+//! - HTTP/1.1 with `TCP_NODELAY`, reqwest's TCP keepalive (15 s, every 15 s, 3
+//!   probes) and, on Linux, its 30 s `TCP_USER_TIMEOUT`, so a silent path through
+//!   a NAT stays open while a provider works and a dead one is noticed; a 10 s
+//!   connect timeout covering the TLS handshake as well as TCP (a stalled
+//!   handshake is a connect error, refunded and retried, not a 504); the idle
+//!   pool of `server.upstream_idle_timeout`; `Accept: */*` as reqwest sent it;
 //! - proxies from the environment (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`,
 //!   `NO_PROXY`): an endpoint they send through a proxy goes through reqwest,
 //!   which speaks to proxies, decided once at start by the matcher reqwest itself
@@ -33,6 +37,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -44,8 +49,17 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// An upstream's answer: hyper's body, or reqwest's for a proxied endpoint.
 pub type UpstreamResponse = http::Response<UpstreamBody>;
 
-/// How long a connection may take to open (reqwest's setting before).
+/// How long a connection may take to open, TLS included (reqwest's setting before).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keepalive: idle time before the first probe, and between probes
+/// (reqwest's defaults).
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// Unanswered keepalive probes before the connection is dropped.
+const KEEPALIVE_PROBES: u32 = 3;
+/// Longest unacknowledged data may wait before the kernel drops the connection
+/// (reqwest's default, Linux).
+#[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+const USER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One endpoint of an upstream (`base_url` + an API's path), parsed at start.
 #[derive(Debug, Clone)]
@@ -83,7 +97,7 @@ impl Endpoint {
 
 /// The two clients and what decides between them.
 pub struct UpstreamHttp {
-    direct: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    direct: Client<BoundedConnect<hyper_rustls::HttpsConnector<HttpConnector>>, Full<Bytes>>,
     /// Also the spillover client (`super::spill`), on the same TLS settings.
     proxied: reqwest::Client,
     proxies: Matcher,
@@ -100,7 +114,12 @@ impl UpstreamHttp {
     /// TLS configuration (the platform's trust store is read once).
     pub fn new(idle: Duration) -> Result<UpstreamHttp, String> {
         let max_idle = if idle.is_zero() { 0 } else { 1024 };
-        Self::build(idle, max_idle, CONNECT_TIMEOUT, Matcher::from_system())
+        Self::build(
+            idle,
+            max_idle,
+            CONNECT_TIMEOUT,
+            Some(Matcher::from_system()),
+        )
     }
 
     /// A client that never uses a proxy, keeping up to `max_idle` connections
@@ -111,21 +130,26 @@ impl UpstreamHttp {
         connect_timeout: Duration,
     ) -> Result<UpstreamHttp, String> {
         let idle = Duration::from_secs(90);
-        Self::build(idle, max_idle, connect_timeout, Matcher::builder().build())
+        Self::build(idle, max_idle, connect_timeout, None)
     }
 
+    /// `proxies`: the environment's, or `None` for no proxy in either client.
     fn build(
         idle: Duration,
         max_idle: usize,
         connect_timeout: Duration,
-        proxies: Matcher,
+        proxies: Option<Matcher>,
     ) -> Result<UpstreamHttp, String> {
         let tls = tls_config()?;
         // No redirects (a provider's 3xx is a 502 to the client, dispatch.rs;
         // following it would send the body and the key somewhere the config never
         // named) and no hidden retries (the attempt loop in dispatch.rs is the only
         // one, so every send is charged and bounded by `retry.max_attempts`).
-        let proxied = reqwest::Client::builder()
+        let mut proxied = reqwest::Client::builder();
+        if proxies.is_none() {
+            proxied = proxied.no_proxy();
+        }
+        let proxied = proxied
             .tls_backend_preconfigured(tls.clone())
             .redirect(reqwest::redirect::Policy::none())
             .retry(reqwest::retry::never())
@@ -138,14 +162,20 @@ impl UpstreamHttp {
             .map_err(|e| format!("cannot build HTTP client: {e}"))?;
         let mut tcp = HttpConnector::new();
         tcp.set_nodelay(true);
-        tcp.set_connect_timeout(Some(connect_timeout));
+        tcp.set_keepalive(Some(KEEPALIVE));
+        tcp.set_keepalive_interval(Some(KEEPALIVE));
+        tcp.set_keepalive_retries(Some(KEEPALIVE_PROBES));
+        #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+        tcp.set_tcp_user_timeout(Some(USER_TIMEOUT));
         // Schemes are the TLS layer's to check: it wraps this connector.
         tcp.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(tcp);
+        // Built from the configuration as it is (`http/1.1` offered by ALPN):
+        // hyper-rustls's builder refuses a configuration with ALPN set.
+        let tls = hyper_rustls::HttpsConnector::from((tcp, Arc::new(tls)));
+        let connector = BoundedConnect {
+            inner: tls,
+            timeout: connect_timeout,
+        };
         let direct = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(idle)
@@ -154,7 +184,7 @@ impl UpstreamHttp {
         Ok(UpstreamHttp {
             direct,
             proxied,
-            proxies,
+            proxies: proxies.unwrap_or_else(|| Matcher::builder().build()),
         })
     }
 
@@ -204,14 +234,55 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
         .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
     let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
         .map_err(|e| format!("cannot load the platform's certificate verifier: {e}"))?;
-    // No ALPN here: hyper-rustls offers `http/1.1` (`enable_http1`), and reqwest,
-    // taking the configuration as it is, offers none, which servers read as 1.1.
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("cannot set up TLS: {e}"))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth())
+        .with_no_client_auth();
+    // What reqwest offered (its `http2` feature is off); both clients use it.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// A connector whose whole connect, TCP and then TLS, is bounded by `timeout`:
+/// hyper's own connect timeout covers the TCP connect only, and reqwest bounded
+/// both. A connect that fails is refunded and retried by `dispatch`; one that
+/// hung in the handshake would otherwise have run into the headers deadline and
+/// been kept as a request the provider may have seen.
+#[derive(Clone)]
+struct BoundedConnect<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower_service::Service<http::Uri> for BoundedConnect<C>
+where
+    C: tower_service::Service<http::Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, dst: http::Uri) -> Self::Future {
+        let connect = self.inner.call(dst);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connect).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(Box::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connecting (TCP and TLS) took over {timeout:?}"),
+                )) as BoxError),
+            }
+        })
+    }
 }
 
 /// An upstream answer's body, from either client.
@@ -290,7 +361,13 @@ mod tests {
     use super::*;
 
     fn client(proxies: Matcher) -> UpstreamHttp {
-        UpstreamHttp::build(Duration::from_secs(90), 1024, CONNECT_TIMEOUT, proxies).unwrap()
+        UpstreamHttp::build(
+            Duration::from_secs(90),
+            1024,
+            CONNECT_TIMEOUT,
+            Some(proxies),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -323,6 +400,42 @@ mod tests {
         let e = http.endpoint("https://bücher.example/v1/a b").unwrap();
         assert_eq!(e.url.as_str(), "https://xn--bcher-kva.example/v1/a%20b");
         assert_eq!(e.uri.to_string(), e.url.as_str());
+    }
+
+    /// A connect that never finishes (a TLS handshake the server never answers).
+    struct Hangs;
+
+    impl tower_service::Service<http::Uri> for Hangs {
+        type Response = ();
+        type Error = BoxError;
+        type Future = std::future::Pending<Result<(), BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Uri) -> Self::Future {
+            std::future::pending()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connect_hanging_after_tcp_fails_at_the_connect_timeout() {
+        use tower_service::Service as _;
+        let mut connect = BoundedConnect {
+            inner: Hangs,
+            timeout: Duration::from_millis(50),
+        };
+        let started = tokio::time::Instant::now();
+        let error = connect
+            .call(http::Uri::from_static("https://example.com/"))
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert!(
+            describe(&*error).contains("connecting (TCP and TLS) took over 50ms"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -115,6 +115,11 @@ impl CutKnowledge {
         &self.charges
     }
 
+    /// This round's members at the cut, as recorded (`local split` only).
+    pub fn members(&self) -> &[String] {
+        &self.members
+    }
+
     /// Records this round's members at the cut.
     pub fn record_members(&mut self, members: &[String]) {
         self.members = members.to_vec();
@@ -193,7 +198,11 @@ pub fn split_budget<'a>(
     if !own.is_empty() {
         return (side_budget(capacity, own, dead), own.to_vec());
     }
-    told.map(|at_cut| (side_budget(capacity, at_cut, dead), at_cut))
+    // A list naming none of the unreachable describes another cut (a stale
+    // marker whose deletion has not arrived, or a peer's other view): it would
+    // read as all of L.
+    told.filter(|at_cut| at_cut.iter().any(|m| dead.contains(m)))
+        .map(|at_cut| (side_budget(capacity, at_cut, dead), at_cut))
         .min_by_key(|(budget, _)| *budget)
         .map_or((0, Vec::new()), |(budget, at_cut)| {
             (budget, at_cut.to_vec())
@@ -233,6 +242,10 @@ mod tests {
         assert_eq!((budget, used), (20, three.clone()));
         // Nobody told anything: nothing.
         let (budget, used) = split_budget(30, &[], std::iter::empty(), &dead);
+        assert_eq!((budget, used), (0, Vec::new()));
+        // A list naming none of the unreachable is another cut's: not all of L.
+        let other = names(&["a", "b", "e"]);
+        let (budget, used) = split_budget(30, &[], [other.as_slice()].into_iter(), &dead);
         assert_eq!((budget, used), (0, Vec::new()));
     }
 

@@ -457,7 +457,12 @@ impl Engine {
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
         status.unreachable_charged.clone_from(self.cut.recorded());
         status.cut_adopted = self.unwitnessed;
-        status.cut_members = self.history.frozen_members();
+        // The members a `local split` budget came from this round (its own
+        // freeze, or a peer's list), else this node's own freeze.
+        status.cut_members = match self.cut.members() {
+            [] => self.history.frozen_members(),
+            used => used.to_vec(),
+        };
         status.bytes_received_total += received;
         status.state_keys = self.state_size.keys;
         status.state_bytes = self.state_size.bytes;

@@ -83,8 +83,9 @@ pub struct ClusterStatus {
     /// Whether this node did not see the current cut begin, and so charges at
     /// least what its peers publish (docs/design/cluster.md, "Joining during a cut").
     pub cut_adopted: bool,
-    /// The members at the current cut as this node froze them (empty: no cut,
-    /// or none frozen here; then `local split` takes them from peers).
+    /// The members at the current cut this node counts with: those a `local
+    /// split` budget came from (its own freeze, or a peer's list), else its own
+    /// freeze; empty with no cut, or none known.
     pub cut_members: Vec<String>,
     /// Why this node is degraded, if it is.
     pub degraded: Option<String>,
