@@ -10,9 +10,9 @@
 //! once at start and cloned per request (a reference count). What reqwest gave
 //! the node is kept, each the same way:
 //!
-//! - TLS by rustls with the platform's verifier (`rustls-platform-verifier`, the
-//!   OS trust store and its revocation checks) on the default provider, ALPN
-//!   `http/1.1`;
+//! - TLS by rustls with the platform's verifier (`rustls-platform-verifier`: on
+//!   Linux the system's CA bundle, or `SSL_CERT_FILE`/`SSL_CERT_DIR`, through
+//!   webpki) on the default provider, ALPN `http/1.1`;
 //! - HTTP/1.1 with `TCP_NODELAY`, reqwest's TCP keepalive (15 s, every 15 s, 3
 //!   probes) and, on Linux, its 30 s `TCP_USER_TIMEOUT`, so a silent path through
 //!   a NAT stays open while a provider works and a dead one is noticed; a 10 s
