@@ -3,7 +3,9 @@
 //! Requests go through hyper's pooled client directly, the gateway's own upstream
 //! client without proxies (`crate::proxy::upstream_http`): reqwest, the client
 //! before, turned each request's URL into a URI and back three times, work the
-//! generator did on the same cores as the target it measured. Non-stream bodies are read as bytes (at most [`MAX_BODY_BYTES`] kept) and only
+//! generator did on the same cores as the target it measured.
+//!
+//! Non-stream bodies are read as bytes (at most [`MAX_BODY_BYTES`] kept) and only
 //! `usage` is deserialized. Streams are read chunk by chunk through [`SseUsage`]; the
 //! first chunk's arrival is the time to first byte. Bodies of error answers are drained
 //! unread so the connection goes back to the pool.
