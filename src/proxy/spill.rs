@@ -292,7 +292,7 @@ async fn forward(
 ) -> Delivery {
     let guard = InFlight::new(state.clone(), slot);
     let url = format!("http://{}{PATH_PREFIX}{}", peer.rpc, request.api.as_str());
-    let mut hop = state.http.post(url).body(request.body.clone());
+    let mut hop = (state.upstream_http.reqwest().post(url)).body(request.body.clone());
     for (name, value) in (request.headers.iter()).filter(|(n, _)| !is_own_header(n)) {
         hop = hop.header(name, value);
     }

@@ -139,10 +139,8 @@ pub struct AppState {
     pub routes: Vec<Route>,
     /// Limiter actors.
     pub registry: Registry,
-    /// The client for spilled requests (to peers) and for upstreams behind a
-    /// proxy (`super::upstream_http`).
-    pub http: reqwest::Client,
-    /// The client upstream requests go out through.
+    /// The client upstream requests go out through; its reqwest client also
+    /// carries spilled requests to peers (`UpstreamHttp::reqwest`).
     pub upstream_http: UpstreamHttp,
     /// Metrics.
     pub metrics: Arc<Metrics>,
@@ -347,7 +345,6 @@ impl AppState {
         }
         let upstream_http = UpstreamHttp::new(config.server.upstream_idle_timeout)
             .map_err(ApiError::bad_gateway)?;
-        let http = upstream_http.reqwest().clone();
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
             let scope = ScopeId::upstream(&u.id);
@@ -429,7 +426,6 @@ impl AppState {
             tenants,
             routes,
             registry,
-            http,
             upstream_http,
             metrics,
             default_encoding,
