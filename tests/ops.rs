@@ -115,48 +115,27 @@ async fn shutdown_drains_in_flight_requests() {
 }
 
 /// Kills the served binary however the test ends.
-struct Served(std::process::Child);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `tollgate serve` on a config whose `[server]` section has `server_lines`, with
 /// `TOKIO_WORKER_THREADS=1` in its environment; returns the worker threads its
-/// `/metrics` reports once it answers.
+/// `/metrics` reports.
 async fn served_workers(server_lines: &str) -> i64 {
-    let port = common::cluster::free_tcp_port();
     let toml = single("rpm = 10")
         .replace("{MOCK}", "http://127.0.0.1:1/v1")
         .replace("{HASH}", &key_hash());
-    let toml = format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{server_lines}\n{toml}");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("node.toml");
-    std::fs::write(&path, toml).unwrap();
-    let _served = Served(
-        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("TOKIO_WORKER_THREADS", "1")
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .unwrap(),
-    );
-    let url = format!("http://127.0.0.1:{port}/metrics");
-    for _ in 0..200 {
-        if let Ok(response) = reqwest::get(&url).await {
-            let text = response.text().await.unwrap();
-            let line = (text.lines())
-                .find_map(|l| l.strip_prefix("tollgate_runtime_worker_threads "))
-                .unwrap_or_else(|| panic!("no worker gauge in\n{text}"));
-            return line.trim().parse().unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the node never answered on {url}");
+    let node = common::served::serve(&format!("{server_lines}\n{toml}"), |c| {
+        c.env("TOKIO_WORKER_THREADS", "1");
+    })
+    .await;
+    let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", node.port))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = (text.lines())
+        .find_map(|l| l.strip_prefix("tollgate_runtime_worker_threads "))
+        .unwrap_or_else(|| panic!("no worker gauge in\n{text}"));
+    line.trim().parse().unwrap()
 }
 
 #[tokio::test]

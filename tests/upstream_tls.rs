@@ -14,11 +14,11 @@
 
 mod common;
 
+use common::served::Served;
 use common::{KEY, chat_body, key_hash, mock};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls;
@@ -219,30 +219,9 @@ async fn connect_proxy() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
 
 /// A served node (its own process) in front of `upstream`, with `env` set and
 /// every proxy and certificate variable of this process's environment removed.
-struct Served {
-    child: std::process::Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn serve(upstream: &str, env: &[(&str, &str)]) -> Served {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let toml = format!(
-        r#"[server]
-listen = "127.0.0.1:{port}"
-
+        r#"
 [[upstreams]]
 id = "tls"
 kind = "openai"
@@ -264,49 +243,32 @@ max_attempts = 1
 "#,
         hash = key_hash()
     );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("node.toml");
-    std::fs::write(&path, toml).unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    command
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "warn");
-    for name in [
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "HTTPS_PROXY",
-        "https_proxy",
-        "HTTP_PROXY",
-        "http_proxy",
-        "ALL_PROXY",
-        "all_proxy",
-        "NO_PROXY",
-        "no_proxy",
-    ] {
-        command.env_remove(name);
-    }
-    command.envs(env.iter().copied());
-    let served = Served {
-        child: command.spawn().unwrap(),
-        url: format!("http://127.0.0.1:{port}/v1"),
-        _dir: dir,
-    };
-    for _ in 0..200 {
-        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
-            .await
-            .is_ok()
-        {
-            return served;
+    common::served::serve(&toml, |command| {
+        for name in [
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+            "NO_PROXY",
+            "no_proxy",
+        ] {
+            command.env_remove(name);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the node never answered on port {port}");
+        command.envs(env.iter().copied());
+    })
+    .await
 }
 
 async fn chat(node: &Served) -> (u16, serde_json::Value) {
     let response = reqwest::Client::new()
-        .post(format!("{}/chat/completions", node.url))
+        .post(format!(
+            "http://127.0.0.1:{}/v1/chat/completions",
+            node.port
+        ))
         .bearer_auth(KEY)
         .json(&chat_body("hello", 5))
         .send()

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod cutting_proxy;
 pub mod redis;
+pub mod served;
 
 use std::net::SocketAddr;
 use std::time::Duration;
