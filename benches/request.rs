@@ -98,6 +98,27 @@ fn request(c: &mut Criterion) {
     c.bench_function("tokens/count_chat_prompt, one 16-token message", |b| {
         b.iter(|| black_box(count_chat_prompt(encoding, black_box(&messages))))
     });
+    // The gateway's counter against tiktoken-rs's (the mock's), side by side.
+    for (name, counted) in [
+        ("o200k", Encoding::O200kBase),
+        ("cl100k", Encoding::Cl100kBase),
+    ] {
+        counted.warm_up();
+        counted.warm_up_reference();
+        for tokens in [16, 1_200] {
+            let text = prompt(tokens, 0);
+            c.bench_function(
+                &format!("tokens/count_text, {name}, the {tokens}-token prompt"),
+                |b| b.iter(|| black_box(counted.count_text(black_box(&text)))),
+            );
+            c.bench_function(
+                &format!(
+                    "tokens/count_text_reference (tiktoken-rs), {name}, the {tokens}-token prompt"
+                ),
+                |b| b.iter(|| black_box(counted.count_text_reference(black_box(&text)))),
+            );
+        }
+    }
     c.bench_function("tokens/count_text, the role \"user\"", |b| {
         b.iter(|| black_box(encoding.count_text(black_box("user"))))
     });

@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use tollgate::mock::{self, Api, LogLine, MockConfig, MockHandle, MockStats, Outcome, Reason};
-use tollgate::tokens::{ChatMessage, Encoding, count_chat_prompt};
+use tollgate::tokens::{ChatMessage, Encoding, TokenCounter, count_chat_prompt};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -91,7 +91,7 @@ fn chat_body(content: &str) -> Value {
 fn prompt_tokens(encoding: Encoding, messages: &Value) -> u64 {
     let text = messages.to_string();
     let messages: Vec<ChatMessage> = serde_json::from_str(&text).unwrap();
-    count_chat_prompt(encoding, &messages)
+    count_chat_prompt(TokenCounter::reference(encoding), &messages)
 }
 
 fn fixed_completion(tokens: u64) -> MockConfig {
@@ -288,7 +288,7 @@ async fn chat_streams_match_openai_with_and_without_include_usage() -> TestResul
     let reply = post(&mock, "/chat/completions", plain).await;
     assert_eq!(reply.header("content-type"), "text/event-stream");
     let (content, chunks) = chat_stream_content(&reply, false);
-    let tokens = Encoding::O200kBase.count_text(&content);
+    let tokens = Encoding::O200kBase.count_text_reference(&content);
     let finish = &chunks.last().unwrap()["choices"][0]["finish_reason"];
     assert_eq!(finish, if tokens == 40 { "length" } else { "stop" });
 
@@ -299,7 +299,7 @@ async fn chat_streams_match_openai_with_and_without_include_usage() -> TestResul
     let (usage_chunk, rest) = chunks.split_last().unwrap();
     assert!(rest.iter().all(|c| c["usage"].is_null()));
     assert_eq!(usage_chunk["choices"], json!([]));
-    let completion = Encoding::O200kBase.count_text(&content);
+    let completion = Encoding::O200kBase.count_text_reference(&content);
     let expected = json!({"prompt_tokens": prompt, "completion_tokens": completion,
         "total_tokens": prompt + completion});
     assert_eq!(usage_chunk["usage"], expected);
@@ -343,7 +343,7 @@ async fn messages_stream_reports_usage_in_message_start_and_message_delta() -> T
         .iter()
         .map(|d| d["delta"]["text"].as_str().unwrap().to_owned())
         .collect();
-    let output = Encoding::Cl100kBase.count_text(&text);
+    let output = Encoding::Cl100kBase.count_text_reference(&text);
     let message_delta = &data[data.len() - 2];
     assert_eq!(message_delta["usage"]["output_tokens"], output);
     let stop = if output == 100 {
@@ -381,7 +381,7 @@ async fn completion_never_exceeds_max_tokens_and_text_matches_usage() -> TestRes
             assert!(completion <= cap, "seed={seed} i={i}: {completion} > {cap}");
             let content = reply["choices"][0]["message"]["content"].as_str().unwrap();
             assert_eq!(
-                Encoding::O200kBase.count_text(content),
+                Encoding::O200kBase.count_text_reference(content),
                 completion,
                 "seed={seed} i={i}"
             );
@@ -700,8 +700,8 @@ async fn completions_embeddings_and_models_look_like_openai() -> TestResult {
     )
     .await
     .json();
-    let expected_prompt =
-        Encoding::Cl100kBase.count_text("Say this") + Encoding::Cl100kBase.count_text("is a test");
+    let expected_prompt = Encoding::Cl100kBase.count_text_reference("Say this")
+        + Encoding::Cl100kBase.count_text_reference("is a test");
     assert_eq!(reply["object"], "text_completion");
     assert_eq!(reply["choices"].as_array().unwrap().len(), 2);
     assert_eq!(reply["choices"][1]["finish_reason"], "length");
@@ -728,7 +728,7 @@ async fn completions_embeddings_and_models_look_like_openai() -> TestResult {
     )
     .await
     .json();
-    let expected = Encoding::Cl100kBase.count_text("a b") + 1;
+    let expected = Encoding::Cl100kBase.count_text_reference("a b") + 1;
     assert_eq!(
         reply["usage"],
         json!({"prompt_tokens": expected, "total_tokens": expected})

@@ -23,7 +23,7 @@ use super::openai::token_groups;
 use super::request::{self, MessagesRequest};
 use super::state::{Admission, Charge, MockState};
 use super::stream::{SseBuilder, json_response, to_json};
-use crate::tokens::{ChatMessage, count_chat_prompt};
+use crate::tokens::{ChatMessage, TokenCounter, count_chat_prompt};
 
 /// `POST /v1/messages`.
 pub(crate) async fn messages(
@@ -103,7 +103,7 @@ fn count_input<'a>(
         });
     }
     all.extend(messages);
-    count_chat_prompt(encoding, &all)
+    count_chat_prompt(TokenCounter::reference(encoding), &all)
 }
 
 fn stop_reason(completion: Completion) -> &'static str {

@@ -67,7 +67,11 @@ mod tests {
     fn text_has_exactly_the_drawn_token_count() {
         for encoding in [Encoding::Cl100kBase, Encoding::O200kBase] {
             for n in [0, 1, 2, 3, 16, 17, 255, 1000] {
-                assert_eq!(encoding.count_text(&text(n)), n, "{encoding:?} n={n}");
+                assert_eq!(
+                    encoding.count_text_reference(&text(n)),
+                    n,
+                    "{encoding:?} n={n}"
+                );
             }
         }
     }

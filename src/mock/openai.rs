@@ -17,7 +17,7 @@ use super::log::Api;
 use super::request::{self, ChatRequest};
 use super::state::{Admission, Charge, MockState};
 use super::stream::{SseBuilder, json_response, to_json};
-use crate::tokens::count_chat_prompt;
+use crate::tokens::{TokenCounter, count_chat_prompt};
 
 const FINGERPRINT: &str = "fp_tollgate_mock";
 
@@ -156,7 +156,10 @@ async fn chat_response(
     request::single_choice(req.n)?;
     request::non_empty("messages", req.messages.len())?;
     mock.check_model(&req.model)?;
-    let prompt_tokens = count_chat_prompt(completion::encoding_for(&req.model), &req.messages);
+    let prompt_tokens = count_chat_prompt(
+        TokenCounter::reference(completion::encoding_for(&req.model)),
+        &req.messages,
+    );
     let (seq, completion) = mock.draw(max_tokens);
     let charge = Charge {
         api: Api::Chat,

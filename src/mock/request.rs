@@ -113,8 +113,8 @@ impl Prompt<'_> {
     /// Tokens of all prompts, without chat framing.
     pub(crate) fn count(&self, encoding: Encoding) -> u64 {
         match self {
-            Prompt::Text(text) => encoding.count_text(text),
-            Prompt::Texts(texts) => texts.iter().map(|t| encoding.count_text(t)).sum(),
+            Prompt::Text(text) => encoding.count_text_reference(text),
+            Prompt::Texts(texts) => texts.iter().map(|t| encoding.count_text_reference(t)).sum(),
             Prompt::Tokens(tokens) => tokens.len() as u64,
             Prompt::TokenLists(lists) => lists.iter().map(|l| l.len() as u64).sum(),
         }

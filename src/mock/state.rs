@@ -72,8 +72,8 @@ impl MockState {
             None => None,
         };
         let warm = tokio::task::spawn_blocking(|| {
-            crate::tokens::Encoding::Cl100kBase.warm_up();
-            crate::tokens::Encoding::O200kBase.warm_up();
+            crate::tokens::Encoding::Cl100kBase.warm_up_reference();
+            crate::tokens::Encoding::O200kBase.warm_up_reference();
         });
         warm.await.map_err(std::io::Error::other)?;
         let limits = Limits {

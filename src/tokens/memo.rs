@@ -2,9 +2,10 @@
 //! counted once. Chat clients resend a lot: the same system prompt and few-shot
 //! examples on every request, and the whole conversation so far on every turn,
 //! which makes counting a conversation's prompts quadratic in its length
-//! without a memo. Counting is most of a node's CPU at real prompt sizes: 111 µs
-//! for a 1,200-token prompt, against ~45 µs for everything else a proxied request
-//! costs the node (docs/BENCHMARKS.md, thirty-second session).
+//! without a memo. Counting is the largest single part of a node's CPU at real
+//! prompt sizes: ~50 µs for a 1,200-token prompt (111 µs through tiktoken-rs
+//! before the thirty-fifth session), against ~45 µs for everything else a
+//! proxied request costs the node (docs/BENCHMARKS.md).
 //!
 //! The memo is a fixed table of `estimation.count_memo_slots` slots (65,536 by
 //! default: 512 KB per node), each one `AtomicU64` holding a 40-bit tag of a
