@@ -68,6 +68,10 @@ pub struct Endpoint {
     pub url: reqwest::Url,
     /// The same URL as hyper takes it.
     uri: http::Uri,
+    /// Its `Host` header, made once: hyper-util's client would format it
+    /// from the URI on every request (`host[:port]`, the port only when it
+    /// is not the scheme's default).
+    host: http::HeaderValue,
     /// Sent through reqwest: the environment names a proxy for it, or its URL
     /// carries credentials.
     via_reqwest: bool,
@@ -81,9 +85,11 @@ impl Endpoint {
         let uri: http::Uri =
             (url.as_str().parse()).map_err(|e| format!("bad URL {:?}: {e}", url.as_str()))?;
         let via_reqwest = !url.username().is_empty() || url.password().is_some();
+        let host = host_header(&uri).map_err(|e| format!("bad URL {:?}: {e}", url.as_str()))?;
         Ok(Endpoint {
             url,
             uri,
+            host,
             via_reqwest,
         })
     }
@@ -221,9 +227,26 @@ impl UpstreamHttp {
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = endpoint.uri.clone();
         *request.headers_mut() = headers;
+        (request.headers_mut()).insert(http::header::HOST, endpoint.host.clone());
         let response = self.direct.request(request).await?;
         Ok(response.map(UpstreamBody::Direct))
     }
+}
+
+/// The `Host` header hyper-util's client sets for `uri`: its host, and its
+/// port unless that is the scheme's default.
+fn host_header(uri: &http::Uri) -> Result<http::HeaderValue, String> {
+    let host = uri.host().ok_or("no host")?;
+    let default_port = if matches!(uri.scheme_str(), Some("https" | "wss")) {
+        443
+    } else {
+        80
+    };
+    let value = match uri.port_u16() {
+        Some(port) if port != default_port => format!("{host}:{port}"),
+        _ => host.to_owned(),
+    };
+    http::HeaderValue::try_from(value).map_err(|e| e.to_string())
 }
 
 /// rustls with the platform's verifier on the default provider, as reqwest
@@ -400,6 +423,57 @@ mod tests {
         let e = http.endpoint("https://bücher.example/v1/a b").unwrap();
         assert_eq!(e.url.as_str(), "https://xn--bcher-kva.example/v1/a%20b");
         assert_eq!(e.uri.to_string(), e.url.as_str());
+    }
+
+    #[test]
+    fn an_endpoints_host_header_is_the_one_hyper_would_make() {
+        let http = client(Matcher::builder().build());
+        for (url, host) in [
+            (
+                "http://127.0.0.1:9190/v1/chat/completions",
+                "127.0.0.1:9190",
+            ),
+            (
+                "https://api.openai.com/v1/chat/completions",
+                "api.openai.com",
+            ),
+            ("https://api.example:443/v1", "api.example"),
+            ("http://h:80/v1", "h"),
+            ("http://h:443/v1", "h:443"),
+            ("https://h:8443/v1", "h:8443"),
+            ("http://[::1]:8080/v1", "[::1]:8080"),
+            ("https://bücher.example/v1", "xn--bcher-kva.example"),
+        ] {
+            assert_eq!(http.endpoint(url).unwrap().host, host, "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_carries_one_host_header() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0; 1];
+                socket.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+            socket.write_all(reply).await.unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        let http = client(Matcher::builder().build());
+        let endpoint = http
+            .endpoint(&format!("http://127.0.0.1:{port}/v1/x"))
+            .unwrap();
+        let response = http.post(&endpoint, HeaderMap::new(), Bytes::from_static(b"{}"));
+        assert_eq!(response.await.unwrap().status(), 200);
+        let head = server.await.unwrap().to_ascii_lowercase();
+        let hosts: Vec<&str> = head.lines().filter(|l| l.starts_with("host:")).collect();
+        assert_eq!(hosts, [format!("host: 127.0.0.1:{port}")], "{head}");
     }
 
     /// A connect that never finishes (a TLS handshake the server never answers).
