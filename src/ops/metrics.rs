@@ -10,6 +10,7 @@
 use crate::actor::task::SettleWith;
 use crate::actor::{Dimension, Lane, ScopeKind};
 use crate::limiter::{NANOS_PER_SEC, Nanos, Settlement};
+use crate::proxy::request::Api;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -50,6 +51,10 @@ pub struct Metrics {
     upstream_latency: HistogramFamily<ByUpstream>,
     upstream_responses: Family<ByUpstreamStatus, Counter>,
     requests: Family<ByApiStatus, Counter>,
+    /// Each API's series of `requests` with status 200, made at start: nearly
+    /// every request ends in one, and a family lookup hashes its labels under
+    /// a lock.
+    ok_requests: [Counter; Api::ALL.len()],
     tenant_requests: Family<ByTenant, Counter>,
     in_flight: Gauge,
     runtime_workers: Gauge,
@@ -235,6 +240,7 @@ impl Metrics {
             upstream_latency: Family::new_with_constructor(seconds_histogram),
             upstream_responses: Family::default(),
             requests: Family::default(),
+            ok_requests: Default::default(),
             tenant_requests: Family::default(),
             in_flight: Gauge::default(),
             runtime_workers: Gauge::default(),
@@ -258,6 +264,9 @@ impl Metrics {
             redis_orphans_released: Counter::default(),
             tenant_labels,
         };
+        m.ok_requests = Api::ALL.map(|api| {
+            (m.requests).get_or_create_owned(&([("api", api.as_str())], [("status", 200)]))
+        });
         let r = &mut m.registry;
         r.register(
             "decisions",
@@ -465,10 +474,14 @@ impl Metrics {
     }
 
     /// A client request finished with `status`.
-    pub fn request_done(&self, api: &'static str, tenant: Option<&Arc<str>>, status: u16) {
-        self.requests
-            .get_or_create(&([("api", api)], [("status", status)]))
-            .inc();
+    pub fn request_done(&self, api: Api, tenant: Option<&Arc<str>>, status: u16) {
+        if status == 200 {
+            self.ok_requests[api.index()].inc();
+        } else {
+            self.requests
+                .get_or_create(&([("api", api.as_str())], [("status", status)]))
+                .inc();
+        }
         if self.tenant_labels
             && let Some(tenant) = tenant
         {
@@ -570,6 +583,30 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_requests_are_counted_by_api_and_status_200s_from_zero() {
+        let metrics = Metrics::new(false);
+        let series = |api: &str, status: u16| {
+            format!("tollgate_requests_total{{api=\"{api}\",status=\"{status}\"}}")
+        };
+        for api in Api::ALL {
+            assert_eq!(
+                sample(&metrics.render(), &series(api.as_str(), 200)),
+                Some(0.0)
+            );
+        }
+        for (api, status) in [(Api::Chat, 200), (Api::Chat, 200), (Api::Chat, 429)] {
+            metrics.request_done(api, None, status);
+        }
+        metrics.request_done(Api::Messages, None, 200);
+        let text = metrics.render();
+        assert_eq!(sample(&text, &series("chat", 200)), Some(2.0));
+        assert_eq!(sample(&text, &series("chat", 429)), Some(1.0));
+        assert_eq!(sample(&text, &series("messages", 200)), Some(1.0));
+        assert_eq!(sample(&text, &series("embeddings", 200)), Some(0.0));
+        assert_eq!(sample(&text, &series("embeddings", 429)), None);
+    }
 
     #[test]
     fn an_upstreams_answers_are_counted_by_class_from_zero() {

@@ -62,7 +62,7 @@ impl Drop for Outcome<'_> {
         }
         let metrics = &self.state.metrics;
         match self.hop {
-            Hop::Client => metrics.request_done(self.api.as_str(), self.tenant.as_ref(), status),
+            Hop::Client => metrics.request_done(self.api, self.tenant.as_ref(), status),
             Hop::Spilled { .. } => metrics.spill_received(self.api.as_str(), status),
         }
     }

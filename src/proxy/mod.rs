@@ -22,7 +22,6 @@ pub mod usage;
 pub use state::AppState;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -33,9 +32,12 @@ use std::sync::Arc;
 
 macro_rules! api_route {
     ($api:expr) => {
+        // The whole request, not axum's `HeaderMap` extractor: that one clones
+        // the headers, and these are the request's own, used once.
         post(
-            |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| async move {
-                handler::handle(state, $api, headers, body, handler::Hop::Client).await
+            |State(state): State<Arc<AppState>>, request: axum::extract::Request| async move {
+                let (parts, body) = request.into_parts();
+                handler::handle(state, $api, parts.headers, body, handler::Hop::Client).await
             },
         )
     };

@@ -31,6 +31,9 @@ pub enum Api {
 }
 
 impl Api {
+    /// Every API, in [`Api::index`] order.
+    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Embeddings, Api::Messages];
+
     /// Path below the upstream's base URL.
     pub fn path(self) -> &'static str {
         match self {
