@@ -7,7 +7,8 @@
 //! was 90% of a short prompt's count and a fifth of all the instructions a node
 //! spent on a request (docs/BENCHMARKS.md, thirty-fifth session).
 //!
-//! Here the pattern runs on `regex-automata`'s lazy DFA, once per piece and
+//! Here the pattern runs on `regex-automata`'s meta engine (which picks its
+//! lazy DFA for these patterns), once per piece and
 //! anchored at the piece's start (no reverse pass to find where it began), with
 //! the look-ahead branch replaced by `\s+` and its effect applied after the
 //! match ([`leave_last_space`]). The merge is tiktoken's own for pieces under
@@ -76,7 +77,13 @@ impl BpeCounter {
 
     /// Reads `bpe`'s ordinary tokens, ranks 0, 1, ... up to the first rank it
     /// cannot decode (both encodings number them without a gap; the special
-    /// tokens come after a gap and are never counted as text).
+    /// tokens come after a gap and are never counted as text). Not for an
+    /// encoding whose special tokens follow its ordinary ones without a gap
+    /// (`o200k_harmony`'s `<|startoftext|>` is rank 199998): they would be
+    /// read as text.
+    ///
+    /// The `CoreBPE` read here is a temporary one, dropped after: the node keeps
+    /// one copy of each vocabulary, not this and tiktoken-rs's singleton too.
     fn new(bpe: &CoreBPE, pattern: &str) -> BpeCounter {
         let ranks: FxHashMap<Vec<u8>, Rank> = (0..)
             .map_while(|rank| Some((bpe.decode_bytes(&[rank]).ok()?, rank)))
@@ -295,6 +302,19 @@ mod tests {
         "\u{200d}",
         "\u{feff}",
         "<|endoftext|>",
+        "\u{2029}",
+        "\u{1680}",
+        "\u{2009}",
+        "\u{202f}",
+        "\u{180e}",
+        "\u{200b}",
+        "É",
+        "\u{20dd}",
+        "'LL",
+        "'Re",
+        "'D",
+        "'M",
+        "'T",
     ];
 
     fn text_from(alphabet: &'static [&'static str]) -> impl Strategy<Value = String> {
@@ -316,6 +336,36 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Longer texts, so that runs of mixed spaces and long pieces occur.
+        #[test]
+        fn counts_equal_tiktoken_rs_on_long_texts_reaching_every_branch(
+            parts in prop::collection::vec(prop::sample::select(ALPHABET), 0..400),
+        ) {
+            assert_counts_match(&parts.concat());
+        }
+
+        /// The heap merge of long pieces against tiktoken's own merge, on bytes
+        /// of small alphabets (many merges), any bytes (few), and bytes that
+        /// are not UTF-8.
+        #[test]
+        fn the_heap_merge_counts_what_tiktokens_merge_counts(
+            alphabet in prop::sample::select(vec![&b"ab"[..], b"ab \n", b"etaoin shrdlu", b"0123456789", b"!-/=*"]),
+            picks in prop::collection::vec(any::<prop::sample::Index>(), LONG_PIECE_BYTES..400),
+            any_bytes in prop::collection::vec(any::<u8>(), LONG_PIECE_BYTES..400),
+        ) {
+            let chosen: Vec<u8> = picks.iter().map(|i| alphabet[i.index(alphabet.len())]).collect();
+            for piece in [&chosen, &any_bytes] {
+                for ours in [&*O200K, &*CL100K] {
+                    let reference = tiktoken_rs::byte_pair_split(piece, &ours.ranks).len();
+                    prop_assert_eq!(count_long_piece(piece, &ours.ranks), reference);
+                }
+            }
+        }
+    }
+
     #[test]
     fn counts_equal_tiktoken_rs_on_prose_code_and_long_pieces() {
         let prose = "You are a helpful assistant. Summarise the report below in three \
@@ -325,6 +375,21 @@ mod tests {
             "fn main() {\n    let x = vec![1, 2, 3];\n    println!(\"{x:?}\");  // done\n}\n";
         assert_counts_match(prose);
         assert_counts_match(code);
+        for edge in [
+            "a\u{3000}\u{3000}b",
+            "x \u{85}y",
+            "don'ſ",
+            "DON'T",
+            "1234567",
+            "  \n  x",
+            "\r\n\r\n  ",
+            "x  ",
+            "//\n",
+            " !!\r\n\r\n/",
+            "a\u{2028}\u{2028}b",
+        ] {
+            assert_counts_match(edge);
+        }
         for long in [
             " ".repeat(5_000),
             " ".repeat(5_000) + "x",
@@ -337,6 +402,14 @@ mod tests {
             "😀".repeat(400),
             "\u{301}".repeat(300),
             "1234567890".repeat(50),
+            "\u{3000}".repeat(60) + "x",
+            "\t".repeat(150) + "x",
+            " ".repeat(150) + "\u{85}x",
+            " \n".repeat(100) + "x",
+            "abcdefghijklmnopqrstuvwxyz".repeat(8),
+            "A".to_owned() + &"bcdefghij".repeat(17),
+            "!\"#$%&'()*+,-./".repeat(15),
+            "漢字仮名交じり文".repeat(20),
         ] {
             assert_counts_match(&long);
         }
