@@ -7,8 +7,8 @@
 //! use a configured [`Encoding`], which may be a characters-per-token ratio.
 //!
 //! The gateway counts BPE tokens with [`bpe::BpeCounter`], tiktoken's pattern
-//! and merge on the `regex` crate's engine (about 4x fewer instructions than
-//! tiktoken-rs for a short prompt), with counts equal to tiktoken-rs's. The mock
+//! and merge on the `regex` crate's engine (0.19-0.42x tiktoken-rs's time,
+//! docs/BENCHMARKS.md), with counts equal to tiktoken-rs's. The mock
 //! upstream counts with tiktoken-rs itself ([`TokenCounter::reference`]): it
 //! plays the provider, whose counts are the ground truth the gateway's
 //! estimates are judged by, so they do not come from the code under test.
@@ -21,7 +21,6 @@ use bpe::BpeCounter;
 pub use memo::{COUNT_MEMO_SLOTS_RANGE, CountMemo, MIN_MEMO_BYTES};
 use serde::Deserialize;
 use std::sync::OnceLock;
-use tiktoken_rs::CoreBPE;
 use tiktoken_rs::tokenizer::Tokenizer;
 
 /// Framing tokens per chat message (OpenAI cookbook, current models).
@@ -79,57 +78,34 @@ impl Encoding {
         }
     }
 
-    fn bpe(self) -> Option<&'static BpeCounter> {
-        static CL100K: OnceLock<BpeCounter> = OnceLock::new();
-        static O200K: OnceLock<BpeCounter> = OnceLock::new();
-        match self {
-            Encoding::Cl100kBase => Some(CL100K.get_or_init(BpeCounter::cl100k_base)),
-            Encoding::O200kBase => Some(O200K.get_or_init(BpeCounter::o200k_base)),
-            Encoding::CharsPerToken(_) => None,
-        }
-    }
-
-    fn reference_bpe(self) -> Option<&'static CoreBPE> {
-        match self {
-            Encoding::Cl100kBase => Some(tiktoken_rs::cl100k_base_singleton()),
-            Encoding::O200kBase => Some(tiktoken_rs::o200k_base_singleton()),
-            Encoding::CharsPerToken(_) => None,
-        }
-    }
-
     /// Tokens in `text` (special tokens are counted as plain text, as the API does for
     /// user content).
     pub fn count_text(self, text: &str) -> u64 {
-        match self.bpe() {
-            Some(bpe) => bpe.count(text) as u64,
-            None => self.count_chars(text),
-        }
+        static CL100K: OnceLock<BpeCounter> = OnceLock::new();
+        static O200K: OnceLock<BpeCounter> = OnceLock::new();
+        let bpe = match self {
+            Encoding::Cl100kBase => CL100K.get_or_init(BpeCounter::cl100k_base),
+            Encoding::O200kBase => O200K.get_or_init(BpeCounter::o200k_base),
+            Encoding::CharsPerToken(ratio) => return count_by_ratio(text, ratio),
+        };
+        bpe.count(text) as u64
     }
 
     /// Tokens in `text` as tiktoken-rs counts them: the mock upstream's
     /// counts. Equal to [`Encoding::count_text`] (tested), by other code.
     pub fn count_text_reference(self, text: &str) -> u64 {
-        match self.reference_bpe() {
-            Some(bpe) => bpe.count_ordinary(text) as u64,
-            None => self.count_chars(text),
-        }
-    }
-
-    fn count_chars(self, text: &str) -> u64 {
-        match self {
-            Encoding::CharsPerToken(ratio) => {
-                let chars = text.chars().count() as f64;
-                (chars / f64::from(ratio)).ceil() as u64
-            }
-            // Only called for the ratio variant.
-            Encoding::Cl100kBase | Encoding::O200kBase => 0,
-        }
+        let bpe = match self {
+            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),
+            Encoding::CharsPerToken(ratio) => return count_by_ratio(text, ratio),
+        };
+        bpe.count_ordinary(text) as u64
     }
 
     /// Tokens in a message's `role`. Every chat message has one and nearly all
     /// are one of [`COMMON_ROLES`], whose counts each BPE encoding works out
-    /// once, from its own tables: a pass of the tokenizer's regex per message
-    /// (about 0.4 µs, measured in a profile of the node) saved on the hot path.
+    /// once, from its own tables: a count per message (~40 ns for `user`,
+    /// `cargo bench --bench request`) becomes a lookup in six.
     /// Other roles are counted every time, never through the count memo: a
     /// role is no client's long repeated text, and a client inventing long
     /// roles pays what the same text as content costs.
@@ -149,14 +125,19 @@ impl Encoding {
 
     /// Loads the BPE tables now, so the first request does not pay for it.
     pub fn warm_up(self) {
-        let _ = self.bpe();
         let _ = self.count_role(COMMON_ROLES[0]);
     }
 
     /// Loads tiktoken-rs's tables for [`Encoding::count_text_reference`].
     pub fn warm_up_reference(self) {
-        let _ = self.reference_bpe();
+        let _ = self.count_text_reference("");
     }
+}
+
+/// Characters over `ratio`, rounded up, so a short text never counts as zero.
+fn count_by_ratio(text: &str, ratio: f32) -> u64 {
+    let chars = text.chars().count() as f64;
+    (chars / f64::from(ratio)).ceil() as u64
 }
 
 /// The chat roles [`Encoding::count_role`] counts once per encoding.
