@@ -354,7 +354,7 @@ where
 /// reading varied by ~0.5 MB, 170 B per tenant, and failed a CI run at 1,050 B),
 /// with the tokenizer's tables (loaded once per process) loaded before either.
 async fn idle_tenant_bytes_per_node(mode: &str, secs: f64) -> f64 {
-    tollgate::tokens::Encoding::Cl100kBase.warm_up();
+    tollgate::tokens::Encoding::warm_up_every_bpe();
     let cell = |tenants| Cell {
         n: 3,
         tenants,
@@ -431,7 +431,7 @@ async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_used_once_and_idle_since_leaves_no_per_key_entry_and_under_1_25_kb_in_lease() {
     let _alone = MEASURING.lock().await;
-    tollgate::tokens::Encoding::Cl100kBase.warm_up();
+    tollgate::tokens::Encoding::warm_up_every_bpe();
     let cell = |tenants| Cell {
         n: 3,
         tenants,

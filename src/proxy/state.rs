@@ -415,7 +415,7 @@ impl AppState {
         })?;
         let default_encoding =
             Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
-        default_encoding.warm_up();
+        Encoding::warm_up_every_bpe();
         let (memo_hits, memo_misses) = metrics.prompt_count_memo();
         let count_memo = CountMemo::new(config.estimation.count_memo_slots, memo_hits, memo_misses);
         let bucket = config.limits.window / config.limits.buckets.max(1);
@@ -465,5 +465,58 @@ impl AppState {
     /// Is the completion policy adaptive?
     pub fn adaptive(&self) -> bool {
         self.config.estimation.completion == CompletionPolicy::Adaptive
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FRESH_PROCESS: &str = "TOLLGATE_TEST_FRESH_PROCESS";
+
+    /// A new state has loaded every BPE encoding, not just its default one, so
+    /// no request loads tables on its worker. The tables are process-wide and
+    /// other tests load them, so the check runs in a process of its own: this
+    /// test binary again, running only the test below.
+    #[test]
+    fn a_new_state_has_loaded_every_bpe_encoding() {
+        let child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "proxy::state::tests::in_fresh_process_state_loads_every_bpe",
+            ])
+            .args(["--ignored", "--test-threads=1", "--nocapture"])
+            .env(FRESH_PROCESS, "1")
+            .output()
+            .expect("run the test binary");
+        let stdout = String::from_utf8_lossy(&child.stdout);
+        assert!(
+            child.status.success() && stdout.contains("1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&child.stderr)
+        );
+    }
+
+    /// The half of the test above that runs in the fresh process.
+    #[test]
+    #[ignore = "run in a fresh process by a_new_state_has_loaded_every_bpe_encoding"]
+    fn in_fresh_process_state_loads_every_bpe() {
+        assert_eq!(
+            std::env::var(FRESH_PROCESS).as_deref(),
+            Ok("1"),
+            "run alone"
+        );
+        let bpe = [Encoding::Cl100kBase, Encoding::O200kBase];
+        assert!(
+            bpe.iter().all(|e| !e.is_loaded()),
+            "loaded before the state"
+        );
+        let config = Config::demo().expect("demo config");
+        assert_eq!(config.estimation.default_encoding, "cl100k_base");
+        let _state = AppState::new(config).expect("state");
+        assert!(
+            bpe.iter().all(|e| e.is_loaded()),
+            "the state left one unloaded"
+        );
     }
 }

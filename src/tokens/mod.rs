@@ -12,7 +12,7 @@
 //! upstream counts with tiktoken-rs itself ([`TokenCounter::reference`]): it
 //! plays the provider, whose counts are the ground truth the gateway's
 //! estimates are judged by, so they do not come from the code under test.
-//! Each encoding's tables load once per process (~100-200 ms, at start).
+//! Each encoding's tables load once per process, all at a node's start (~250 ms).
 
 mod bpe;
 mod memo;
@@ -81,8 +81,6 @@ impl Encoding {
     /// Tokens in `text` (special tokens are counted as plain text, as the API does for
     /// user content).
     pub fn count_text(self, text: &str) -> u64 {
-        static CL100K: OnceLock<BpeCounter> = OnceLock::new();
-        static O200K: OnceLock<BpeCounter> = OnceLock::new();
         let bpe = match self {
             Encoding::Cl100kBase => CL100K.get_or_init(BpeCounter::cl100k_base),
             Encoding::O200kBase => O200K.get_or_init(BpeCounter::o200k_base),
@@ -123,7 +121,28 @@ impl Encoding {
         }
     }
 
-    /// Loads the BPE tables now, so the first request does not pay for it.
+    /// Loads every BPE encoding's tables now, both at once, so that no request
+    /// pays for them. A node serves whatever model its clients name, so loading
+    /// only the default encoding left the first request for the other one
+    /// (gpt-4o beside gpt-4, say) to load its tables (~250 ms here) on its worker
+    /// thread, stalling every request queued behind it.
+    pub fn warm_up_every_bpe() {
+        std::thread::scope(|scope| {
+            scope.spawn(|| Encoding::Cl100kBase.warm_up());
+            Encoding::O200kBase.warm_up();
+        });
+    }
+
+    /// Has this process loaded the encoding's tables? (Always true for a ratio.)
+    pub fn is_loaded(self) -> bool {
+        match self {
+            Encoding::Cl100kBase => CL100K.get().is_some(),
+            Encoding::O200kBase => O200K.get().is_some(),
+            Encoding::CharsPerToken(_) => true,
+        }
+    }
+
+    /// Loads the encoding's tables and its roles' counts.
     pub fn warm_up(self) {
         let _ = self.count_role(COMMON_ROLES[0]);
     }
@@ -133,6 +152,11 @@ impl Encoding {
         let _ = self.count_text_reference("");
     }
 }
+
+/// The gateway's counter for each BPE encoding, loaded once per process
+/// ([`Encoding::warm_up_every_bpe`]).
+static CL100K: OnceLock<BpeCounter> = OnceLock::new();
+static O200K: OnceLock<BpeCounter> = OnceLock::new();
 
 /// Characters over `ratio`, rounded up, so a short text never counts as zero.
 fn count_by_ratio(text: &str, ratio: f32) -> u64 {
