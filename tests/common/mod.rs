@@ -113,21 +113,32 @@ pub async fn node_with_transport(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (ready_tx, ready_rx) = oneshot::channel::<()>();
+    let on_ready = move |_| {
+        let _ = ready_tx.send(());
+    };
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop_rx.await;
         };
         match transport {
             Some(t) => {
-                tollgate::server::run_with_transport(config, listener, None, shutdown, |_| {}, t)
+                tollgate::server::run_with_transport(config, listener, None, shutdown, on_ready, t)
                     .await
                     .unwrap()
             }
-            None => tollgate::server::run(config, listener, None, shutdown, |_| {})
+            None => tollgate::server::run(config, listener, None, shutdown, on_ready)
                 .await
                 .unwrap(),
         }
     });
+    // Requests sent before the node is ready would wait in the listener's
+    // backlog while it starts (loading the token tables takes seconds in a debug
+    // build), and a test timing its client against the node would measure that.
+    tokio::time::timeout(Duration::from_secs(60), ready_rx)
+        .await
+        .expect("the node became ready within 60 s")
+        .expect("the node started (see its panic above)");
     Node {
         addr,
         stop: Some(stop_tx),
