@@ -189,12 +189,16 @@ impl DemandHistory {
             .collect();
     }
 
-    /// Nobody is unreachable any more: nothing frozen.
+    /// Nobody is unreachable any more: nothing frozen, and the freeze's tables
+    /// given back. `clear` would keep them: a freeze holds a vector for every
+    /// key this node has seen, so one member seen dead for a moment (a late
+    /// heartbeat) left that much allocated for good, which the "used once, now
+    /// idle" census read as ~0.3 MB at 301 tenants (thirty-sixth session).
     pub fn thaw(&mut self) {
-        self.frozen.clear();
-        self.frozen_quiet.clear();
-        self.earlier.clear();
-        self.first_members.clear();
+        self.frozen = HashMap::new();
+        self.frozen_quiet = Vec::new();
+        self.earlier = Vec::new();
+        self.first_members = Vec::new();
     }
 
     /// The members live or awaiting GC when the cut was first frozen (empty
@@ -359,6 +363,11 @@ mod tests {
         h.thaw();
         assert!(h.frozen_all("k").is_empty());
         assert!(h.frozen_members().is_empty());
+        // The freeze's tables are given back, not only emptied.
+        assert_eq!(h.frozen.capacity(), 0);
+        assert_eq!(h.frozen_quiet.capacity(), 0);
+        assert_eq!(h.earlier.capacity(), 0);
+        assert_eq!(h.first_members.capacity(), 0);
     }
 
     proptest! {
