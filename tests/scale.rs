@@ -431,8 +431,9 @@ async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_lease() {
 ///
 /// Open (2026-12-06): six local pairs of this code read 0.46, 0.83, 0.89,
 /// 1.26, 1.26 and 1.31 KB, levels ~0.42 KB apart (~380 KB a cell, in either
-/// cell of a pair) from a source not yet identified; the census by allocation
-/// site should name it. A change that kept short sync rounds on the worker read
+/// cell of a pair). A first census (docs/BENCHMARKS.md, thirty-sixth session)
+/// found a freeze's tables kept after the thaw, now given back; whether they
+/// were the steps is not measured yet. A change that kept short sync rounds on the worker read
 /// 1.23-1.72 KB in ten pairs and was taken back (docs/BENCHMARKS.md,
 /// thirty-sixth session).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
