@@ -53,6 +53,36 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Loads what a node's process keeps once, whatever its tenants, before a pair
+/// of cells is measured: the token tables, and the regex match caches the
+/// counters keep.
+///
+/// A counter's pattern (`regex-automata`'s meta engine) keeps its match caches
+/// (~160 KB each here) in a pool: one for the first thread that counts, and
+/// stacks of them for the rest, picked by the thread's number modulo 8. A cache
+/// stays in the pool once made, so the pool holds a bounded set: one per
+/// stack, plus one per two threads that ever counted at once on one stack.
+/// Thread numbers only grow and the runtime starts threads as it goes (a
+/// `block_in_place` hand-off, a blocking task), so a cell whose requests first
+/// counted on a thread of an empty stack grew by a cache: the used-once
+/// check's pairs read levels ~0.4 KB per tenant apart (0.41-1.27 KB in six
+/// pairs) until this filled every stack first (0.91-0.92 KB in five).
+fn load_what_the_process_keeps() {
+    use tollgate::tokens::Encoding;
+    Encoding::warm_up_every_bpe();
+    // Each thread takes the next number when it first counts; 64 in a row
+    // cover the 8 stacks even if other threads take numbers meanwhile.
+    for _ in 0..64 {
+        std::thread::spawn(|| {
+            for encoding in [Encoding::Cl100kBase, Encoding::O200kBase] {
+                encoding.count_text("hi");
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
+
 /// The lowest live heap read every 20 ms over `span`.
 async fn lowest_heap_over(span: Duration) -> u64 {
     let until = Instant::now() + span;
@@ -354,7 +384,7 @@ where
 /// reading varied by ~0.5 MB, 170 B per tenant, and failed a CI run at 1,050 B),
 /// with the tokenizer's tables (loaded once per process) loaded before either.
 async fn idle_tenant_bytes_per_node(mode: &str, secs: f64) -> f64 {
-    tollgate::tokens::Encoding::warm_up_every_bpe();
+    load_what_the_process_keeps();
     let cell = |tenants| Cell {
         n: 3,
         tenants,
@@ -429,17 +459,14 @@ async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_lease() {
 /// cell in a process paid its one-time allocations (~0.6 MB), read as less per
 /// tenant.
 ///
-/// Open (2026-12-06): six local pairs of this code read 0.46, 0.83, 0.89,
-/// 1.26, 1.26 and 1.31 KB, levels ~0.42 KB apart (~380 KB a cell, in either
-/// cell of a pair). A first census (docs/BENCHMARKS.md, thirty-sixth session)
-/// found a freeze's tables kept after the thaw, now given back; whether they
-/// were the steps is not measured yet. A change that kept short sync rounds on the worker read
-/// 1.23-1.72 KB in ten pairs and was taken back (docs/BENCHMARKS.md,
-/// thirty-sixth session).
+/// Its pairs read levels ~0.42 KB apart (0.41-1.31 KB) until the counters'
+/// regex caches were filled before the pair ([`load_what_the_process_keeps`]):
+/// a cell that first counted on a new thread's empty pool stack grew by a
+/// cache (docs/BENCHMARKS.md, thirty-seventh session).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_used_once_and_idle_since_leaves_no_per_key_entry_and_under_1_25_kb_in_lease() {
     let _alone = MEASURING.lock().await;
-    tollgate::tokens::Encoding::warm_up_every_bpe();
+    load_what_the_process_keeps();
     let cell = |tenants| Cell {
         n: 3,
         tenants,
@@ -603,7 +630,7 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     } = cell;
     assert!(n <= 500, "at most 500 nodes (the RPC port block)");
 
-    let upstream = mock(|_| {}).await;
+    let upstream = served::MockProcess::start();
     let rss_before = rss();
     // Once an earlier cell's nodes are done freeing what they held (one local
     // run's cell read 1.7 MB less at its start than the cell before it at rest):

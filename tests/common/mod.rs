@@ -84,9 +84,9 @@ pub async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
 }
 
 /// As [`node`], gossiping over `transport` (e.g. chitchat's `ChannelTransport`).
-pub async fn node_with_transport(
+pub async fn node_with_transport<M: Upstream>(
     toml: &str,
-    mocks: &[&MockHandle],
+    mocks: &[&M],
     transport: Option<std::sync::Arc<dyn tollgate_cluster::chitchat::transport::Transport>>,
 ) -> Node {
     let mut text = toml
@@ -143,6 +143,19 @@ pub async fn node_with_transport(
         addr,
         stop: Some(stop_tx),
         task,
+    }
+}
+
+/// What a node's config names as an upstream: a mock in this process or in
+/// its own ([`served::MockProcess`]).
+pub trait Upstream {
+    /// The OpenAI-style base URL, `http://ADDR/v1`.
+    fn base_url(&self) -> String;
+}
+
+impl Upstream for MockHandle {
+    fn base_url(&self) -> String {
+        MockHandle::base_url(self)
     }
 }
 

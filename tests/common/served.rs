@@ -49,3 +49,56 @@ pub async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> 
     }
     panic!("the node never answered on port {port}");
 }
+
+/// `tollgate mock-upstream` with its default config as a real process, killed
+/// when dropped: for tests that measure this process's heap. A mock in the
+/// process counts with tiktoken-rs, whose regex match caches (one for each of
+/// 128 thread slots, and one for each of eight pool stacks within a slot)
+/// fill as new threads count and stay for the process; they read as steps of
+/// ~380 KB in the memory checks of `tests/scale.rs`.
+pub struct MockProcess {
+    child: std::process::Child,
+    base_url: String,
+    /// Kept open: a write to a closed pipe would fail the mock.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl MockProcess {
+    /// Starts one on a free port and waits for it to say where it listens.
+    pub fn start() -> MockProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["mock-upstream", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        // "mock upstream on http://127.0.0.1:PORT/v1 (stats at /stats)"
+        let base_url = line
+            .split_whitespace()
+            .find(|word| word.starts_with("http://"))
+            .unwrap_or_else(|| panic!("the mock did not say where it listens: {line:?}"))
+            .to_owned();
+        MockProcess {
+            child,
+            base_url,
+            _stdout: stdout,
+        }
+    }
+}
+
+impl super::Upstream for MockProcess {
+    fn base_url(&self) -> String {
+        self.base_url.clone()
+    }
+}
+
+impl Drop for MockProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
