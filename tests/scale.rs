@@ -462,7 +462,8 @@ async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_lease() {
 /// Its pairs read levels ~0.42 KB apart (0.41-1.31 KB) until the counters'
 /// regex caches were filled before the pair ([`load_what_the_process_keeps`]):
 /// a cell that first counted on a new thread's empty pool stack grew by a
-/// cache (docs/BENCHMARKS.md, thirty-seventh session).
+/// cache. Twelve pairs since read 0.86-0.95 KB, with short sync rounds in
+/// place and without (docs/BENCHMARKS.md, thirty-seventh session).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_used_once_and_idle_since_leaves_no_per_key_entry_and_under_1_25_kb_in_lease() {
     let _alone = MEASURING.lock().await;

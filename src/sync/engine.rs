@@ -154,6 +154,9 @@ pub struct Engine {
     keys_retired_total: u64,
     /// When the replica's zero registers are next collected (ms).
     next_gc_ms: u64,
+    /// How long the last round's recompute took, which decides where the next
+    /// one runs ([`StepPlace`]); `None` before the first.
+    recompute_took: Option<Duration>,
 }
 
 /// How often the replica's zero registers are collected (ms).
@@ -163,15 +166,49 @@ const GC_EVERY_MS: u64 = 10_000;
 /// default window); more wait for the next rounds.
 const MAX_RETIRED_PER_ROUND: usize = 256;
 
-/// Runs `f` on this thread after handing the worker's other tasks to a new
-/// worker (`block_in_place`), so a long synchronous step does not stall the
-/// requests queued behind it; runs it in place on a current-thread runtime (tests),
-/// where there is no other worker to hand them to.
-fn off_request_workers<R>(f: impl FnOnce() -> R) -> R {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
+/// A synchronous step shorter than this runs in place on the request worker.
+/// Handing the worker's tasks to another thread (`block_in_place`) means waking
+/// that thread, and when the node shares its cores with busy neighbours the OS
+/// may take a scheduler slice or more to run it, while every request on the
+/// worker waits. Done on every 200 ms round, those hand-offs raised a
+/// one-tenant lease node's p99 at 64 connections on one shared worker from
+/// 3.02 to 4.20 ms, side by side, with a recompute of ~0.1 ms
+/// (docs/BENCHMARKS.md, thirty-sixth session). A step this long costs the
+/// requests about what one slow hand-off does.
+const IN_PLACE_MAX: Duration = Duration::from_millis(1);
+
+/// Where a round's synchronous step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StepPlace {
+    /// On the request worker, which it holds meanwhile.
+    InPlace,
+    /// On this thread after handing the worker's other tasks to a new worker
+    /// (`block_in_place`), so a long step (113 ms at 10,000 tenants,
+    /// docs/BENCHMARKS.md "Scale") stalls no request.
+    OffWorker,
+}
+
+impl StepPlace {
+    /// Chosen by how long the last such step took: a step's cost moves with the
+    /// configured and active keys, which change slowly. The first step, not yet
+    /// measured, runs off the worker. A current-thread runtime (tests) has no
+    /// other worker to hand the tasks to.
+    fn after(last: Option<Duration>) -> StepPlace {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let multi_thread =
+            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+        match last {
+            Some(took) if took < IN_PLACE_MAX => StepPlace::InPlace,
+            _ if multi_thread => StepPlace::OffWorker,
+            _ => StepPlace::InPlace,
+        }
+    }
+
+    fn run<R>(self, f: impl FnOnce() -> R) -> R {
+        match self {
+            StepPlace::InPlace => f(),
+            StepPlace::OffWorker => tokio::task::block_in_place(f),
+        }
     }
 }
 
@@ -235,6 +272,7 @@ impl Engine {
             state_size: StateSize::default(),
             keys_retired_total: 0,
             next_gc_ms: 0,
+            recompute_took: None,
         }
     }
 
@@ -410,10 +448,13 @@ impl Engine {
         self.lag_ms = lag_ms;
         let settled = self.settle(&dead, members.len(), now_ms);
         self.unwitnessed = self.unwitnessed_cut();
-        // The round's O(configured keys) part is plain CPU (113 ms at 10,000
-        // tenants, docs/BENCHMARKS.md "Scale"): run it where it holds no request
-        // worker, so requests keep both workers while the OS shares the cores.
-        off_request_workers(|| self.recompute(&own, &members, now_ms, settled));
+        // The round's O(configured keys) part is plain CPU: run a long one where
+        // it holds no request worker, so requests keep both workers while the OS
+        // shares the cores, and a short one in place.
+        let recompute_began = tokio::time::Instant::now();
+        StepPlace::after(self.recompute_took)
+            .run(|| self.recompute(&own, &members, now_ms, settled));
+        self.recompute_took = Some(recompute_began.elapsed());
         let metrics = &self.state.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
         metrics.sync_received(received, lag_ms as i64);
@@ -1370,6 +1411,43 @@ fn dead_charge(
             share.max(published)
         })
         .sum()
+}
+
+#[cfg(test)]
+mod step_place_tests {
+    use std::time::Duration;
+
+    use super::{IN_PLACE_MAX, StepPlace};
+
+    const SHORT: Duration = Duration::from_micros(20);
+
+    #[test]
+    fn outside_a_runtime_or_on_a_current_thread_every_step_runs_in_place() {
+        for last in [None, Some(SHORT), Some(Duration::from_millis(113))] {
+            assert_eq!(StepPlace::after(last), StepPlace::InPlace);
+        }
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        current.block_on(async {
+            assert_eq!(StepPlace::after(None), StepPlace::InPlace);
+            assert_eq!(StepPlace::after(Some(IN_PLACE_MAX)), StepPlace::InPlace);
+        });
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn on_workers_a_step_goes_off_them_until_measured_short() {
+        assert_eq!(StepPlace::after(None), StepPlace::OffWorker, "not measured");
+        assert_eq!(StepPlace::after(Some(SHORT)), StepPlace::InPlace);
+        let just_under = IN_PLACE_MAX - Duration::from_nanos(1);
+        assert_eq!(StepPlace::after(Some(just_under)), StepPlace::InPlace);
+        assert_eq!(StepPlace::after(Some(IN_PLACE_MAX)), StepPlace::OffWorker);
+        let at_10k_tenants = Duration::from_millis(113);
+        assert_eq!(StepPlace::after(Some(at_10k_tenants)), StepPlace::OffWorker);
+        // Both places run the step and hand back its result.
+        assert_eq!(StepPlace::OffWorker.run(|| 7), 7);
+        assert_eq!(StepPlace::InPlace.run(|| 8), 8);
+    }
 }
 
 #[cfg(test)]
