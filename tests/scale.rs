@@ -61,12 +61,12 @@ fn env(name: &str, default: u64) -> u64 {
 /// (~160 KB each here) in a pool: one for the first thread that counts, and
 /// stacks of them for the rest, picked by the thread's number modulo 8. A cache
 /// stays in the pool once made, so the pool holds a bounded set: one per
-/// stack, plus one per two threads that ever counted at once on one stack.
-/// Thread numbers only grow and the runtime starts threads as it goes (a
-/// `block_in_place` hand-off, a blocking task), so a cell whose requests first
-/// counted on a thread of an empty stack grew by a cache: the used-once
-/// check's pairs read levels ~0.4 KB per tenant apart (0.41-1.27 KB in six
-/// pairs) until this filled every stack first (0.91-0.92 KB in five).
+/// stack, plus one more for each extra thread that ever counted on a stack at
+/// the same moment. Thread numbers only grow and the runtime starts threads as
+/// it goes (a `block_in_place` hand-off, a blocking task), so a cell whose
+/// requests first counted on a thread of an empty stack grew by a cache: the
+/// used-once check's pairs read levels ~0.4 KB per tenant apart (0.41-1.27 KB
+/// in six pairs) until this filled every stack first (0.87-0.91 KB in six).
 fn load_what_the_process_keeps() {
     use tollgate::tokens::Encoding;
     Encoding::warm_up_every_bpe();

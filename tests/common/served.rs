@@ -51,11 +51,10 @@ pub async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> 
 }
 
 /// `tollgate mock-upstream` with its default config as a real process, killed
-/// when dropped: for tests that measure this process's heap. A mock in the
-/// process counts with tiktoken-rs, whose regex match caches (one for each of
-/// 128 thread slots, and one for each of eight pool stacks within a slot)
-/// fill as new threads count and stay for the process; they read as steps of
-/// ~380 KB in the memory checks of `tests/scale.rs`.
+/// when dropped: for tests that measure this process's heap as the nodes'. A
+/// mock in the process counts with tiktoken-rs, whose regex match caches (up to
+/// one per pool stack in each of 128 thread slots) fill as new threads count
+/// and stay for the process: filling one per slot took 41 MB here.
 pub struct MockProcess {
     child: std::process::Child,
     base_url: String,
