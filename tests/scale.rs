@@ -70,17 +70,29 @@ fn env(name: &str, default: u64) -> u64 {
 fn load_what_the_process_keeps() {
     use tollgate::tokens::Encoding;
     Encoding::warm_up_every_bpe();
+    let count_on_new_threads = |threads| {
+        for _ in 0..threads {
+            std::thread::spawn(|| {
+                for encoding in [Encoding::Cl100kBase, Encoding::O200kBase] {
+                    encoding.count_text("hi");
+                }
+            })
+            .join()
+            .unwrap();
+        }
+    };
     // Each thread takes the next number when it first counts; 64 in a row
     // cover the 8 stacks even if other threads take numbers meanwhile.
-    for _ in 0..64 {
-        std::thread::spawn(|| {
-            for encoding in [Encoding::Cl100kBase, Encoding::O200kBase] {
-                encoding.count_text("hi");
-            }
-        })
-        .join()
-        .unwrap();
-    }
+    count_on_new_threads(64);
+    // Filled: new threads, two per stack, make no cache (unfilled, they made
+    // 2.9 MB; the bound is under one cache).
+    let before = live_heap();
+    count_on_new_threads(16);
+    let grown = live_heap().saturating_sub(before);
+    assert!(
+        grown < 128 << 10,
+        "counting on new threads still grew the heap by {grown} B: the counters' pools are not full"
+    );
 }
 
 /// The lowest live heap read every 20 ms over `span`.
