@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Where the time of a one-worker lease node, its mock upstream and the load
-# generator goes at 64 connections on shared cores, from the kernel's
+# generator goes at 64 connections on shared cores (the processes of
+# scripts/floor-processes.sh, its bare proxy stopped), from the kernel's
 # scheduler: each worker thread's share of the run on a core, how often and how
 # long it waited runnable for a core (preempted: the tail a busy neighbour
 # causes) and how often and how long it slept (nothing to do: waiting on the
@@ -12,15 +13,9 @@ cd "$(dirname "$0")/.."
 command -v perf >/dev/null || { echo "perf not installed (apt-get install linux-perf)" >&2; exit 1; }
 secs=${1:-4}
 export TOKIO_WORKER_THREADS=1
-cargo build --release --bin tollgate >&2
-bin=${CARGO_TARGET_DIR:-target}/release/tollgate
-out=$(mktemp -d)
-"$bin" mock-upstream --listen 127.0.0.1:9190 --completion-tokens 16..16 >/dev/null 2>&1 &
-mock=$!
-RUST_LOG=warn "$bin" serve --config config/bench-lease.toml >/dev/null 2>&1 &
-node=$!
-trap 'kill $mock $node 2>/dev/null; wait 2>/dev/null; rm -rf "$out"' EXIT
-for _ in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:8191/ && break; sleep 0.1; done
+source scripts/floor-processes.sh
+node=$lease
+kill $proxy # idle: only the node is measured here
 "$bin" load --url http://127.0.0.1:8191/v1 --api-key sk-bench --duration "$((secs + 4))s" \
   --no-progress --json "$out/load.json" --concurrency 64 >/dev/null &
 gen=$!
