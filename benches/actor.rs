@@ -5,7 +5,7 @@
 //! each round trip in an HDR histogram and prints p50/p99/p99.9, since the target
 //! (p99 < 10 us) is about the tail. The two-worker pass runs on the purely
 //! monotonic clock and on the wall-following node clock a running node uses
-//! (actor/wall.rs), then with the scope bound as `gossip` (allowances) and as
+//! (src/clock/wall.rs), then with the scope bound as `gossip` (allowances) and as
 //! `lease` (credit held) bind it, with the cost of one clock reading of each clock.
 //! Run: `cargo bench --bench actor`.
 
@@ -15,14 +15,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use tollgate::actor::clock::Clock;
 use tollgate::actor::credit::{Credit, CreditRecipe, Credits};
+use tollgate::actor::metrics::ActorMetrics;
 use tollgate::actor::registry::ActorDefaults;
 use tollgate::actor::scope::{Allowance, Allowances};
 use tollgate::actor::task::AcquireRequest;
 use tollgate::actor::{Lane, Permit, Registry, ScopeId, ScopeSpec, SettleWith};
+use tollgate::clock::Clock;
 use tollgate::limiter::{Algorithm, Ceiling, LimitSpec, NANOS_PER_SEC};
-use tollgate::ops::metrics::Metrics;
 use tollgate_cluster::counter::Window;
 use tollgate_cluster::lease::budget::CutOffPolicy;
 use tollgate_cluster::lease::line::SyncReply;
@@ -112,7 +112,7 @@ fn registry(clock: Clock, bound: Bound) -> (Registry, ScopeId) {
         HashMap::from([(scope.clone(), spec)]),
         defaults,
         clock,
-        Arc::new(Metrics::new(false)),
+        Arc::new(ActorMetrics::default()),
         None,
     )
     .expect("valid bench spec");

@@ -1,5 +1,5 @@
-//! Decision cost of the limiter core, side by side with `governor` and a
-//! `Mutex<HashMap<String, u64>>` counter (style rule 15).
+//! Decision cost of the limiter core, side by side with `governor` (a published
+//! limiter crate) and a `Mutex<HashMap<String, u64>>` counter (the naive baseline).
 //!
 //! Our limiters get time from a counter (no clock read in the measured loop);
 //! governor reads its own clock (quanta), which is part of its decision cost.

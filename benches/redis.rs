@@ -1,4 +1,4 @@
-//! Redis script benchmark (issue 4): decisions per second and latency of each
+//! Redis script benchmark: decisions per second and latency of each
 //! tollgate script on loopback, side by side with `redis-benchmark`'s raw EVALSHA
 //! rate for a trivial script against the same server in the same run; then the
 //! O(1) bucketed window against the exact sliding log at 100, 1,000 and 10,000

@@ -1,8 +1,7 @@
 //! The floor of the end-to-end benchmark: a proxy built from the same parts as a
-//! tollgate node (axum server, the node's own upstream client, hyper's pooled
-//! client since the thirty-fourth session and reqwest before, mimalloc, tokio's
-//! default runtime) that does nothing else: no tenant, no tokenizer, no limiter,
-//! no headers. `scripts/bench-floor.sh` runs it beside a lease node so the cost of
+//! tollgate node (axum server, the node's own upstream client over hyper's
+//! pooled client, mimalloc, tokio's default runtime) that does nothing else: no
+//! tenant, no tokenizer, no limiter, no headers. `scripts/bench-floor.sh` runs it beside a lease node so the cost of
 //! tollgate's own work is the difference. Not a product; no config.
 //!
 //! `cargo run --release --example bare_proxy -- 127.0.0.1:8192 http://127.0.0.1:9190`
@@ -14,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate::proxy::upstream_http::{Endpoint, UpstreamHttp};
+use tollgate::upstream_http::{Endpoint, UpstreamHttp};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

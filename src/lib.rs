@@ -24,6 +24,9 @@
 //!   `fault-injection`, test builds only).
 
 pub mod actor;
+pub mod api;
+pub mod audit;
+pub mod clock;
 pub mod config;
 pub mod faults;
 pub mod limiter;
@@ -36,3 +39,4 @@ pub mod server;
 pub mod sync;
 pub mod tokens;
 pub mod up;
+pub mod upstream_http;

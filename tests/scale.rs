@@ -1,4 +1,4 @@
-//! Scale simulation (issue 6, part 4; docs/design/scale.md, "Simulation"): N real
+//! Scale simulation (docs/design/scale.md, "Simulation"): N real
 //! nodes in one process gossiping over chitchat's in-memory transport (cut to UDP's
 //! 65,507-byte datagram), T configured tenants, A of them sending; measures what
 //! the model predicts: formation time, sync round time, published and wire bytes,
@@ -365,16 +365,11 @@ async fn scale_cell() {
 static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A pair of cells' figure, measured a second time when the first falls outside
-/// `expected`. Some runs of this binary (one in two locally, and CI) allocated
-/// ~40 MB once per process while the first `lease` cell formed, kept for the rest
-/// of the process; landing in one cell of a pair, it read as -11 to -38 KB per
-/// tenant. Its cause (found in the fourteenth session): a panic's backtrace,
-/// whose symbolication keeps the binary's debug info in memory. The earlier
-/// test's crashed nodes left their sync tasks running detached, and one polled
-/// its timer while that test's runtime shut down and panicked; `SyncHandle` now
-/// aborts them when dropped (no such panic in three runs since). Any other panic
-/// in the process (a failed assertion) does the same, so this stays: a one-off
-/// allocation reads clean the second time, and a real regression fails both.
+/// `expected`. A panic anywhere in the process (a failed assertion, a task
+/// polled while its runtime shuts down) allocates ~40 MB once: its backtrace's
+/// symbolication keeps the binary's debug info in memory. Landing in one cell
+/// of a pair, that reads as -11 to -38 KB per tenant. A one-off allocation
+/// reads clean the second time, and a real regression fails both.
 async fn measured_twice_if_implausible<F, Fut>(expected: std::ops::Range<f64>, pair: F) -> f64
 where
     F: Fn() -> Fut,
@@ -427,7 +422,7 @@ async fn idle_tenant_bytes_per_node(mode: &str, secs: f64) -> f64 {
     per_tenant_per_node
 }
 
-/// Issue 6's "idle tenants under 1 KB" in `gossip`, as CI checks it. Measured
+/// "Idle tenants under 1 KB" in `gossip`, as CI checks it. Measured
 /// 0.86-0.90 KB (docs/BENCHMARKS.md, "Idle tenants under 1 KB").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_gossip() {
@@ -471,11 +466,10 @@ async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_lease() {
 /// cell in a process paid its one-time allocations (~0.6 MB), read as less per
 /// tenant.
 ///
-/// Its pairs read levels ~0.42 KB apart (0.41-1.31 KB) until the counters'
-/// regex caches were filled before the pair ([`load_what_the_process_keeps`]):
-/// a cell that first counted on a new thread's empty pool stack grew by a
-/// cache. Twelve pairs since read 0.86-0.95 KB, with short sync rounds in
-/// place and without (docs/BENCHMARKS.md, thirty-seventh session).
+/// The counters' regex caches are filled before the pair
+/// ([`load_what_the_process_keeps`]): otherwise a cell that first counts on a
+/// new thread's empty pool stack grows by a cache (~0.42 KB per tenant in this
+/// pair). Filled, pairs read 0.86-0.95 KB (docs/BENCHMARKS.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_used_once_and_idle_since_leaves_no_per_key_entry_and_under_1_25_kb_in_lease() {
     let _alone = MEASURING.lock().await;

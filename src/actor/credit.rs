@@ -4,8 +4,8 @@
 //! machine itself is [`tollgate_cluster::lease::budget::Budget`]. A node's
 //! credits live in its [`CreditTable`], made at each key's first use.
 
+use crate::actor::Binding;
 use crate::actor::Dimension;
-use crate::sync::engine::Binding;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -207,8 +207,8 @@ impl Credit {
         let (spent, left) = {
             let mut budget = self.lock();
             let spent = budget.try_spend(cost, now_ms);
-            if spent.is_some_and(|s| s.from_credit) && crate::sync::lease::audit::enabled() {
-                crate::sync::lease::audit::record(&crate::sync::lease::audit::Event::Spend {
+            if spent.is_some_and(|s| s.from_credit) && crate::audit::enabled() {
+                crate::audit::record(&crate::audit::Event::Spend {
                     key: &self.0.key,
                     seq: budget.adopted_seq(),
                     cost,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Completion lengths remembered per model.
-pub const SAMPLES: usize = 128;
+pub const SAMPLES: usize = crate::config::bounds::ADAPTIVE_SAMPLES;
 /// Models remembered per tenant.
 pub const MAX_MODELS: usize = 64;
 

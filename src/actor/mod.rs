@@ -2,14 +2,14 @@
 //!
 //! One actor per active tenant and per upstream: its scope's limiters, waiting
 //! queues and in-flight permits behind one lock, decided in the request's own task
-//! while nothing waits, and a plain tokio task that queues the rest (design.md
-//! section 5; docs/design/architecture.md, "Decided in the caller's task").
+//! while nothing waits, and a plain tokio task that queues the rest
+//! (docs/design/architecture.md, "Decided in the caller's task").
 //!
-//! - [`clock`]: maps `tokio::time::Instant` to the core's [`Nanos`](crate::limiter::Nanos).
-//! - [`wall`]: keeps a running node's clock on the wall clock, never going back.
 //! - [`scope`]: the limits of one scope (requests, tokens, concurrency, cool-down)
 //!   and the all-or-nothing admission across them. Pure.
+//! - [`binding`]: a limit key the cluster bounds, and how its bound arrives.
 //! - [`credit`]: `lease` mode's credit per key, shared with the sync engine.
+//! - [`metrics`]: the actors' metric families and per-actor handles.
 //! - [`queue`]: waiting queues per lane, FIFO with aging. Pure.
 //! - [`estimate`]: adaptive completion estimates from recent completions. Pure.
 //! - [`state`]: the scope's state and decisions, shared under one lock.
@@ -18,17 +18,18 @@
 //! - [`registry`]: sharded map of live actors, spawned lazily, retired when idle.
 //! - [`permit`]: what a request holds; released and settled exactly once.
 
-pub mod clock;
+pub mod binding;
 pub mod credit;
 pub mod estimate;
+pub mod metrics;
 pub mod permit;
 pub mod queue;
 pub mod registry;
 pub mod scope;
 pub mod state;
 pub mod task;
-pub mod wall;
 
+pub use binding::Binding;
 pub use permit::{Permit, SettleWith};
 pub use registry::{Registry, ScopeSpec};
 pub use scope::{Blocked, ScopeStatus};

@@ -14,14 +14,14 @@
 //! [`Registry::acquire`] drops the stale handle and asks again.
 
 use super::ScopeId;
-use super::clock::Clock;
 use super::credit::CreditTable;
 use super::estimate::AdaptivePolicy;
+use super::metrics::ActorMetrics;
 use super::scope::{Allowances, ScopeExport, ScopeLimits, ScopeStatus};
 use super::state::{ActorSettings, Core, Decision, Forwarded, Shared};
 use super::task::{AcquireRequest, Grant, Refusal, Release};
+use crate::clock::Clock;
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
-use crate::ops::metrics::Metrics;
 use rustc_hash::FxBuildHasher;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -114,7 +114,7 @@ pub struct Registry {
     specs: ScopeMap<Box<ScopeSpec>>,
     defaults: ActorDefaults,
     clock: Clock,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ActorMetrics>,
     generation: std::sync::atomic::AtomicU64,
     /// `lease` modes: where actors find their scope's credits.
     credits: Option<Arc<CreditTable>>,
@@ -183,7 +183,7 @@ impl Registry {
         specs: HashMap<ScopeId, ScopeSpec>,
         defaults: ActorDefaults,
         clock: Clock,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ActorMetrics>,
         credits: Option<Arc<CreditTable>>,
     ) -> Result<Registry, (ScopeId, SpecError)> {
         assert!(
@@ -491,7 +491,7 @@ mod tests {
             HashMap::from([(scope.clone(), spec)]),
             defaults,
             Clock::start(),
-            Arc::new(Metrics::new(false)),
+            Arc::new(ActorMetrics::default()),
             None,
         )
         .unwrap();

@@ -18,14 +18,14 @@
 //! no request is on its way to the queue ([`Core::forwarded`]), so no newcomer takes
 //! room ahead of one that was already told to wait.
 
-use super::clock::Clock;
 use super::estimate::{AdaptivePolicy, CompletionStats};
+use super::metrics::{ActorMetrics, ScopeMetrics};
 use super::queue::{WaitQueue, Waiter};
 use super::scope::{Blocked, Charge, ScopeExport, ScopeLimits, ScopeStatus, Settle};
 use super::task::{AcquireRequest, Grant, Refusal, Release, SettleWith};
 use super::{Dimension, Lane, ScopeId};
+use crate::clock::Clock;
 use crate::limiter::Nanos;
-use crate::ops::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, oneshot};
@@ -140,7 +140,7 @@ pub struct ActorSettings {
     /// Shared clock.
     pub clock: Clock,
     /// Metrics sink.
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ActorMetrics>,
 }
 
 /// One scope's state.
@@ -162,7 +162,7 @@ pub struct Core {
     /// here any more (a newer actor owns the scope).
     retired: bool,
     /// Metric handles resolved at spawn.
-    m: crate::ops::metrics::ScopeMetrics,
+    m: ScopeMetrics,
     /// Requests and tokens asked of this scope, admitted or not: the demand the
     /// cluster's shares are weighted by.
     requested: (u64, u64),

@@ -5,10 +5,12 @@
 //! parse ([`model`]) then expand secrets then cross-field rules ([`validate`]); every
 //! error names the file, the field and the reason. Reference: `docs/config.md`.
 
+pub mod bounds;
 pub mod duration;
 pub mod model;
 pub mod validate;
 
+pub use bounds::Algorithm;
 pub use model::*;
 
 use sha2::{Digest, Sha256};

@@ -2,7 +2,7 @@
 //! ([`defaults`]), unknown fields rejected. Field units are in names or documented.
 //! Cross-field rules live in [`super::validate`]. Reference: `docs/config.md`.
 
-use crate::limiter::Algorithm;
+use super::Algorithm;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,9 +1,9 @@
 //! Cross-field rules a single field's type cannot express. Each violation names the
 //! field by its dotted path so [`super::ConfigError`] can point at it.
 
+use super::Algorithm;
+use super::bounds::{self, EncodingName};
 use super::{Config, Quota, normalize_key_hash};
-use crate::limiter::Algorithm;
-use crate::tokens::Encoding;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -107,9 +107,8 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
     }
     // Cluster counters publish the local window's buckets, which only the bucketed
     // sliding window has.
-    let sliding = |q: &Quota| {
-        q.algorithm.unwrap_or(config.limits.algorithm) == crate::limiter::Algorithm::SlidingWindow
-    };
+    let sliding =
+        |q: &Quota| q.algorithm.unwrap_or(config.limits.algorithm) == Algorithm::SlidingWindow;
     let all_sliding = config.tenants.iter().all(|t| sliding(&t.quota))
         && config.upstreams.iter().all(|u| sliding(&u.quota));
     if !all_sliding {
@@ -291,7 +290,7 @@ fn validate_limits(config: &Config) -> Result<(), Violation> {
     if limits.window < Duration::from_secs(1) {
         return fail("limits.window", "must be at least 1s");
     }
-    let most = crate::limiter::LimitSpec::MAX_BUCKETS;
+    let most = bounds::MAX_BUCKETS;
     if limits.buckets == 0
         || limits.buckets > most
         || limits.window / limits.buckets < Duration::from_millis(1)
@@ -318,7 +317,7 @@ fn validate_limits(config: &Config) -> Result<(), Violation> {
 
 fn validate_estimation(config: &Config) -> Result<(), Violation> {
     let est = &config.estimation;
-    let most = crate::proxy::request::MAX_TOKENS_CAP.unsigned_abs();
+    let most = bounds::MAX_TOKENS_CAP.unsigned_abs();
     if est.default_max_tokens == 0 || est.default_max_tokens > most {
         return fail(
             "estimation.default_max_tokens",
@@ -330,7 +329,7 @@ fn validate_estimation(config: &Config) -> Result<(), Violation> {
     }
     // The p95 is read from the last SAMPLES completions: a larger minimum would
     // never be reached and `adaptive` would silently stay at max_tokens.
-    let most = crate::actor::estimate::SAMPLES;
+    let most = bounds::ADAPTIVE_SAMPLES;
     if est.adaptive_min_samples == 0 || est.adaptive_min_samples > most {
         return fail(
             "estimation.adaptive_min_samples",
@@ -338,14 +337,14 @@ fn validate_estimation(config: &Config) -> Result<(), Violation> {
         );
     }
     let slots = est.count_memo_slots;
-    let (least, most) = crate::tokens::COUNT_MEMO_SLOTS_RANGE;
+    let (least, most) = bounds::COUNT_MEMO_SLOTS_RANGE;
     if slots != 0 && !(slots.is_power_of_two() && (least..=most).contains(&slots)) {
         return fail(
             "estimation.count_memo_slots",
             format!("must be 0 (off) or a power of two in {least}..={most}, got {slots}"),
         );
     }
-    Encoding::parse(&est.default_encoding)
+    EncodingName::parse(&est.default_encoding)
         .map(|_| ())
         .or_else(|reason| fail("estimation.default_encoding", reason))
 }
@@ -525,7 +524,7 @@ fn validate_routes(config: &Config) -> Result<(), Violation> {
             }
         }
         if let Some(enc) = &route.encoding {
-            Encoding::parse(enc).or_else(|reason| fail(format!("{path}.encoding"), reason))?;
+            EncodingName::parse(enc).or_else(|reason| fail(format!("{path}.encoding"), reason))?;
         }
     }
     Ok(())

@@ -32,26 +32,13 @@ pub mod token_bucket;
 #[cfg(test)]
 mod testkit;
 
-use serde::{Deserialize, Serialize};
-
 /// Nanoseconds since an epoch chosen by the caller. The core never reads a clock.
 pub type Nanos = u64;
 
 /// Nanoseconds per second, for conversions at the edges.
 pub const NANOS_PER_SEC: Nanos = 1_000_000_000;
 
-/// Which algorithm a limit uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Algorithm {
-    /// Bucketed sliding window; promise: any window of length W admits <= ceiling.
-    #[default]
-    SlidingWindow,
-    /// GCRA token bucket; promise: any interval d admits <= burst + capacity * d / W.
-    TokenBucket,
-    /// Exact sliding log; promise as sliding-window, without the bucket rounding.
-    SlidingLog,
-}
+pub use crate::config::Algorithm;
 
 /// The static description of one limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +62,7 @@ impl LimitSpec {
     pub const DEFAULT_BUCKETS: u32 = 60;
     /// Upper bound on `buckets`, so a sliding window's ring (at most `2 * buckets + 1`
     /// slots of 16 bytes) stays small.
-    pub const MAX_BUCKETS: u32 = 4096;
+    pub const MAX_BUCKETS: u32 = crate::config::bounds::MAX_BUCKETS;
 
     /// A spec with [`LimitSpec::DEFAULT_BUCKETS`] buckets and `burst = capacity`.
     pub fn new(capacity: u64, window_ns: Nanos, algorithm: Algorithm) -> LimitSpec {

@@ -1,6 +1,6 @@
 //! Test support shared by the three algorithms: random schedules, a runner that checks
-//! the contract every limiter must keep (style rule 4: one suite, every
-//! implementation), and the records the per-algorithm oracles replay.
+//! the contract every limiter must keep (one suite, every implementation), and the
+//! records the per-algorithm oracles replay.
 //!
 //! Checked at every step by [`run`]: `check` agrees with `reserve`; a `RetryAfter(d)` is
 //! exact (`check(now+d-1)` is `RetryAfter(1)`, `check(now+d)` is Ok); a settlement

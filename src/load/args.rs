@@ -2,7 +2,7 @@
 //!
 //! Flags are parsed by clap ([`LoadArgs`]); rules that span flags or need bounds are
 //! checked once in [`LoadArgs::validate`], which returns the [`Plan`] the run executes.
-//! Every number that sizes memory or time has an upper bound here (style rule 7).
+//! Every number that sizes memory or time has an upper bound here.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -50,7 +50,7 @@ pub use args::{Api, LoadArgs, Plan, Priority};
 pub use record::Outcome;
 pub use report::{Summary, render_table, write_json};
 
-use crate::proxy::upstream_http::UpstreamHttp;
+use crate::upstream_http::UpstreamHttp;
 use args::Mode;
 use progress::{Goal, Progress};
 use record::{Live, Shards};

@@ -10,7 +10,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::json;
 
 use super::args::{Api, LoadArgs};
-use crate::proxy::upstream_http::Endpoint;
+use crate::upstream_http::Endpoint;
 
 /// Anthropic API version sent with `--api messages`.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";

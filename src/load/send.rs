@@ -1,9 +1,9 @@
 //! Sending one request and reading its answer into a [`Sample`].
 //!
 //! Requests go through hyper's pooled client directly, the gateway's own upstream
-//! client without proxies (`crate::proxy::upstream_http`): reqwest, the client
-//! before, turned each request's URL into a URI and back three times, work the
-//! generator did on the same cores as the target it measured.
+//! client without proxies (`crate::upstream_http`), not reqwest: reqwest
+//! turns each request's URL into a URI and back three times, work the generator
+//! would do on the same cores as the target it measures.
 //!
 //! Non-stream bodies are read as bytes (at most [`MAX_BODY_BYTES`] kept) and only
 //! `usage` is deserialized. Streams are read chunk by chunk through [`SseUsage`]; the
@@ -19,9 +19,7 @@ use super::record::{Outcome, Sample};
 use super::request::Outgoing;
 use super::retry;
 use super::usage::{self, SseUsage, Usage};
-use crate::proxy::upstream_http::{
-    BoxError, Endpoint, UpstreamBody, UpstreamHttp, UpstreamResponse,
-};
+use crate::upstream_http::{BoxError, Endpoint, UpstreamBody, UpstreamHttp, UpstreamResponse};
 
 /// Largest non-stream body kept for usage parsing; a longer body is drained and its
 /// usage is not read.
@@ -80,7 +78,7 @@ fn transport_error(started: Instant) -> Sent {
 
 async fn exchange(via: Via<'_>, req: Outgoing, started: Instant) -> Sent {
     let transport = |e: BoxError| {
-        tracing::debug!(error = %crate::proxy::upstream_http::describe(&*e), "transport error");
+        tracing::debug!(error = %crate::upstream_http::describe(&*e), "transport error");
         transport_error(started)
     };
     let resp = match via.client.post(via.endpoint, req.headers, req.body).await {

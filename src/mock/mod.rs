@@ -1,4 +1,4 @@
-//! The mock upstream (design.md section 9): a strict, honest stand-in for an LLM
+//! The mock upstream: a strict, honest stand-in for an LLM
 //! provider whose JSONL log is the ground truth the gateway is judged by.
 //!
 //! - [`config`]: [`MockConfig`] and the CLI flags [`MockArgs`].
@@ -90,7 +90,7 @@ async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     // Without TCP_NODELAY a keep-alive response written in two parts stalls ~40 ms
-    // (Nagle against delayed ACK; design.md section 13).
+    // (Nagle against delayed ACK; docs/mock-upstream.md).
     let listener = listener.tap_io(|tcp| {
         if let Err(err) = tcp.set_nodelay(true) {
             tracing::debug!(%err, "set_nodelay failed");

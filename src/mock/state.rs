@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
 
-use crate::actor::clock::Clock;
+use crate::clock::Clock;
 
 use super::completion::{self, Completion};
 use super::config::MockConfig;
@@ -29,7 +29,7 @@ pub struct MockState {
     /// The wall-following node clock: an honest provider keeps time on its
     /// (NTP-disciplined) wall clock, and on one machine the wall clock is the best
     /// reading of true time; a clock that ignored its steps would judge windows
-    /// that are longer or shorter than the provider's (actor/wall.rs).
+    /// that are longer or shorter than the provider's (src/clock/wall.rs).
     clock: Clock,
     pub(super) started_unix_ms: u64,
 }

@@ -7,10 +7,8 @@
 //! Label sets are fixed-size arrays of `&'static str` (or an `Arc<String>` for
 //! upstream ids), so recording on the hot path allocates nothing.
 
-use crate::actor::task::SettleWith;
-use crate::actor::{Dimension, Lane, ScopeKind};
-use crate::limiter::{NANOS_PER_SEC, Nanos, Settlement};
-use crate::proxy::request::Api;
+use crate::actor::metrics::ActorMetrics;
+use crate::api::Api;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -39,15 +37,8 @@ fn micros_histogram() -> Histogram {
 /// Every metric of a node.
 pub struct Metrics {
     registry: Registry,
-    decisions: Family<Static<3>, Counter>,
-    queue_depth: Family<Static<1>, Gauge>,
-    queue_wait: HistogramFamily<Static<2>>,
-    tokens_reserved: Family<Static<1>, Counter>,
-    tokens_settled: Family<Static<1>, Counter>,
-    tokens_refunded: Family<Static<1>, Counter>,
-    tokens_debt: Family<Static<1>, Counter>,
-    settlements: Family<Static<2>, Counter>,
-    actors: Family<Static<1>, Counter>,
+    /// The limiter actors' metrics (registered here, recorded by `actor`).
+    actors: Arc<ActorMetrics>,
     upstream_latency: HistogramFamily<ByUpstream>,
     upstream_responses: Family<ByUpstreamStatus, Counter>,
     requests: Family<ByApiStatus, Counter>,
@@ -77,75 +68,6 @@ pub struct Metrics {
     redis_errors: Family<Static<2>, Counter>,
     redis_orphans_released: Counter,
     tenant_labels: bool,
-}
-
-/// One actor's metric handles, resolved once at spawn so recording a decision is a
-/// few atomic adds (no label lookup per message).
-pub struct ScopeMetrics {
-    admitted: Counter,
-    refused: [Counter; 5],
-    cancelled: Counter,
-    queue_wait: [Histogram; 2],
-    queue_depth: Gauge,
-    tokens_reserved: Counter,
-    tokens_settled: Counter,
-    tokens_refunded: Counter,
-    tokens_debt: Counter,
-    settlements: [Counter; 4],
-}
-
-const DIMENSIONS: [Dimension; 5] = [
-    Dimension::Requests,
-    Dimension::Tokens,
-    Dimension::Concurrency,
-    Dimension::Cooldown,
-    Dimension::Queue,
-];
-
-fn dimension_index(d: Dimension) -> usize {
-    DIMENSIONS.iter().position(|x| *x == d).unwrap_or(0)
-}
-
-impl ScopeMetrics {
-    /// An actor admitted a request.
-    pub fn admitted(&self, lane: Lane, waited_ns: Nanos, tokens: u64) {
-        self.admitted.inc();
-        let lane = usize::from(lane == Lane::Batch);
-        self.queue_wait[lane].observe(waited_ns as f64 / NANOS_PER_SEC as f64);
-        self.tokens_reserved.inc_by(tokens);
-    }
-
-    /// An actor refused a request.
-    pub fn refused(&self, dimension: Dimension) {
-        self.refused[dimension_index(dimension)].inc();
-    }
-
-    /// A caller went away while queued or before its grant arrived.
-    pub fn cancelled(&self) {
-        self.cancelled.inc();
-    }
-
-    /// Queue depth of this actor moved by `delta`.
-    pub fn queue_moved(&self, delta: i64) {
-        self.queue_depth.inc_by(delta);
-    }
-
-    /// A permit was settled.
-    pub fn settled(&self, reserved: u64, settlement: &Settlement, how: SettleWith) {
-        let charged = reserved
-            .saturating_sub(settlement.refunded)
-            .saturating_add(settlement.debt);
-        self.tokens_settled.inc_by(charged);
-        self.tokens_refunded.inc_by(settlement.refunded);
-        self.tokens_debt.inc_by(settlement.debt);
-        let index = match how {
-            SettleWith::Usage { .. } => 0,
-            SettleWith::KeepReserved => 1,
-            SettleWith::RefundTokens => 2,
-            SettleWith::Cancel => 3,
-        };
-        self.settlements[index].inc();
-    }
 }
 
 /// The value of one series in rendered exposition `text`: `series` is the name
@@ -191,52 +113,16 @@ impl UpstreamMetrics {
 }
 
 impl Metrics {
-    /// Handles for one actor of `kind`.
-    pub fn scope(&self, kind: ScopeKind) -> ScopeMetrics {
-        let scope = kind.as_str();
-        let decision = |outcome, reason| {
-            self.decisions.get_or_create_owned(&[
-                ("scope", scope),
-                ("outcome", outcome),
-                ("reason", reason),
-            ])
-        };
-        let one =
-            |family: &Family<Static<1>, Counter>| family.get_or_create_owned(&[("scope", scope)]);
-        let how = |h| {
-            self.settlements
-                .get_or_create_owned(&[("scope", scope), ("how", h)])
-        };
-        ScopeMetrics {
-            admitted: decision("admitted", ""),
-            refused: DIMENSIONS.map(|d| decision("refused", d.as_str())),
-            cancelled: decision("cancelled", ""),
-            queue_wait: [Lane::Interactive, Lane::Batch].map(|lane| {
-                self.queue_wait
-                    .get_or_create_owned(&[("scope", scope), ("lane", lane.as_str())])
-            }),
-            queue_depth: self.queue_depth.get_or_create_owned(&[("scope", scope)]),
-            tokens_reserved: one(&self.tokens_reserved),
-            tokens_settled: one(&self.tokens_settled),
-            tokens_refunded: one(&self.tokens_refunded),
-            tokens_debt: one(&self.tokens_debt),
-            settlements: ["usage", "keep_reserved", "refund_tokens", "cancel"].map(how),
-        }
+    /// The limiter actors' metrics, for the actor registry.
+    pub fn actors(&self) -> Arc<ActorMetrics> {
+        self.actors.clone()
     }
 
     /// A fresh registry; `tenant_labels` adds `tollgate_tenant_requests_total`.
     pub fn new(tenant_labels: bool) -> Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("tollgate"),
-            decisions: Family::default(),
-            queue_depth: Family::default(),
-            queue_wait: Family::new_with_constructor(seconds_histogram),
-            tokens_reserved: Family::default(),
-            tokens_settled: Family::default(),
-            tokens_refunded: Family::default(),
-            tokens_debt: Family::default(),
-            settlements: Family::default(),
-            actors: Family::default(),
+            actors: Arc::new(ActorMetrics::default()),
             upstream_latency: Family::new_with_constructor(seconds_histogram),
             upstream_responses: Family::default(),
             requests: Family::default(),
@@ -268,47 +154,7 @@ impl Metrics {
             (m.requests).get_or_create_owned(&([("api", api.as_str())], [("status", 200)]))
         });
         let r = &mut m.registry;
-        r.register(
-            "decisions",
-            "Limiter decisions by scope, outcome and reason",
-            m.decisions.clone(),
-        );
-        r.register(
-            "queue_depth",
-            "Requests waiting in limiter queues",
-            m.queue_depth.clone(),
-        );
-        r.register(
-            "queue_wait_seconds",
-            "Time admitted requests waited in a queue",
-            m.queue_wait.clone(),
-        );
-        r.register(
-            "tokens_reserved",
-            "Tokens reserved at admission",
-            m.tokens_reserved.clone(),
-        );
-        r.register(
-            "tokens_settled",
-            "Tokens charged after settlement",
-            m.tokens_settled.clone(),
-        );
-        r.register(
-            "tokens_refunded",
-            "Tokens given back at settlement",
-            m.tokens_refunded.clone(),
-        );
-        r.register(
-            "tokens_debt",
-            "Tokens charged beyond the reservation",
-            m.tokens_debt.clone(),
-        );
-        r.register(
-            "settlements",
-            "Permits settled, by how they ended",
-            m.settlements.clone(),
-        );
-        r.register("actors_spawned", "Limiter actors started", m.actors.clone());
+        m.actors.register(r);
         r.register(
             "upstream_latency_seconds",
             "Upstream time to response headers",
@@ -450,11 +296,6 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
-    }
-
-    /// An actor started.
-    pub fn actor_spawned(&self, kind: ScopeKind) {
-        self.actors.get_or_create(&[("scope", kind.as_str())]).inc();
     }
 
     /// Handles for one upstream's response metrics, made when the node starts:

@@ -1,7 +1,7 @@
 //! # Operations
 //!
-//! - [`metrics`]: the Prometheus registry and every `tollgate_*` metric.
-//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/admin/keys/{key}`.
+//! - [`metrics`]: the Prometheus registry and every `tollgate_*` metric (the
+//!   routes that serve them, `/metrics` and the admin API, are the server's:
+//!   `server::admin`).
 
-pub mod admin;
 pub mod metrics;

@@ -19,6 +19,16 @@ pub enum Flavor {
     Anthropic,
 }
 
+impl Flavor {
+    /// The error shape a client of `api` reads.
+    pub fn of(api: crate::api::Api) -> Flavor {
+        match api {
+            crate::api::Api::Messages => Flavor::Anthropic,
+            _ => Flavor::OpenAi,
+        }
+    }
+}
+
 /// Where an error came from, for logs and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {

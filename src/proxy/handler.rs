@@ -89,7 +89,9 @@ pub async fn handle(
             if error.status.is_server_error() {
                 tracing::warn!(api = api.as_str(), status = error.status.as_u16(), message = %error.message, "request failed");
             }
-            error.with_flavor(api.flavor()).into_response()
+            error
+                .with_flavor(super::error::Flavor::of(api))
+                .into_response()
         }
     };
     outcome.status = Some(response.status().as_u16());

@@ -16,7 +16,6 @@ pub mod spill;
 pub mod stall;
 pub mod state;
 pub mod stream;
-pub mod upstream_http;
 pub mod usage;
 
 pub use state::AppState;
@@ -43,18 +42,15 @@ macro_rules! api_route {
     };
 }
 
-/// The whole HTTP surface of a node: proxy routes plus operations routes.
-pub fn app(state: Arc<AppState>) -> Router {
+/// The proxy routes of a node. The server merges the operations routes in and
+/// answers every other path with [`not_found`] and [`method_not_allowed`].
+pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/chat/completions", api_route!(Api::Chat))
         .route("/v1/completions", api_route!(Api::Completions))
         .route("/v1/embeddings", api_route!(Api::Embeddings))
         .route("/v1/messages", api_route!(Api::Messages))
         .route("/v1/models", get(models))
-        .merge(crate::ops::admin::routes())
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
 }
 
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
@@ -72,7 +68,7 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 
 /// A known path, another method (`GET /v1/chat/completions`): in the caller's
 /// error shape, with an `allow` header, not axum's empty 405.
-async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
     let path = uri.path();
     let (allow, error) = if path.starts_with("/v1/") && path != "/v1/models" {
         let e = error::ApiError::method_not_allowed(format!("{path} takes POST."));
@@ -93,7 +89,8 @@ async fn method_not_allowed(uri: axum::http::Uri) -> Response {
     response
 }
 
-async fn not_found(uri: axum::http::Uri) -> Response {
+/// An unknown path, in the caller's error shape.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
     let mut e = error::ApiError::bad_request(
         "Unknown path. tollgate serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/messages.",
         None,

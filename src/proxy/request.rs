@@ -4,77 +4,18 @@
 //! on so the upstream reports usage (and that chunk is stripped again if the client
 //! did not ask for it).
 
-use super::error::{ApiError, Flavor};
-use crate::config::UpstreamKind;
+use super::error::ApiError;
 use crate::tokens::{ChatMessage, Content, TokenCounter, count_chat_prompt};
 use bytes::Bytes;
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::sync::Arc;
 
-/// Largest max_tokens accepted; anything above is a mistake, not a request.
-pub const MAX_TOKENS_CAP: i64 = 1 << 20;
+pub use crate::config::bounds::MAX_TOKENS_CAP;
 /// Largest `n` (choices per request) accepted.
 pub const MAX_CHOICES: i64 = 128;
 
-/// The proxied APIs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Api {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-    /// `POST /v1/embeddings`.
-    Embeddings,
-    /// `POST /v1/messages` (Anthropic).
-    Messages,
-}
-
-impl Api {
-    /// Every API, in [`Api::index`] order.
-    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Embeddings, Api::Messages];
-
-    /// Path below the upstream's base URL.
-    pub fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/chat/completions",
-            Api::Completions => "/completions",
-            Api::Embeddings => "/embeddings",
-            Api::Messages => "/messages",
-        }
-    }
-
-    /// Position in per-API tables (0..4).
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// Error body shape.
-    pub fn flavor(self) -> Flavor {
-        match self {
-            Api::Messages => Flavor::Anthropic,
-            _ => Flavor::OpenAi,
-        }
-    }
-
-    /// Upstream kind that serves this API.
-    pub fn upstream_kind(self) -> UpstreamKind {
-        match self {
-            Api::Messages => UpstreamKind::Anthropic,
-            _ => UpstreamKind::Openai,
-        }
-    }
-
-    /// Label for metrics and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Api::Chat => "chat",
-            Api::Completions => "completions",
-            Api::Embeddings => "embeddings",
-            Api::Messages => "messages",
-        }
-    }
-}
+pub use crate::api::Api;
 
 /// What the limiter needs to know about one request.
 #[derive(Debug)]

@@ -5,7 +5,8 @@
 //! its owners granted it and every promise of `lease` mode holds: what moves
 //! between nodes is the request, not the capacity.
 //!
-//! - [`Room`]: each peer's room per key, written by the sync engine each round.
+//! - `sync::spill::Room`: each peer's room per key, written by the sync engine
+//!   each round.
 //! - [`pick`]: the peer with the most room for everything the request needs.
 //! - [`spill_now`]: whether a request the tenant's probe refused spills early.
 //! - [`or_refuse`]: spills a refused request (the hop itself is `forward`) and
@@ -18,144 +19,18 @@ use super::request::Api;
 use super::state::{AppState, Upstream};
 use crate::actor::{Dimension, ScopeId};
 use crate::sync::lease::MemberAddr;
-use crate::sync::lease::wire::{SECRET_HEADER, secrets_match};
+use crate::sync::lease::wire::SECRET_HEADER;
+use crate::sync::spill::{
+    Board, CLUSTER_HEADER, FROM_HEADER, PATH_PREFIX, Room, SERVED_BY_HEADER, TIME_LEFT_HEADER,
+};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// The spill route on the internal RPC, one per API (`/internal/v1/spill/chat`).
-pub const PATH_PREFIX: &str = "/internal/v1/spill/";
-/// Names the node a request was spilled from. A request carrying it is never
-/// spilled again (one hop at most).
-pub const FROM_HEADER: &str = "x-tollgate-spilled-from";
-/// Names the cluster a spilled request is for.
-pub const CLUSTER_HEADER: &str = "x-tollgate-cluster-id";
-/// On a spilled request's answer: the node that served it.
-pub const SERVED_BY_HEADER: &str = "x-tollgate-served-by";
-/// On a spilled request: what is left of its time at the sender, in ms. The
-/// peer serves it within that (and its own `request_timeout`).
-pub const TIME_LEFT_HEADER: &str = "x-tollgate-spill-time-left-ms";
-
-/// Each live peer's room per `lease` key as of the sync engine's last round:
-/// its share (plus borrowing) less its published usage, never below 0, less
-/// what this node spilled there since.
-#[derive(Debug, Default)]
-pub struct Room {
-    /// Live peers (this node left out), in the order of every room vector.
-    pub peers: Vec<MemberAddr>,
-    /// Per binding index of a key with demand somewhere: each peer's room.
-    pub by_binding: HashMap<u32, Row>,
-    /// Per capacity: each peer's share of an idle key of that capacity.
-    pub idle: HashMap<u64, Vec<u64>>,
-}
-
-/// One key's room.
-#[derive(Debug)]
-pub struct Row {
-    /// What the whole cluster has left of L by this node's figures (its own
-    /// usage and its peers' published): a spill into a full cluster would only
-    /// be refused there.
-    pub free: AtomicU64,
-    /// This node's own room: its share (plus borrowing) less its own usage.
-    pub own: u64,
-    /// Each peer's room, in [`Room::peers`]' order.
-    pub peers: Vec<AtomicU64>,
-}
-
-impl Room {
-    /// Peer `peer`'s room on binding `binding` (of capacity `capacity`): 0 when
-    /// unknown (no round yet), so that nothing is sent on a guess.
-    fn at(&self, binding: u32, capacity: u64, peer: usize) -> u64 {
-        match self.by_binding.get(&binding) {
-            Some(row) => {
-                let at_peer = row.peers.get(peer).map_or(0, |r| r.load(Ordering::Relaxed));
-                at_peer.min(row.free.load(Ordering::Relaxed))
-            }
-            None => (self.idle.get(&capacity))
-                .and_then(|r| r.get(peer))
-                .copied()
-                .unwrap_or(0),
-        }
-    }
-
-    /// Whether this node's own share lacks the room for any of `costs` (a key
-    /// with no row is idle: its share is free).
-    fn own_short(&self, costs: &[(u32, u64)]) -> bool {
-        (costs.iter()).any(|(binding, cost)| {
-            (self.by_binding.get(binding)).is_some_and(|row| row.own < *cost)
-        })
-    }
-
-    /// Takes a spilled request's costs off `peer`'s room and the cluster's until
-    /// the next round, so that the requests one round spills do not all count on
-    /// the same room.
-    fn take(&self, costs: &[(u32, u64)], peer: usize) {
-        let less = |slot: &AtomicU64, cost: u64| {
-            let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |room| {
-                Some(room.saturating_sub(cost))
-            });
-        };
-        for (binding, cost) in costs {
-            if let Some(row) = self.by_binding.get(binding) {
-                less(&row.free, *cost);
-                if let Some(slot) = row.peers.get(peer) {
-                    less(slot, *cost);
-                }
-            }
-        }
-    }
-}
-
-/// Spillover's state on one node: the engine's latest [`Room`] and what a spill
-/// carries.
-#[derive(Debug)]
-pub struct Board {
-    room: RwLock<Arc<Room>>,
-    /// How long a spilled request may wait at the peer.
-    pub wait: Duration,
-    node_id: String,
-    cluster_id: String,
-    secret: String,
-}
-
-impl Board {
-    /// A board with no room known yet.
-    pub fn new(node_id: &str, cluster_id: &str, secret: &str, wait: Duration) -> Board {
-        Board {
-            room: RwLock::new(Arc::new(Room::default())),
-            wait,
-            node_id: node_id.to_string(),
-            cluster_id: cluster_id.to_string(),
-            secret: secret.to_string(),
-        }
-    }
-
-    /// The engine's round: the room it computed.
-    pub fn set(&self, room: Room) {
-        *self.room.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(room);
-    }
-
-    /// The latest room.
-    pub fn room(&self) -> Arc<Room> {
-        self.room.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Why `headers` are refused (the peer's check): no or the wrong secret
-    /// (`secret`), another cluster (`cluster_id`); `None` when admitted.
-    fn refuses(&self, headers: &HeaderMap) -> Option<&'static str> {
-        let given = |name: &str| headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
-        if !secrets_match(given(SECRET_HEADER), self.secret.as_bytes()) {
-            return Some("secret");
-        }
-        (given(CLUSTER_HEADER) != self.cluster_id.as_bytes()).then_some("cluster_id")
-    }
-}
 
 /// What one request costs each of `scope`'s leased keys: binding index and cost
 /// (empty for a scope with no cluster-wide limit).
@@ -302,9 +177,9 @@ async fn forward(
         .and_then(|v| v.trim().parse::<u128>().ok());
     let wait_ms = asked.map_or(board.wait.as_millis(), |ms| ms.min(board.wait.as_millis()));
     let hop = hop
-        .header(SECRET_HEADER, &board.secret)
-        .header(CLUSTER_HEADER, &board.cluster_id)
-        .header(FROM_HEADER, &board.node_id)
+        .header(SECRET_HEADER, board.secret())
+        .header(CLUSTER_HEADER, board.cluster_id())
+        .header(FROM_HEADER, board.node_id())
         .header(MAX_WAIT_HEADER, wait_ms.to_string())
         .header(TIME_LEFT_HEADER, time_left_ms(request.deadline).to_string());
     let answer = match tokio::time::timeout_at(request.deadline, hop.send()).await {
@@ -393,7 +268,7 @@ pub async fn accept(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
         state.metrics.rpc_refused(reason);
         tracing::warn!(reason, "internal RPC refused: a spilled request");
         let e = ApiError::unauthorized();
-        return e.with_flavor(api.flavor()).into_response();
+        return e.with_flavor(super::error::Flavor::of(api)).into_response();
     }
     if state.draining.load(Ordering::Relaxed) {
         // Shutting down: the sender answers its own refusal instead (a 503
@@ -414,10 +289,25 @@ pub async fn accept(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Bo
         .map_or(state.config.server.request_timeout, Duration::from_millis);
     let spilled = super::handler::Hop::Spilled { within };
     let mut response = super::handler::handle(state.clone(), api, headers, body, spilled).await;
-    if let Ok(node) = HeaderValue::from_str(&board.node_id) {
+    if let Ok(node) = HeaderValue::from_str(board.node_id()) {
         response.headers_mut().insert(SERVED_BY_HEADER, node);
     }
     response
+}
+
+/// [`accept`] for the spill route's API named by its path segment (`chat`,
+/// `messages`, ...): 404 for a name it does not know. The server wires this
+/// into the internal RPC.
+pub async fn accept_named(
+    state: Arc<AppState>,
+    api: String,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match api_named(&api) {
+        Some(api) => accept(state, api, headers, body).await,
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// The spill routes' API by path segment.
@@ -466,7 +356,9 @@ pub async fn or_refuse(
         Delivery::MaybeDelivered => {
             let mut refusal = refusal;
             refusal.spillable = false;
-            Ok(refusal.with_flavor(request.api.flavor()).into_response())
+            Ok(refusal
+                .with_flavor(super::error::Flavor::of(request.api))
+                .into_response())
         }
     }
 }
@@ -494,6 +386,9 @@ pub struct Refused<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::spill::Row;
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicU64;
 
     fn room(free: u64, peers: &[u64]) -> Room {
         let member = |i: usize| MemberAddr {

@@ -3,17 +3,17 @@
 
 use super::error::ApiError;
 use super::request::Api;
-use super::upstream_http::{Endpoint, UpstreamHttp};
-use crate::actor::clock::Clock;
+use crate::actor::Binding;
 use crate::actor::credit::CreditTable;
 use crate::actor::estimate::AdaptivePolicy;
 use crate::actor::registry::ActorDefaults;
 use crate::actor::{Registry, ScopeId, ScopeSpec};
+use crate::clock::Clock;
 use crate::config::{CompletionPolicy, Config, Quota, UpstreamKind, normalize_key_hash};
 use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::{Metrics, UpstreamMetrics};
-use crate::sync::engine::Binding;
 use crate::tokens::{CountMemo, Encoding};
+use crate::upstream_http::{Endpoint, UpstreamHttp};
 use axum::http::HeaderValue;
 use sha2::Digest;
 use std::collections::HashMap;
@@ -138,7 +138,7 @@ pub struct AppState {
     /// Routes in config order.
     pub routes: Vec<Route>,
     /// Limiter actors.
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
     /// The client upstream requests go out through; its reqwest client also
     /// carries spilled requests to peers (`UpstreamHttp::reqwest`).
     pub upstream_http: UpstreamHttp,
@@ -154,17 +154,17 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Set for good once a newer process runs under this node's `node_id`
     /// (`sync::engine`): peers follow that one, so this one admits nothing more.
-    pub superseded: AtomicBool,
+    pub superseded: Arc<AtomicBool>,
     /// Seeds per-request RNGs (backoff jitter) from one configured stream.
     pub rng_counter: AtomicU64,
     /// Keys whose cluster allowance the sync engine maintains (empty on one node
     /// and in `local full` mode).
-    pub bindings: Arc<[crate::sync::engine::Binding]>,
+    pub bindings: Arc<[Binding]>,
     /// `redis` mode: the Redis gate every admission goes through (set when the
     /// cluster starts).
-    pub redis_gate: std::sync::OnceLock<Arc<crate::redis::gate::RedisGate>>,
+    pub redis_gate: Arc<std::sync::OnceLock<Arc<crate::redis::gate::RedisGate>>>,
     /// `lease` mode: the lines this node owns (set when the cluster starts).
-    pub lease_book: std::sync::OnceLock<Arc<crate::sync::lease::owner::OwnerBook>>,
+    pub lease_book: Arc<std::sync::OnceLock<Arc<crate::sync::lease::owner::OwnerBook>>>,
     /// `lease` modes: the credits of the keys used here, made at first use.
     pub credits: Option<Arc<CreditTable>>,
     /// Wakes the sync engine's lease holder loop when an actor runs low on credit.
@@ -176,7 +176,7 @@ pub struct AppState {
     pub stall_watch: Arc<super::stall::StallWatch>,
     /// `lease` mode with `cluster.lease.spillover`: the peers' room, which the
     /// sync engine writes each round (`super::spill`).
-    pub spill: Option<Arc<super::spill::Board>>,
+    pub spill: Option<Arc<crate::sync::spill::Board>>,
 }
 
 /// One limit's spec: `capacity` per window, `burst` (token-bucket) its own.
@@ -384,7 +384,7 @@ impl AppState {
         let spill = (config.cluster.as_ref())
             .filter(|c| c.mode == crate::config::SyncMode::Lease && c.lease.spillover)
             .map(|c| {
-                Arc::new(super::spill::Board::new(
+                Arc::new(crate::sync::spill::Board::new(
                     &c.node_id,
                     &c.cluster_id,
                     c.secret.as_deref().unwrap_or_default(),
@@ -407,7 +407,7 @@ impl AppState {
             specs,
             defaults,
             Clock::following_wall(),
-            metrics.clone(),
+            metrics.actors(),
             credits.clone(),
         )
         .map_err(|(scope, e)| {
@@ -425,19 +425,19 @@ impl AppState {
             config,
             tenants,
             routes,
-            registry,
+            registry: Arc::new(registry),
             upstream_http,
             metrics,
             default_encoding,
             count_memo,
             draining: AtomicBool::new(false),
-            superseded: AtomicBool::new(false),
+            superseded: Arc::new(AtomicBool::new(false)),
             rng_counter: AtomicU64::new(0),
             bindings,
             credits,
             credit_wake,
-            lease_book: std::sync::OnceLock::new(),
-            redis_gate: std::sync::OnceLock::new(),
+            lease_book: Arc::default(),
+            redis_gate: Arc::default(),
             cluster_status,
             spill,
         })
@@ -460,6 +460,30 @@ impl AppState {
             .encoding
             .or_else(|| Encoding::for_openai_model(model))
             .unwrap_or(self.default_encoding)
+    }
+
+    /// The handles cluster sync works on: the same registry, bindings, flags
+    /// and boards as the request path's. `spilled` serves requests peers spill
+    /// here (spillover on).
+    pub fn sync_parts(
+        &self,
+        spilled: Option<crate::sync::parts::SpilledRequests>,
+    ) -> crate::sync::parts::NodeParts {
+        crate::sync::parts::NodeParts {
+            registry: self.registry.clone(),
+            bindings: self.bindings.clone(),
+            metrics: self.metrics.clone(),
+            limits: self.config.limits.clone(),
+            redis: self.config.redis.clone(),
+            credits: self.credits.clone(),
+            credit_wake: self.credit_wake.clone(),
+            superseded: self.superseded.clone(),
+            spill: self.spill.clone(),
+            spilled,
+            cluster_status: self.cluster_status.clone(),
+            lease_book: self.lease_book.clone(),
+            redis_gate: self.redis_gate.clone(),
+        }
     }
 
     /// Is the completion policy adaptive?

@@ -14,9 +14,9 @@
 //! - the request's deadline (`server.request_timeout`) passes.
 
 use super::request::Api;
-use super::upstream_http::{UpstreamBody, describe};
 use super::usage::{OpenAiEvent, Usage, anthropic_event, openai_event};
 use crate::actor::{Permit, SettleWith};
+use crate::upstream_http::{UpstreamBody, describe};
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use http_body_util::BodyDataStream;

@@ -1,4 +1,4 @@
-//! # Redis strict modes (issue 4)
+//! # Redis strict modes
 //!
 //! Optional: nothing else needs Redis. The scripts in `lua/` do every decision
 //! atomically in Redis, with Redis `TIME`:

@@ -9,15 +9,15 @@ use super::echo::OwnEcho;
 use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
+use super::parts::NodeParts;
 use super::redis_loss::{Announced, Loss, REDIS_CHARGING_KEY, RedisLosses};
 use super::sightings::Sightings;
+use super::spill::{Room, Row};
 use super::status::{ClusterStatus, HeldKeys, MemberStatus};
 use super::successor::Successors;
-use crate::actor::scope::{Allowance, ScopeExport};
-use crate::actor::{Dimension, ScopeId};
+use crate::actor::scope::ScopeExport;
+use crate::actor::{Binding, Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
-use crate::proxy::AppState;
-use crate::proxy::spill::{Room, Row};
 use crate::redis::gate::{Fallback, RedisGate};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -61,24 +61,6 @@ pub struct LeaseFeed {
     pub fresh_within_ms: u64,
 }
 
-/// One limit key whose allowance the engine maintains.
-#[derive(Debug, Clone)]
-pub struct Binding {
-    /// Cluster-wide key, e.g. `tenant:acme:tokens` (shared with its credit).
-    pub key: Arc<str>,
-    /// The actor owning it.
-    pub scope: ScopeId,
-    /// Which dimension.
-    pub dimension: Dimension,
-    /// Capacity L (per window, or concurrent).
-    pub capacity: u64,
-    /// The allowance the actor reads (`local split`, `gossip`).
-    pub allowance: Option<Allowance>,
-    /// Leased (`lease`, `redis-lease`): its credit is in the node's
-    /// [`crate::actor::credit::CreditTable`], made at the key's first use here.
-    pub leased: bool,
-}
-
 /// This node's own figures for one key, from its actors.
 #[derive(Debug, Default, Clone, Copy)]
 struct Own {
@@ -91,7 +73,7 @@ struct Own {
 
 /// The engine's state.
 pub struct Engine {
-    state: Arc<AppState>,
+    node: Arc<NodeParts>,
     membership: Membership,
     mode: SyncMode,
     policy: Box<dyn SyncPolicy>,
@@ -219,7 +201,7 @@ fn key_of(scope: &ScopeId, dimension: Dimension) -> String {
 impl Engine {
     /// An engine over a started membership.
     pub fn new(
-        state: Arc<AppState>,
+        node: Arc<NodeParts>,
         membership: Membership,
         config: &ClusterConfig,
         usage: Arc<Mutex<ClusterUsage>>,
@@ -236,7 +218,7 @@ impl Engine {
             + config.gossip_interval * 2)
             .as_millis() as u64;
         Engine {
-            state,
+            node,
             membership,
             mode: config.mode,
             policy: policy(config.mode, config.local_share),
@@ -324,8 +306,8 @@ impl Engine {
             );
             return;
         }
-        let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
-        let exports = self.state.registry.export_live().await;
+        let now_ms = self.node.registry.clock().now_ns() / 1_000_000;
+        let exports = self.node.registry.export_live().await;
         self.record_own(&exports, now_ms);
         let mut published = self.counters.publish(now_ms);
         published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
@@ -351,13 +333,13 @@ impl Engine {
                 gate.release_orphaned_slots().await;
             }
         }
-        let now_ms = self.state.registry.clock().now_ns() / 1_000_000;
+        let now_ms = self.node.registry.clock().now_ns() / 1_000_000;
         // What peers may not have seen yet: at least two gossip intervals and a
         // round, longer when this node sees its peers' rounds later than that
         // (the lag is symmetric enough: large clusters take more gossip rounds).
         let sync_ms = self.cutoff_lag_ms.saturating_sub(self.propagation_ms);
         (self.echo).set_bound(self.cutoff_lag_ms.max(self.lag_ms.saturating_add(sync_ms)));
-        let exports = self.state.registry.export_live().await;
+        let exports = self.node.registry.export_live().await;
         let own = self.record_own(&exports, now_ms);
         let mut published = self.counters.publish(now_ms);
         // Keys quiet for a window: delete their rings (every reader reads them 0).
@@ -393,7 +375,7 @@ impl Engine {
             Ok(size) => {
                 self.wrote(size, retired.len());
                 // Dated when written, not when exported: peers see it from now.
-                let written_ms = self.state.registry.clock().now_ns() / 1_000_000;
+                let written_ms = self.node.registry.clock().now_ns() / 1_000_000;
                 self.echo.published(written_ms);
                 None
             }
@@ -455,7 +437,7 @@ impl Engine {
         StepPlace::after(self.recompute_took)
             .run(|| self.recompute(&own, &members, now_ms, settled));
         self.recompute_took = Some(recompute_began.elapsed());
-        let metrics = &self.state.metrics;
+        let metrics = &self.node.metrics;
         metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
         metrics.sync_received(received, lag_ms as i64);
         metrics.sync_round_took(started.elapsed());
@@ -465,7 +447,7 @@ impl Engine {
         let redis_lost = self.redis_lost_here();
         metrics.degraded("owner_unreachable", !cut_off.is_empty() && !redis_lost);
         metrics.degraded("redis_unreachable", redis_lost);
-        let superseded = self.state.superseded.load(Ordering::Relaxed);
+        let superseded = self.node.superseded.load(Ordering::Relaxed);
         let degraded = match (&publish_error, self.dead.is_empty(), cut_off.is_empty()) {
             _ if superseded => Some(
                 "superseded: a newer process runs under this node id; this one refuses every request"
@@ -531,19 +513,19 @@ impl Engine {
     /// operator's (docs/config.md, `node_id`); this fence ends it at the heal.
     fn fence_if_superseded(&self) {
         let superseded = self.membership.watch_live().borrow().self_superseded;
-        if superseded && !self.state.superseded.swap(true, Ordering::Relaxed) {
+        if superseded && !self.node.superseded.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 node = %self.self_id,
                 "a newer process runs under this node id: refusing every request from now on (503); stop this process"
             );
-            self.state.metrics.degraded("superseded", true);
+            self.node.metrics.degraded("superseded", true);
         }
     }
 
     /// A write to the cluster state succeeded, leaving it at `size`, with the
     /// rings of `retired` limit keys deleted.
     fn wrote(&mut self, size: StateSize, retired: usize) {
-        self.state.metrics.sync_state(size.bytes);
+        self.node.metrics.sync_state(size.bytes);
         self.state_size = size;
         self.keys_retired_total += retired as u64;
     }
@@ -636,9 +618,9 @@ impl Engine {
         // fault"). After the retired keys' zeros: a credit not dropped yet may
         // still hold a figure its next actor could spend. Rounded up to a
         // sixteenth of L: it changes with the shares, not with every statement.
-        if let Some(credits) = &self.state.credits {
+        if let Some(credits) = &self.node.credits {
             for (index, told) in credits.told_shares() {
-                let Some(binding) = self.state.bindings.get(index as usize) else {
+                let Some(binding) = self.node.bindings.get(index as usize) else {
                     continue;
                 };
                 let held = held_figure(told, binding.capacity);
@@ -662,7 +644,7 @@ impl Engine {
         // hit when this held the usage lock while asking the book).
         let replicas = lock(&self.usage).key_count();
         let owner_lines = (lease.and_then(|f| f.book.as_ref())).map_or(0, |b| b.open_lines());
-        let credits = (self.state.credits.as_ref()).map_or(0, |t| t.made_count());
+        let credits = (self.node.credits.as_ref()).map_or(0, |t| t.made_count());
         HeldKeys {
             counters: self.counters.len(),
             demand: self.demand.len(),
@@ -845,7 +827,7 @@ impl Engine {
         now_ms: u64,
         settled: bool,
     ) {
-        let state = Arc::clone(&self.state);
+        let node = Arc::clone(&self.node);
         let horizon_ms = self.horizon_ms(now_ms);
         // `redis`: what this node divides each capacity by when it spends locally:
         // its loss's fixed divisor, or what a loss beginning now would use.
@@ -882,14 +864,14 @@ impl Engine {
         let mut live_nodes = usage.live_nodes();
         live_nodes.push(self.self_id.clone());
         self.history.set_members(&live_nodes, &self.dead);
-        // Spillover: each peer's room per key this round (`crate::proxy::spill`),
+        // Spillover: each peer's room per key this round (`super::spill`),
         // for the peers that accept spilled requests.
         let spill_peers: Vec<MemberAddr> = (members.iter().zip(&lease_view.members))
             .filter(|(m, addr)| addr.id != self.self_id && m.metadata.spills)
             .map(|(_, addr)| addr.clone())
             .collect();
         let mut spill_rows = HashMap::new();
-        for (index, binding) in state.bindings.iter().enumerate() {
+        for (index, binding) in node.bindings.iter().enumerate() {
             let mine = own.get(&*binding.key).copied().unwrap_or(Own {
                 used: 0,
                 seen: 0,
@@ -969,7 +951,7 @@ impl Engine {
                     },
                 );
                 if allowance.set(if gate.is_lost() { own } else { u64::MAX }) {
-                    self.state.registry.wake(&binding.scope);
+                    self.node.registry.wake(&binding.scope);
                 }
                 continue;
             }
@@ -1010,7 +992,7 @@ impl Engine {
                     idle_terms.entry(binding.capacity).or_insert_with(&make);
                 } else {
                     let terms = make();
-                    if state.spill.is_some() {
+                    if node.spill.is_some() {
                         let free = match binding.dimension {
                             Dimension::Concurrency => u64::MAX,
                             _ => binding.capacity.saturating_sub(global),
@@ -1082,7 +1064,7 @@ impl Engine {
                 // Waiters held back by the old figure are admitted now rather than
                 // at their next re-check (up to ALLOWANCE_RETRY_HINT_NS later): a
                 // freed slot in `gossip` reached a waiting node ~0.25 s late.
-                self.state.registry.wake(&binding.scope);
+                self.node.registry.wake(&binding.scope);
             }
         }
         drop(usage);
@@ -1095,7 +1077,7 @@ impl Engine {
                 || self.redis_losses.confirmed(epoch, alone_by_design);
             gate.set_confirmed(if confirmed { epoch } else { 0 });
         }
-        if let Some(board) = &state.spill {
+        if let Some(board) = &node.spill {
             let idle = (idle_terms.iter())
                 .map(|(capacity, terms)| {
                     let shares = (spill_peers.iter())

@@ -12,7 +12,9 @@
 //! - [`echo`]: this node's usage as its peers have surely seen it (`gossip`).
 //! - [`engine`]: one round: export, publish, read, recompute.
 //! - [`lease`]: `lease` mode: the owner book, the internal RPC, the holder loop.
+//! - [`parts`]: the node's handles sync works on.
 //! - [`redis_loss`]: `redis` mode: who charges whom while a node cannot reach Redis.
+//! - [`spill`]: spillover's room per peer and key, read by the proxy.
 //! - [`status`]: what `/admin/cluster` shows.
 //! - [`successor`]: when a crashed member's floor ends after it restarted.
 
@@ -23,15 +25,17 @@ pub mod echo;
 pub mod engine;
 pub mod history;
 pub mod lease;
+pub mod parts;
 pub mod redis_loss;
 pub mod sightings;
+pub mod spill;
 pub mod status;
 pub mod successor;
 
 use crate::config::{ClusterConfig, SyncMode};
-use crate::proxy::AppState;
 use engine::{Engine, LeaseFeed};
 use lease::owner::{KeyTable, OwnerBook};
+use parts::NodeParts;
 use status::ClusterStatus;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
@@ -178,35 +182,35 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
 /// serves), and keeps syncing every `sync_interval` until shut down. In `lease` mode
 /// also serves the internal RPC and runs the holder loop.
 pub async fn start(
-    state: Arc<AppState>,
+    node: Arc<NodeParts>,
     config: &ClusterConfig,
     proxy: SocketAddr,
     transport: &dyn Transport,
 ) -> Result<SyncHandle, SyncError> {
-    let limits = &state.config.limits;
+    let limits = &node.limits;
     let window = Window::try_new(limits.window.as_millis() as u64, limits.buckets)
         .map_err(|e| SyncError::Window(e.to_string()))?;
     let usage = Arc::new(Mutex::new(ClusterUsage::new(window)));
     let (stop, stopped) = watch::channel(false);
     let (lease, rpc_task, lease_tasks) = match config.mode {
         mode if mode.leases() => {
-            let (feed, rpc, tasks) = start_lease(&state, config, window, &usage, &stopped).await?;
+            let (feed, rpc, tasks) = start_lease(&node, config, window, &usage, &stopped).await?;
             (Some(feed), rpc, tasks)
         }
         _ => (None, None, Vec::new()),
     };
     let redis_gate = match config.mode {
-        SyncMode::Redis => Some(start_redis_gate(&state, config, window).await?),
+        SyncMode::Redis => Some(start_redis_gate(&node, config, window).await?),
         _ => None,
     };
     let membership = Membership::start(membership_config(config, proxy), transport).await?;
-    let status = state.cluster_status.clone().unwrap_or_else(|| {
+    let status = node.cluster_status.clone().unwrap_or_else(|| {
         Arc::new(Mutex::new(ClusterStatus::new(
             config,
             membership.self_id().to_string(),
         )))
     });
-    let mut engine = Engine::new(state, membership, config, usage, status, lease, redis_gate);
+    let mut engine = Engine::new(node, membership, config, usage, status, lease, redis_gate);
     engine.tick().await;
     let interval = config.sync_interval;
     let mut stopped = stopped;
@@ -233,7 +237,7 @@ pub async fn start(
 /// `rpc_listen`, the holder loop. `redis-lease`: the holder loop with Redis as
 /// the owner of every key. They read the view the engine writes each round.
 async fn start_lease(
-    state: &Arc<AppState>,
+    node: &Arc<NodeParts>,
     config: &ClusterConfig,
     window: Window,
     usage: &Arc<Mutex<ClusterUsage>>,
@@ -244,15 +248,11 @@ async fn start_lease(
     let mut tasks = Vec::new();
     let mut rpc = None;
     let (owners, book) = if config.mode == SyncMode::RedisLease {
-        let redis = state
-            .config
-            .redis
-            .as_ref()
-            .ok_or_else(|| SyncError::Lease {
-                key: "*".into(),
-                reason: "redis-lease needs [redis]".into(),
-            })?;
-        let store = connect_redis(redis, state).await?;
+        let redis = node.redis.as_ref().ok_or_else(|| SyncError::Lease {
+            key: "*".into(),
+            reason: "redis-lease needs [redis]".into(),
+        })?;
+        let store = connect_redis(redis, node).await?;
         let owners = lease::holder::Owners::Redis {
             store,
             prefix: redis.key_prefix.clone(),
@@ -260,8 +260,8 @@ async fn start_lease(
         };
         (owners, None)
     } else {
-        let book = peer_book(state, config, window, usage, &view)?;
-        rpc = Some(serve_rpc(state, config, &book, stopped).await?);
+        let book = peer_book(node, config, window, usage, &view)?;
+        rpc = Some(serve_rpc(node, config, &book, stopped).await?);
         tasks.push(tokio::spawn(lease::owner::offer_room_at_each_bucket(
             book.clone(),
             window.bucket_ms(),
@@ -278,7 +278,7 @@ async fn start_lease(
         max_credit: lease.max_credit,
         rpc_timeout: lease.rpc_timeout,
     };
-    let holder = lease::holder::Holder::new(state.clone(), owners, view.clone(), settings);
+    let holder = lease::holder::Holder::new(node.clone(), owners, view.clone(), settings);
     let holder_cut_off = holder.cut_off.clone();
     let holder_held = holder.held.clone();
     tasks.push(tokio::spawn(holder.run(stopped.clone())));
@@ -295,17 +295,16 @@ async fn start_lease(
 
 /// `redis` mode's gate over every bound key, installed for the request path.
 async fn start_redis_gate(
-    state: &Arc<AppState>,
+    node: &Arc<NodeParts>,
     config: &ClusterConfig,
     window: Window,
 ) -> Result<Arc<crate::redis::gate::RedisGate>, SyncError> {
-    let redis = state
-        .config
+    let redis = node
         .redis
         .as_ref()
         .ok_or_else(|| SyncError::Redis("`redis` mode needs [redis]".into()))?;
-    let store = connect_redis(redis, state).await?;
-    let limits: Vec<_> = (state.bindings.iter())
+    let store = connect_redis(redis, node).await?;
+    let limits: Vec<_> = (node.bindings.iter())
         .map(|b| (b.scope.clone(), b.dimension, b.key.to_string(), b.capacity))
         .collect();
     let incarnation = SystemTime::now()
@@ -321,16 +320,16 @@ async fn start_redis_gate(
         redis.slot_ttl,
         format!("{}/{incarnation}", config.node_id),
     ));
-    let _ = state.redis_gate.set(gate.clone());
+    let _ = node.redis_gate.set(gate.clone());
     Ok(gate)
 }
 
 /// The Redis store of `[redis]` (one server, lazily connected, or a cluster).
 async fn connect_redis(
     redis: &crate::config::RedisConfig,
-    state: &Arc<AppState>,
+    node: &Arc<NodeParts>,
 ) -> Result<crate::redis::RedisStore, SyncError> {
-    let metrics = Some(state.metrics.clone());
+    let metrics = Some(node.metrics.clone());
     let store = match &redis.url {
         Some(url) => crate::redis::RedisStore::single(url, redis.timeout, metrics),
         None => {
@@ -342,7 +341,7 @@ async fn connect_redis(
 
 /// `lease` mode's owner book over the configured keys.
 fn peer_book(
-    state: &Arc<AppState>,
+    node: &Arc<NodeParts>,
     config: &ClusterConfig,
     window: Window,
     usage: &Arc<Mutex<ClusterUsage>>,
@@ -350,7 +349,7 @@ fn peer_book(
 ) -> Result<Arc<OwnerBook>, SyncError> {
     let lease = &config.lease;
     let ttl_ms = lease.ttl.as_millis() as u64;
-    let keys = KeyTable::new(state.bindings.clone(), window, lease.max_credit, ttl_ms).map_err(
+    let keys = KeyTable::new(node.bindings.clone(), window, lease.max_credit, ttl_ms).map_err(
         |(key, e)| SyncError::Lease {
             key,
             reason: e.to_string(),
@@ -365,18 +364,18 @@ fn peer_book(
         keys,
         view.clone(),
         usage.clone(),
-        state.registry.clock(),
-        state.metrics.clone(),
+        node.registry.clock(),
+        node.metrics.clone(),
         Some(nudger),
-        Some(state.credit_wake.clone()),
+        Some(node.credit_wake.clone()),
     ));
-    let _ = state.lease_book.set(book.clone());
+    let _ = node.lease_book.set(book.clone());
     Ok(book)
 }
 
 /// The internal RPC server on `rpc_listen`, until `stopped`.
 async fn serve_rpc(
-    state: &Arc<AppState>,
+    node: &Arc<NodeParts>,
     config: &ClusterConfig,
     book: &Arc<OwnerBook>,
     stopped: &watch::Receiver<bool>,
@@ -389,9 +388,9 @@ async fn serve_rpc(
         book: book.clone(),
         secret: config.secret.clone().unwrap_or_default(),
         cluster_id: config.cluster_id.clone(),
-        metrics: state.metrics.clone(),
+        metrics: node.metrics.clone(),
         read_timeout: config.lease.rpc_timeout,
-        proxy: state.spill.is_some().then(|| state.clone()),
+        spilled: node.spilled.clone(),
     });
     let mut rpc_stop = stopped.clone();
     Ok(tokio::spawn(async move {

@@ -3,9 +3,9 @@
 //! tiktoken splits a text into pieces with a pattern, then merges each piece's
 //! bytes by the vocabulary's ranks. tiktoken-rs runs the pattern through
 //! `fancy-regex`, a backtracking engine, because each encoding's pattern has one
-//! branch the `regex` crate cannot run: `\s+(?!\S)`, a look-ahead. That pass
-//! was 90% of a short prompt's count and a fifth of all the instructions a node
-//! spent on a request (docs/BENCHMARKS.md, thirty-fifth session).
+//! branch the `regex` crate cannot run: `\s+(?!\S)`, a look-ahead. Through
+//! tiktoken-rs, that pass is 90% of a short prompt's count and a fifth of all
+//! the instructions a node spends on a request (docs/BENCHMARKS.md).
 //!
 //! Here the pattern runs on `regex-automata`'s meta engine (which picks its
 //! lazy DFA for these patterns), once per piece and

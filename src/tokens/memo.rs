@@ -3,9 +3,9 @@
 //! examples on every request, and the whole conversation so far on every turn,
 //! which makes counting a conversation's prompts quadratic in its length
 //! without a memo. Counting is the largest single part of a node's CPU at real
-//! prompt sizes: ~50 µs for a 1,200-token prompt (111 µs through tiktoken-rs
-//! before the thirty-fifth session), against ~45 µs for everything else a
-//! proxied request costs the node (docs/BENCHMARKS.md).
+//! prompt sizes: ~50 µs for a 1,200-token prompt (111 µs through tiktoken-rs),
+//! against ~45 µs for everything else a proxied request costs the node
+//! (docs/BENCHMARKS.md).
 //!
 //! The memo is a fixed table of `estimation.count_memo_slots` slots (65,536 by
 //! default: 512 KB per node), each one `AtomicU64` holding a 40-bit tag of a
@@ -42,10 +42,7 @@ use super::Encoding;
 
 /// Texts shorter than this (bytes) are not memoized.
 pub const MIN_MEMO_BYTES: usize = 256;
-/// The sizes `estimation.count_memo_slots` may take besides 0 (powers of two,
-/// 8 KB to 32 MB): an index of at most 22 bits stays within the 24 low bits of
-/// the hash that the tag leaves out.
-pub const COUNT_MEMO_SLOTS_RANGE: (usize, usize) = (1 << 10, 1 << 22);
+pub use crate::config::bounds::COUNT_MEMO_SLOTS_RANGE;
 /// Bits of a slot holding the count; the rest hold the tag.
 const COUNT_BITS: u32 = 24;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;

@@ -17,6 +17,7 @@
 mod bpe;
 mod memo;
 
+use crate::config::bounds::EncodingName;
 use bpe::BpeCounter;
 pub use memo::{COUNT_MEMO_SLOTS_RANGE, CountMemo, MIN_MEMO_BYTES};
 use serde::Deserialize;
@@ -60,22 +61,11 @@ impl Encoding {
     /// Parses a configured encoding name: `cl100k_base`, `o200k_base`, or
     /// `chars-per-token:<ratio>`.
     pub fn parse(name: &str) -> Result<Encoding, String> {
-        match name {
-            "cl100k_base" => Ok(Encoding::Cl100kBase),
-            "o200k_base" => Ok(Encoding::O200kBase),
-            other => {
-                let ratio = other
-                    .strip_prefix("chars-per-token:")
-                    .and_then(|r| r.parse::<f32>().ok())
-                    .filter(|r| r.is_finite() && *r > 0.0)
-                    .ok_or_else(|| {
-                        format!(
-                            "unknown encoding {other:?}: expected cl100k_base, o200k_base or chars-per-token:<positive number>"
-                        )
-                    })?;
-                Ok(Encoding::CharsPerToken(ratio))
-            }
-        }
+        Ok(match EncodingName::parse(name)? {
+            EncodingName::Cl100kBase => Encoding::Cl100kBase,
+            EncodingName::O200kBase => Encoding::O200kBase,
+            EncodingName::CharsPerToken(ratio) => Encoding::CharsPerToken(ratio),
+        })
     }
 
     /// Tokens in `text` (special tokens are counted as plain text, as the API does for

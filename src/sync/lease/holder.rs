@@ -17,8 +17,8 @@ use super::wire::{self, Entry};
 use super::{MemberAddr, View};
 use crate::actor::Dimension;
 use crate::actor::credit::{Credit, CreditTable};
-use crate::proxy::AppState;
 use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
+use crate::sync::parts::NodeParts;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -85,7 +85,7 @@ pub struct HolderSettings {
 
 /// The holder loop's state.
 pub struct Holder {
-    state: Arc<AppState>,
+    node: Arc<NodeParts>,
     owners: Owners,
     view: Arc<RwLock<Arc<View>>>,
     client: reqwest::Client,
@@ -308,24 +308,24 @@ pub fn max_credit(capacity: u64, fraction: f64) -> u64 {
 }
 
 impl Holder {
-    /// A holder loop over `state`'s credit bindings.
+    /// A holder loop over `node`'s credit bindings.
     pub fn new(
-        state: Arc<AppState>,
+        node: Arc<NodeParts>,
         owners: Owners,
         view: Arc<RwLock<Arc<View>>>,
         settings: HolderSettings,
     ) -> Holder {
         let mut unsettled = Bits::default();
-        for (i, _) in (state.bindings.iter().enumerate()).filter(|(_, b)| b.leased) {
+        for (i, _) in (node.bindings.iter().enumerate()).filter(|(_, b)| b.leased) {
             unsettled.set(i as u32, true);
         }
         Holder {
-            credits: state.credits.clone(),
+            credits: node.credits.clone(),
             active: BTreeMap::new(),
             unsettled,
             members: Vec::new(),
             nothing_held_seq: 0,
-            state,
+            node,
             owners,
             view,
             client: rpc::client(settings.rpc_timeout),
@@ -339,7 +339,7 @@ impl Holder {
 
     /// Runs rounds every sync interval and whenever an actor asks, until `stop`.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
-        let wake = self.state.credit_wake.clone();
+        let wake = self.node.credit_wake.clone();
         let mut ticker = tokio::time::interval(self.settings.sync_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -366,7 +366,7 @@ impl Holder {
     }
 
     fn now_ms(&self) -> u64 {
-        self.state.registry.clock().now_ns() / 1_000_000
+        self.node.registry.clock().now_ns() / 1_000_000
     }
 
     /// One round: snapshot what is due, send, adopt.
@@ -422,7 +422,7 @@ impl Holder {
             // a new owner (its rebuilt line waits to hear from every live
             // holder; on a graceful stop too), and to Redis on a graceful stop
             // if it keeps a reservation for this node.
-            let Some(owner) = self.owner_of(&view, &self.state.bindings[i as usize].key) else {
+            let Some(owner) = self.owner_of(&view, &self.node.bindings[i as usize].key) else {
                 continue;
             };
             if self.retried_next_round(owner, round) {
@@ -442,7 +442,7 @@ impl Holder {
         // Idle keys with nothing due: their credits may be at rest.
         let mut resting = Vec::new();
         for (&i, key) in active.iter_mut() {
-            let binding = &self.state.bindings[i as usize];
+            let binding = &self.node.bindings[i as usize];
             let Some(owner) = self.owner_of(&view, &binding.key) else {
                 continue;
             };
@@ -626,7 +626,7 @@ impl Holder {
         let before = &self.members;
         // Before the first round every key is unsettled already.
         if !before.is_empty() {
-            let bindings = self.state.bindings.iter().enumerate();
+            let bindings = self.node.bindings.iter().enumerate();
             for (i, binding) in
                 bindings.filter(|(i, b)| b.leased && !self.active.contains_key(&(*i as u32)))
             {
@@ -651,7 +651,7 @@ impl Holder {
             let settled = !self.unsettled.contains(i);
             self.unsettled.set(i, false);
             let owner = settled
-                .then(|| self.owner_of(view, &self.state.bindings[i as usize].key))
+                .then(|| self.owner_of(view, &self.node.bindings[i as usize].key))
                 .flatten()
                 .map(|m| Arc::from(m.id.as_str()));
             (self.active).insert(
@@ -705,7 +705,7 @@ impl Holder {
     fn unused_to_state(&self, round: Round) -> Vec<u32> {
         let mut unused: Vec<u32> = self.unsettled.ids().collect();
         if round == Round::ReturnAll && matches!(self.owners, Owners::Redis { .. }) {
-            let bindings = self.state.bindings.iter().enumerate();
+            let bindings = self.node.bindings.iter().enumerate();
             let reserved = bindings.filter(|(i, b)| {
                 b.leased
                     && !self.unsettled.contains(*i as u32)
@@ -737,7 +737,7 @@ impl Holder {
         view: &View,
         round: Round,
     ) -> Vec<(Items, Answered)> {
-        let bindings = &self.state.bindings;
+        let bindings = &self.node.bindings;
         let book = match &self.owners {
             Owners::Peers(book) => book,
             Owners::Redis {
@@ -803,7 +803,7 @@ impl Holder {
         let sent_ms = self.now_ms();
         let asks: Vec<RedisAsk> = (items.iter())
             .map(|(i, _)| {
-                let binding = &self.state.bindings[*i];
+                let binding = &self.node.bindings[*i];
                 let terms = view.terms_for(&binding.key, binding.capacity);
                 let reserve = terms.map(|t| match round {
                     Round::ReturnAll => Reserve {
@@ -833,14 +833,14 @@ impl Holder {
             let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
             for ((i, _), (reserve, _)) in items.iter().zip(&asks) {
                 let ask = reserve.map_or(0, |r| r.share);
-                reserved.lower_to(&self.state.bindings[*i].key, ask);
+                reserved.lower_to(&self.node.bindings[*i].key, ask);
             }
         }
         let calls = items
             .iter()
             .zip(&asks)
             .map(|((i, snapshot), (reserve, held))| {
-                let binding = &self.state.bindings[*i];
+                let binding = &self.node.bindings[*i];
                 let dimension = binding.dimension;
                 let line = LeaseLine {
                     windowed: dimension != Dimension::Concurrency,
@@ -857,11 +857,11 @@ impl Holder {
                     let leased = store
                         .lease(&key, &view.self_id, &line, &snapshot.request, &ask)
                         .await;
-                    if super::audit::enabled()
+                    if crate::audit::enabled()
                         && let Ok(Ok(leased)) = &leased
                     {
                         let r = &snapshot.request;
-                        super::audit::record(&super::audit::Event::Stated {
+                        crate::audit::record(&crate::audit::Event::Stated {
                             key: &binding.key,
                             seq: r.seq,
                             sent_ms,
@@ -925,18 +925,18 @@ impl Holder {
 
     fn adopt(&mut self, owner: &MemberAddr, items: Items, answered: Answered) {
         let now_ms = self.now_ms();
-        let metrics = &self.state.metrics;
+        let metrics = &self.node.metrics;
         let answers = match answered {
             Ok(answers) => answers,
             Err(_) => {
                 // Policy `share`: the told share per window once the credit ends.
                 // (A key never used here holds nothing, and stays unsettled.)
                 for (i, _) in &items {
-                    let binding = &self.state.bindings[*i];
+                    let binding = &self.node.bindings[*i];
                     if let Some(key) = self.active.get(&(*i as u32)) {
                         self.cut_off(&key.credit, &binding.key);
                     }
-                    self.state.registry.wake(&binding.scope);
+                    self.node.registry.wake(&binding.scope);
                     metrics.lease_statement("holder", "unreachable");
                 }
                 return;
@@ -945,7 +945,7 @@ impl Holder {
         // One shared name for every key this owner answered.
         let owner_id: Arc<str> = owner.id.as_str().into();
         for ((i, snapshot), answer) in items.into_iter().zip(answers) {
-            let binding = &self.state.bindings[i];
+            let binding = &self.node.bindings[i];
             let key = self.active.get_mut(&(i as u32));
             match answer {
                 Ok(reply) => {
@@ -971,7 +971,7 @@ impl Holder {
                     };
                     metrics.lease_statement("holder", outcome);
                     if reply.credit > 0 {
-                        self.state.registry.wake(&binding.scope);
+                        self.node.registry.wake(&binding.scope);
                     }
                 }
                 Err(code) => {
@@ -1032,7 +1032,8 @@ upstreams = ["u"]
             ));
         }
         let config = crate::config::Config::from_toml(&text, "test.toml").expect("config");
-        let state = Arc::new(AppState::new(config).expect("state"));
+        let state = Arc::new(crate::proxy::AppState::new(config).expect("state"));
+        let state = Arc::new(state.sync_parts(None));
         let window = tollgate_cluster::counter::Window::try_new(60_000, 60).expect("window");
         let keys = super::super::owner::KeyTable::new(state.bindings.clone(), window, 0.25, 3_000)
             .expect("keys");
@@ -1076,7 +1077,7 @@ upstreams = ["u"]
     }
 
     fn leased(holder: &Holder) -> Vec<u32> {
-        (0..holder.state.bindings.len() as u32).collect()
+        (0..holder.node.bindings.len() as u32).collect()
     }
 
     /// `owner`'s answers to `keys`, each accepted (`Ok`) or refused with `code`.
@@ -1113,7 +1114,7 @@ upstreams = ["u"]
         for owner in ["a", "b"] {
             let owned: Vec<u32> = (all.iter().copied())
                 .filter(|i| {
-                    two.owner(&holder.state.bindings[*i as usize].key)
+                    two.owner(&holder.node.bindings[*i as usize].key)
                         .unwrap()
                         .id
                         == owner
@@ -1135,7 +1136,7 @@ upstreams = ["u"]
         holder.mark_moved(&three);
         let moved: Vec<u32> = (all.iter().copied())
             .filter(|i| {
-                let key = &holder.state.bindings[*i as usize].key;
+                let key = &holder.node.bindings[*i as usize].key;
                 two.owner(key).unwrap().id != three.owner(key).unwrap().id
             })
             .collect();
@@ -1166,9 +1167,9 @@ upstreams = ["u"]
         let mut holder = holder(tenants);
         let two = view(&["a", "b"]);
         holder.mark_moved(&two);
-        let owner0 = two.owner(&holder.state.bindings[0].key).unwrap().id.clone();
+        let owner0 = two.owner(&holder.node.bindings[0].key).unwrap().id.clone();
         answer(&mut holder, &owner0, &[0], None);
-        let table = holder.state.credits.clone().expect("lease table");
+        let table = holder.node.credits.clone().expect("lease table");
         (holder, two, owner0, table)
     }
 

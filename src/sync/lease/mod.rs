@@ -13,7 +13,6 @@
 //! RPC addresses, and each key's terms (shares by gossiped demand, floors for
 //! unreachable members, borrowing).
 
-pub mod audit;
 mod bits;
 pub mod holder;
 pub mod owner;

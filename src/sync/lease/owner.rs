@@ -6,10 +6,10 @@
 
 use super::View;
 use super::bits::Bits;
+use crate::actor::Binding;
 use crate::actor::Dimension;
-use crate::actor::clock::Clock;
+use crate::clock::Clock;
 use crate::ops::metrics::Metrics;
-use crate::sync::engine::Binding;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use tollgate_cluster::counter::{ClusterUsage, Window};
@@ -273,12 +273,12 @@ impl OwnerBook {
         if line.has_short() {
             lines.short.insert(id);
         }
-        if super::audit::enabled()
+        if crate::audit::enabled()
             && line.config().kind() != tollgate_cluster::lease::line::Kind::Slots
         {
             let holder = from.to_owned();
             let (usage, lapsed, told) = line.figures_of(&holder, now_ms);
-            super::audit::record(&super::audit::Event::Grant {
+            crate::audit::record(&crate::audit::Event::Grant {
                 key,
                 holder: from,
                 seq: request.seq,

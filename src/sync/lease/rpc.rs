@@ -7,8 +7,7 @@
 use super::owner::OwnerBook;
 use super::wire::{self, Answer, Answers, Batch, Nudge};
 use crate::ops::metrics::Metrics;
-use crate::proxy::AppState;
-use crate::proxy::spill;
+use crate::sync::parts::SpilledRequests;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -32,9 +31,9 @@ pub struct RpcState {
     pub metrics: Arc<Metrics>,
     /// Longest time to read a request body.
     pub read_timeout: Duration,
-    /// The proxy, when spillover is on: requests peers spill here are served by
-    /// it (`crate::proxy::spill`).
-    pub proxy: Option<Arc<AppState>>,
+    /// Serves requests peers spill here, when spillover is on (the proxy's
+    /// side, wired in by the server).
+    pub spilled: Option<SpilledRequests>,
 }
 
 /// The router (also used by tests on their own listener).
@@ -46,7 +45,7 @@ pub fn app(state: Arc<RpcState>) -> Router {
         .with_state(state)
 }
 
-/// [`spill::PATH_PREFIX`] with the API's name.
+/// [`PATH_PREFIX`](crate::sync::spill::PATH_PREFIX) with the API's name.
 const SPILL_ROUTE: &str = "/internal/v1/spill/{api}";
 
 /// A request a peer spilled here: served by the proxy (404 with spillover off
@@ -57,9 +56,9 @@ async fn spilled(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match (&state.proxy, spill::api_named(&api)) {
-        (Some(proxy), Some(api)) => spill::accept(proxy.clone(), api, headers, body).await,
-        _ => StatusCode::NOT_FOUND.into_response(),
+    match &state.spilled {
+        Some(serve) => serve(api, headers, body).await,
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 

@@ -226,7 +226,7 @@ pub struct Settlements {
 }
 
 /// One line of a node's lease audit (`n{i}.lease.jsonl`, the gateway's
-/// `sync::lease::audit`): a grant it made as an owner, or a spend of owner credit
+/// `tollgate::audit`): a grant it made as an owner, or a spend of owner credit
 /// it made as a holder.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LeaseEvent {

@@ -65,7 +65,7 @@ enum Cmd {
         #[arg(long)]
         replay: Option<PathBuf>,
     },
-    /// Accuracy against throughput (issue 6): every mode x nodes x workload
+    /// Accuracy against throughput: every mode x nodes x workload
     /// pattern, one run each without faults; results in `target/jepsen/bench/`.
     Bench {
         /// The small matrix for CI: 3 nodes, `uniform` and `skewed-nodes`, 10 s
@@ -330,7 +330,7 @@ async fn main() -> anyhow::Result<()> {
             lease_audit,
         } => {
             if let Some(path) = &lease_audit {
-                tollgate::sync::lease::audit::install(path)
+                tollgate::audit::install(path)
                     .with_context(|| format!("opening the lease audit {}", path.display()))?;
             }
             match fault.as_deref() {

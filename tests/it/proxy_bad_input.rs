@@ -1,13 +1,11 @@
-//! The bad-input list of issue 2: each gets the right status in the OpenAI error
+//! Bad input: each gets the right status in the OpenAI error
 //! shape, the node keeps serving, and no reservation or slot leaks.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
+use crate::common::*;
 use axum::Router;
 use axum::routing::post as axum_post;
-use common::*;
 use serde_json::json;
 use std::time::Duration;
 

@@ -1,14 +1,13 @@
 //! The client upstream requests go out through: hyper's pooled client, driven
 //! directly, with reqwest kept for upstreams the environment sends through a proxy.
 //!
-//! Until the thirty-fourth session every upstream request went through reqwest,
-//! and 9% of the node's instructions per request were reqwest turning URLs into
-//! URIs and back (docs/BENCHMARKS.md, "Thirty-third session: instructions per
-//! request"): its redirect layer, installed even with `Policy::none()`, formats
-//! each request's URI and parses it into a `Url` twice, and the `Url` the request
-//! carries becomes a `Uri` once more on the way to hyper. Here the URI is parsed
-//! once at start and cloned per request (a reference count). What reqwest gave
-//! the node is kept, each the same way:
+//! hyper, not reqwest, carries the common case because reqwest's redirect
+//! layer (installed even with `Policy::none()`) formats each request's URI and
+//! parses it into a `Url` twice, and the request's `Url` becomes a `Uri` again on
+//! the way to hyper: about 9% of a node's instructions per request
+//! (docs/BENCHMARKS.md). Here the URI is parsed once at start and cloned per
+//! request (a reference count). What reqwest gives a client is kept, each the
+//! same way:
 //!
 //! - TLS by rustls with the platform's verifier (`rustls-platform-verifier`: on
 //!   Linux the system's CA bundle, or `SSL_CERT_FILE`/`SSL_CERT_DIR`, through

@@ -12,10 +12,8 @@
 //!   tunnel, counted), unless `NO_PROXY` names the upstream's host.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::served::Served;
-use common::{KEY, chat_body, key_hash, mock};
+use crate::common::served::Served;
+use crate::common::{KEY, chat_body, key_hash, mock};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -243,7 +241,7 @@ max_attempts = 1
 "#,
         hash = key_hash()
     );
-    common::served::serve(&toml, |command| {
+    crate::common::served::serve(&toml, |command| {
         for name in [
             "SSL_CERT_FILE",
             "SSL_CERT_DIR",

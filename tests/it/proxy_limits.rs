@@ -3,9 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -324,9 +322,9 @@ async fn provider_remaining_zero_cools_the_upstream_before_any_429() {
 /// A retry's tenant charge counts from its send. The provider (1 request per 4 s)
 /// is used up by a direct call, so the node's first attempt gets a 429 and a
 /// retry-after of a few seconds; the retry waits it out and then takes 1.5 s to
-/// answer. Dated at the 429 and not again (a review found it: only the first
-/// attempt was checked), the charge had left the node's 2 s window while the
-/// provider was serving the retry, and the tenant read 0 used.
+/// answer. Were the charge dated at the 429 and not again (only at the first
+/// attempt), it would leave the node's 2 s window while the provider was
+/// serving the retry, and the tenant would read 0 used.
 #[tokio::test]
 async fn a_retry_that_waited_out_a_cool_down_is_charged_from_its_send() {
     let upstream = mock(|m| {
@@ -805,7 +803,7 @@ async fn idle_upstream_connections_are_reused_or_not_kept_as_configured() {
         .parse()
         .unwrap();
     for (idle, connections) in [(None, 1), (Some("0s"), 3)] {
-        let relay = common::redis::TcpRelay::start(mock_port).await;
+        let relay = crate::common::redis::TcpRelay::start(mock_port).await;
         let server = idle.map_or_else(String::new, |d| {
             format!("upstream_idle_timeout = \"{d}\"\n")
         });
@@ -824,9 +822,9 @@ async fn idle_upstream_connections_are_reused_or_not_kept_as_configured() {
     upstream.shutdown().await.unwrap();
 }
 
-/// A token-bucket tenant's `burst` bounds its request limit only (a review found
-/// one figure for both: with `burst = 60` every request costing more than 60
-/// tokens was refused for good, 413).
+/// A token-bucket tenant's `burst` bounds its request limit only (one figure for
+/// both would refuse for good, 413, every request costing more than 60 tokens
+/// with `burst = 60`).
 #[tokio::test]
 async fn a_token_bucket_request_burst_does_not_bound_the_token_limit() {
     let upstream = mock(|_| {}).await;

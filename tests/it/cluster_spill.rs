@@ -7,10 +7,8 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::cluster::*;
-use common::*;
+use crate::common::cluster::*;
+use crate::common::*;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -535,7 +533,7 @@ async fn a_hop_cut_after_delivery_gets_this_nodes_429_at_once_and_is_never_sent_
         .trim_matches('"')
         .parse()
         .unwrap();
-    let proxy = common::cutting_proxy::CuttingProxy::start(rpc).await;
+    let proxy = crate::common::cutting_proxy::CuttingProxy::start(rpc).await;
     let peer = peer.replace(
         &rpc_line,
         &format!("{rpc_line}\nrpc_advertise = \"{}\"", proxy.addr),
@@ -770,8 +768,8 @@ async fn a_stopping_node_lets_a_spilled_stream_end_before_it_leaves() {
 }
 
 /// ... and no longer: a spilled stream that outlasts the grace does not hold
-/// the stop (the internal RPC server's graceful stop waited for it without
-/// bound until the thirtieth session: 5 s here against a 1 s grace).
+/// the stop (the internal RPC server's graceful stop would wait for it without
+/// bound: 5 s here against a 1 s grace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spilled_stream_does_not_hold_a_stopping_node_past_its_grace() {
     // Streams of 5 tokens at 1 s each.

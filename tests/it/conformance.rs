@@ -7,11 +7,9 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::cluster::*;
-use common::redis::RedisServer;
-use common::*;
+use crate::common::cluster::*;
+use crate::common::redis::RedisServer;
+use crate::common::*;
 use std::sync::Arc;
 
 /// What a mode promises for the cluster total, as (at most, at least).

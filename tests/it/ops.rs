@@ -3,9 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 #[tokio::test]
@@ -122,7 +120,7 @@ async fn served_workers(server_lines: &str) -> i64 {
     let toml = single("rpm = 10")
         .replace("{MOCK}", "http://127.0.0.1:1/v1")
         .replace("{HASH}", &key_hash());
-    let node = common::served::serve(&format!("{server_lines}\n{toml}"), |c| {
+    let node = crate::common::served::serve(&format!("{server_lines}\n{toml}"), |c| {
         c.env("TOKIO_WORKER_THREADS", "1");
     })
     .await;

@@ -5,10 +5,8 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::cluster::*;
-use common::*;
+use crate::common::cluster::*;
+use crate::common::*;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -450,9 +448,8 @@ async fn a_process_superseded_under_its_node_id_refuses_every_request() {
 }
 
 /// `x-ratelimit-remaining-*` is what the node may still admit: within its
-/// cluster allowance, not only within L by its own count (a review found a
-/// refused request told "2 remaining" by a `local split` node whose share was
-/// spent).
+/// cluster allowance, not only within L by its own count (a `local split`
+/// node whose share is spent must not tell a refused request "2 remaining").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_headers_count_the_nodes_cluster_allowance() {
     let upstream = mock(|_| {}).await;

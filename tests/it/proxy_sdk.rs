@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
+use crate::common::*;
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::types::chat::{
@@ -12,7 +11,6 @@ use async_openai::types::chat::{
 };
 use async_openai::types::completions::CreateCompletionRequestArgs;
 use async_openai::types::embeddings::CreateEmbeddingRequestArgs;
-use common::*;
 use futures_util::StreamExt;
 
 fn client(node: &Node) -> Client<OpenAIConfig> {

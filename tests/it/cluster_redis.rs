@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::cluster::*;
-use common::redis::RedisServer;
-use common::*;
+use crate::common::cluster::*;
+use crate::common::redis::RedisServer;
+use crate::common::*;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -141,7 +139,7 @@ async fn redis_mode_falls_back_to_shares_when_redis_dies_and_reconciles_after() 
 async fn partial_loss(mode: &str) {
     const L: u64 = 300;
     let redis = RedisServer::start();
-    let relay = common::redis::TcpRelay::start(redis.port).await;
+    let relay = crate::common::redis::TcpRelay::start(redis.port).await;
     let upstream = mock(|_| {}).await;
     let url = |i: usize| if i == 2 { relay.url() } else { redis.url() };
     let nodes = redis_cluster(mode, url, L, &upstream).await;
@@ -234,7 +232,7 @@ async fn redis_lease_lost_by_one_node_only_its_share_is_charged_in_redis() {
 async fn cut_off_policy(policy: &str) -> (u64, u64, u64, u64) {
     const L: u64 = 300;
     let redis = RedisServer::start();
-    let relay = common::redis::TcpRelay::start(redis.port).await;
+    let relay = crate::common::redis::TcpRelay::start(redis.port).await;
     let upstream = mock(|_| {}).await;
     let url = |i: usize| if i == 2 { relay.url() } else { redis.url() };
     let nodes = redis_cluster_cut_off(("redis", policy), url, L, &upstream).await;
@@ -504,9 +502,9 @@ async fn stream_slot_cluster(
 
 /// A running stream's slot that Redis loses (a stall past its ttl, a restart
 /// with nothing kept) is held again at the next heartbeat, even if that takes
-/// it over C: the stream runs whatever Redis remembers. Found by a review: the
-/// heartbeat's "no longer held" answer was ignored, so other nodes could take
-/// the slot and concurrency went over C until the stream ended.
+/// it over C: the stream runs whatever Redis remembers. Were the heartbeat's "no
+/// longer held" answer ignored, other nodes could take the slot and concurrency
+/// would go over C until the stream ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
     let redis = RedisServer::start();
@@ -543,9 +541,9 @@ async fn a_running_streams_slot_lost_by_redis_is_held_again_at_its_heartbeat() {
 
 /// A stream admitted on the fallback while Redis is lost holds its slot in Redis
 /// as soon as Redis is back (before the node uses Redis again), for as long as it
-/// runs, and gives it back when it ends. Found by a review: fallback streams
-/// never took a slot, so after recovery other nodes could fill theirs and
-/// concurrency went over C until they ended.
+/// runs, and gives it back when it ends. A fallback stream that never took a
+/// slot would let other nodes fill theirs after recovery, and concurrency would
+/// go over C until it ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_admitted_while_redis_was_lost_holds_its_slot_once_redis_is_back() {
     let mut redis = RedisServer::start();

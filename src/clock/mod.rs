@@ -8,16 +8,18 @@
 //! docs/design/counters.md). Leases and timeouts use plain monotonic time.
 //!
 //! A running node uses [`Clock::following_wall`]: the same, plus the offset that
-//! [`wall`](super::wall) keeps so the clock follows later steps of the wall clock
+//! [`wall`] keeps so the clock follows later steps of the wall clock
 //! (NTP steps, VM time sync, suspend) instead of drifting away from Redis `TIME`
 //! and the other nodes for the life of the process. [`Clock::start`] stays purely
 //! monotonic, for tests that pause tokio's time.
 
-use super::wall::{self, WallTrack};
+pub mod wall;
+
 use crate::limiter::Nanos;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
+use wall::WallTrack;
 
 /// A fixed origin; every actor of a registry shares it so slots line up.
 #[derive(Clone, Copy, Debug)]

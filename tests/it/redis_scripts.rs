@@ -5,9 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::redis::{RedisCluster, RedisServer};
+use crate::common::redis::{RedisCluster, RedisServer};
 use std::time::Duration;
 use tollgate::redis::{
     Algorithm, DimSpec, LeaseAsk, Leased, RedisStore, Reservation, Reserve, Reserved, ScopeKeys,

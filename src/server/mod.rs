@@ -4,7 +4,7 @@
 //! in-flight requests finish for up to `server.shutdown_grace`, then stop.
 
 use crate::config::Config;
-use crate::proxy::{AppState, app};
+use crate::proxy::{self, AppState};
 use axum::serve::ListenerExt;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,6 +13,36 @@ use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate_cluster::chitchat::transport::{Transport, UdpTransport};
+
+pub mod admin;
+
+/// The whole HTTP surface of a node: the proxy's routes and the operations
+/// routes, with every other path answered in the caller's error shape.
+pub fn app(state: Arc<AppState>) -> axum::Router {
+    proxy::routes()
+        .merge(admin::routes())
+        .fallback(proxy::not_found)
+        .method_not_allowed_fallback(proxy::method_not_allowed)
+        .with_state(state)
+}
+
+/// The handles cluster sync works on, with requests peers spill here served by
+/// this node's proxy.
+fn sync_parts(state: &Arc<AppState>) -> Arc<crate::sync::parts::NodeParts> {
+    let spilled = state.spill.is_some().then(|| {
+        let proxy = state.clone();
+        let serve: crate::sync::parts::SpilledRequests = Arc::new(move |api, headers, body| {
+            Box::pin(proxy::spill::accept_named(
+                proxy.clone(),
+                api,
+                headers,
+                body,
+            ))
+        });
+        serve
+    });
+    Arc::new(state.sync_parts(spilled))
+}
 
 /// Why a node could not run.
 #[derive(Debug, thiserror::Error)]
@@ -140,7 +170,7 @@ pub async fn run_with_transport(
     let proxy = listener.local_addr()?;
     let sync = match &cluster {
         Some(cluster) => Some(
-            crate::sync::start(state.clone(), cluster, proxy, transport.as_ref())
+            crate::sync::start(sync_parts(&state), cluster, proxy, transport.as_ref())
                 .await
                 .map_err(|e| ServeError::State(e.to_string()))?,
         ),

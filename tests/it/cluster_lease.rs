@@ -10,10 +10,8 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-mod common;
-
-use common::cluster::*;
-use common::*;
+use crate::common::cluster::*;
+use crate::common::*;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -150,8 +148,8 @@ async fn a_quiet_holder_still_in_use_serves_on_its_figure_when_cut_off() {
 /// owner's room offers do just past every bucket boundary. Before, a nudged
 /// key was stated as if its owner had changed, which dropped the told figure:
 /// the statement then went unanswered and the holder, cut off with a figure of
-/// 0, refused every request once its credit ran out (a review of the room
-/// offer found it; docs/design/lease.md, "Room offered as it comes back").
+/// 0, would refuse every request once its credit ran out (docs/design/lease.md,
+/// "Room offered as it comes back").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_nudged_by_an_owner_it_cannot_reach_keeps_serving_on_its_figure() {
     const SPENT: u64 = 5;
@@ -392,8 +390,8 @@ async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incar
     // Half of L: a rebuilt owner also charges the old incarnation what it may
     // not have reported (max_credit), and the rest must still be served. Its
     // share starts at L / 3 and grows as its demand spreads (a few hundred ms,
-    // more on a loaded machine: the CI run of the thirtieth session saw a 429
-    // past the 300 ms wait), so a refusal is retried as a client would.
+    // more on a loaded machine, where a 429 past the 300 ms wait has been
+    // seen), so a refusal is retried as a client would.
     let deadline = Instant::now() + Duration::from_secs(10);
     while spent < 30 {
         let response = post(&nodes[index], "/chat/completions", chat_body("hi", 5), &[]).await;

@@ -1,0 +1,22 @@
+//! tollgate's integration tests, linked once into one binary: each module is one
+//! area, run against real sockets, the real mock upstream (its log is the ground
+//! truth) and real Redis servers the tests start. `cargo test --test it MODULE::`
+//! runs one area. `tests/scale.rs` stays a binary of its own: it counts the
+//! process's heap with a global allocator, which other tests would disturb.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cluster;
+mod cluster_lease;
+mod cluster_redis;
+mod cluster_spill;
+mod conformance;
+mod layers;
+mod mock_upstream;
+mod ops;
+mod proxy_bad_input;
+mod proxy_limits;
+mod proxy_sdk;
+mod redis_scripts;
+mod upstream_tls;
