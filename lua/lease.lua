@@ -28,10 +28,11 @@
 --   is lost (its cut-off share). Every holder's charge is at least its reservation,
 --   and the script keeps sum of charges <= L, so when Redis goes away every node
 --   spending up to its own reservation (or its credit) keeps the cluster <= L even
---   though the nodes' gossip views of the shares differ (jepsen measured 41 of 40
---   when each node took its share from its own view). A holder's charge: its usage
---   in the window + expired credit in the window + unexpired credit (slots:
---   unexpired slots), at least its reservation while its account is live or held.
+--   though the nodes' gossip views of the shares differ (with each node taking its
+--   share from its own view, the jepsen harness sees 41 of 40). A holder's
+--   charge: its usage in the window + expired credit in the window + unexpired
+--   credit (slots: unexpired slots), at least its reservation while its account
+--   is live or held.
 -- Complexity: O(holders x buckets), a few holders of at most R buckets each.
 
 local now = now_ms()

@@ -17,9 +17,8 @@
 --   gcra_* generic cell rate (token bucket): one STRING holding the theoretical
 --          arrival time in microseconds. O(1).
 --   log_*  exact sliding log: a ZSET of "<id>:<cost>" scored by time, O(n) in the
---          entries of one window (the seed design's algorithm), with a correct
---          retry-after: the time until enough cost has left the window, not just
---          the oldest entry.
+--          entries of one window, with a correct retry-after: the time until
+--          enough cost has left the window, not just the oldest entry.
 --   sem_*  concurrency semaphore: a ZSET of permit ids scored by expiry; expired
 --          (ghost) slots are removed before every acquire. O(log n).
 

@@ -89,7 +89,7 @@ for i = 1, n do
         local ref = commit(d.spec, costs[j])
         -- A window's ref is its bucket id, a whole number: returned as an
         -- integer reply, not formatted by tostring (a printf of a double per
-        -- dimension per reservation was the script's largest cost in a batch).
+        -- dimension per reservation would be the script's largest cost in a batch).
         if d.spec.alg == 'window' then refs[j] = ref else refs[j] = tostring(ref) end
       end
     end

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 6's one-node latency target with the two cores shared or split. The same
-# processes (the mock, examples/bare_proxy.rs, a lease-mode node; each on one
-# tokio worker, as is the load generator) serve every run; between runs only
-# their CPU affinity changes:
+# The one-node latency target (docs/BENCHMARKS.md) with the two cores shared or
+# split. The same processes (the mock, examples/bare_proxy.rs, a lease-mode node;
+# each on one tokio worker, as is the load generator) serve every run; between
+# runs only their CPU affinity changes:
 #   shared: every process may run on both cores (what bench-e2e.sh measures);
 #   split:  the proxy or node alone on core 1, the mock and the generator on core 0
 #           (`taskset`), so the node never waits behind them for a core.

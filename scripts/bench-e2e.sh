@@ -28,8 +28,8 @@ for target in direct:9190 gateway:8190 lease:8191; do
   name=${target%:*} port=${target#*:}
   run "$name-64" "http://127.0.0.1:$port/v1" --concurrency 64
   run "$name-1k" "http://127.0.0.1:$port/v1" --rate 1000
-  # Issue 6's one-node target held as a rate: 15,000 req/s over at most 64
-  # connections, latency from each slot's due time.
+  # The one-node target (docs/BENCHMARKS.md) held as a rate: 15,000 req/s over
+  # at most 64 connections, latency from each slot's due time.
   run "$name-15k" "http://127.0.0.1:$port/v1" --rate 15000 --max-in-flight 64
   run "$name-c1" "http://127.0.0.1:$port/v1" --concurrency 1
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The end-to-end floor: 64 connections straight to the mock, through a bare
-# axum + reqwest proxy (examples/bare_proxy.rs: the node's parts doing nothing
+# axum + hyper proxy (examples/bare_proxy.rs: the node's parts doing nothing
 # else), and through a lease-mode node, runs alternated, with each process's CPU
 # per request (utime + stime from /proc). Prints a Markdown table for
 # docs/BENCHMARKS.md. Usage: scripts/bench-floor.sh [rounds, default 3] [seconds, default 6]

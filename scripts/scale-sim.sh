@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale simulation grid (issue 6, part 4; docs/design/scale.md): runs
+# Scale simulation grid (docs/design/scale.md): runs
 # tests/scale.rs's `scale_cell` once per cell, each in its own process, and prints
 # a Markdown table for docs/BENCHMARKS.md with memory per configured tenant per
 # node derived from the cells that differ only in T (resident set and live heap).

@@ -16,7 +16,7 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
 # curl: the compose smoke run's clients.
 command -v curl >/dev/null || missing+=(curl)
-# openssl: the test CA and certificate of tests/upstream_tls.rs.
+# openssl: the test CA and certificate of tests/it/upstream_tls.rs.
 command -v openssl >/dev/null || missing+=(openssl)
 # libfaketime: the jepsen harness's clock-skew nemesis.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)

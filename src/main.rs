@@ -10,9 +10,10 @@ use tollgate::server::{self, Bound};
 
 /// mimalloc instead of glibc's malloc: the proxy path allocates per request (hyper's
 /// buffers, header maps, JSON), and under two busy workers glibc's arena locks
-/// and chunk consolidation were ~17% of a lease node's CPU (perf, 64
+/// and chunk consolidation take ~17% of a lease node's CPU (perf, 64
 /// connections); docs/design/architecture.md ("Why these crates") and
-/// docs/BENCHMARKS.md (tenth session) have the measurement.
+/// docs/BENCHMARKS.md ("Measured choices on the request path") have the
+/// measurement.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

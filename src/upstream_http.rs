@@ -5,9 +5,9 @@
 //! layer (installed even with `Policy::none()`) formats each request's URI and
 //! parses it into a `Url` twice, and the request's `Url` becomes a `Uri` again on
 //! the way to hyper: about 9% of a node's instructions per request
-//! (docs/BENCHMARKS.md). Here the URI is parsed once at start and cloned per
-//! request (a reference count). What reqwest gives a client is kept, each the
-//! same way:
+//! (docs/BENCHMARKS.md, "Measured choices on the request path"). Here the URI
+//! is parsed once at start and cloned per request (a reference count). What
+//! reqwest gives a client is kept, each the same way:
 //!
 //! - TLS by rustls with the platform's verifier (`rustls-platform-verifier`: on
 //!   Linux the system's CA bundle, or `SSL_CERT_FILE`/`SSL_CERT_DIR`, through
@@ -268,7 +268,7 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
 }
 
 /// A connector whose whole connect, TCP and then TLS, is bounded by `timeout`:
-/// hyper's own connect timeout covers the TCP connect only, and reqwest bounded
+/// hyper's own connect timeout covers the TCP connect only, and reqwest bounds
 /// both. A connect that fails is refunded and retried by `dispatch`; one that
 /// hung in the handshake would otherwise have run into the headers deadline and
 /// been kept as a request the provider may have seen.

@@ -434,11 +434,11 @@ async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_gossip() {
     );
 }
 
-/// The same target in `lease` (0.81 KB measured, docs/BENCHMARKS.md, "`lease`
-/// idle tenants"; it was 2.7-2.9 KB with a credit state, an owner line and config
-/// per key, then 1.1-1.3 KB with a credit handle and holder entry per key). The
-/// idle phase outlasts the start statements' ttl (3 s) and the statement
-/// client's idle connections (5 s).
+/// The same target in `lease` (0.81 KB measured, docs/BENCHMARKS.md, "Idle
+/// tenants under 1 KB"; per-key state would cost 2.7-2.9 KB with a credit state,
+/// an owner line and config per key, 1.1-1.3 KB with a credit handle and holder
+/// entry per key). The idle phase outlasts the start statements' ttl (3 s) and
+/// the statement client's idle connections (5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_lease() {
     let _alone = MEASURING.lock().await;
@@ -454,17 +454,16 @@ async fn a_configured_idle_tenant_holds_under_1_kb_per_node_in_lease() {
 /// none of the per-key structures holds any of its keys on any node
 /// (`/admin/cluster`'s `held`: the engine's, and the credits, the holder loop's
 /// keys and the owners' lines), and its live heap per node, which covers
-/// everything else too (connections, actors' maps), is held under
-/// 1.25 KB. This short debug
-/// cell (2 s windows and idle timeout, 3 s grace, T = 301) reads 0.84-0.96 KB,
-/// about what a configured, never-used tenant costs (0.81 KB); it read 3.3-7.8
-/// KB before three changes (docs/BENCHMARKS.md, "Used once, now idle: the
-/// census"): an actor retired with demand in its window left that demand
-/// published for good, with the key's ring, replicas and records on every member
-/// (the census catches it); idle upstream connections, as many as requests were
-/// in flight at the busiest moment, were counted as the tenants'; and the first
-/// cell in a process paid its one-time allocations (~0.6 MB), read as less per
-/// tenant.
+/// everything else too (connections, actors' maps), is held under 1.25 KB. This
+/// short debug cell (2 s windows and idle timeout, 3 s grace, T = 301) reads
+/// 0.84-0.96 KB, about what a configured, never-used tenant costs (0.81 KB). It
+/// guards against three ways to read 3.3-7.8 KB (docs/BENCHMARKS.md, "Used once,
+/// now idle: the census"): an actor retired with demand in its window leaving
+/// that demand published for good, with the key's ring, replicas and records on
+/// every member (the census catches it); idle upstream connections, as many as
+/// requests were in flight at the busiest moment, counted as the tenants'; and
+/// the first cell in a process paying its one-time allocations (~0.6 MB), read
+/// as less per tenant.
 ///
 /// The counters' regex caches are filled before the pair
 /// ([`load_what_the_process_keeps`]): otherwise a cell that first counts on a
@@ -642,9 +641,8 @@ async fn run_cell(cell: Cell) -> serde_json::Value {
     // Once an earlier cell's nodes are done freeing what they held (one local
     // run's cell read 1.7 MB less at its start than the cell before it at rest):
     // the lowest reading over half a second, until it stops falling, for 15 s at
-    // most. The negative figures that prompted this were a one-time ~40 MB
-    // allocation (a panic's backtrace), not slow freeing: see
-    // `measured_twice_if_implausible`.
+    // most. Negative figures come from a one-time ~40 MB allocation (a panic's
+    // backtrace), not slow freeing: see `measured_twice_if_implausible`.
     let mut heap_before = lowest_heap_over(Duration::from_millis(500)).await;
     for _ in 0..30 {
         let next = lowest_heap_over(Duration::from_millis(500)).await;

@@ -1,6 +1,6 @@
 //! # tollgate-cluster
 //!
-//! The cluster layer (issue 3): how tollgate nodes find each other and share what
+//! The cluster layer: how tollgate nodes find each other and share what
 //! they spent, so every tenant and upstream limit holds cluster-wide without Redis.
 //!
 //! - [`membership`]: chitchat (pinned 0.13.0): node id with generation, cluster id,

@@ -1,7 +1,7 @@
 //! Hash maps that give memory back. A `HashMap`'s table never shrinks by itself:
 //! one that held every key of a busy minute keeps that size after the keys leave,
-//! which was most of what a tenant used once and now idle still cost per node
-//! (docs/BENCHMARKS.md, "Used once, now idle").
+//! and unshrunk tables would be most of what a tenant used once and now idle costs
+//! per node (docs/BENCHMARKS.md, "Used once, now idle").
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};

@@ -1,4 +1,4 @@
-//! Demand-weighted shares of a capacity that always sum to it (design.md section 6,
+//! Demand-weighted shares of a capacity that always sum to it (docs/design/lease.md,
 //! "Shares, borrowing and partitions").
 //!
 //! Every live member `j` gets a share `s_j` of a key's capacity `L`, proportional to
@@ -63,9 +63,10 @@ pub fn shares_with_floor<N: Ord + Clone>(
 
 /// How far above its demand a member's fair share may reach before the others'
 /// equal level binds: a node may double its rate within a window before its share
-/// holds it back (at 1, a node just under the level got exactly what it had asked
-/// in the last window, no room at all, and such nodes' demands crossed the level
-/// and back from round to round: the jitter `fair_shares` exists to remove).
+/// holds it back (at 1, a node just under the level would get exactly what it
+/// asked in the last window, no room at all, and such nodes' demands would cross
+/// the level and back from round to round: the jitter `fair_shares` exists to
+/// remove).
 pub const FAIR_GROWTH: u64 = 2;
 
 /// Max-min fair shares of `capacity` by demand (`lease` mode's shares), each
@@ -81,21 +82,21 @@ pub const FAIR_GROWTH: u64 = 2;
 ///
 /// Why not [`shares`] for lease: demand is cost asked over the last window,
 /// refused asks included, so near-equal demands jitter by a few requests from one
-/// sync round to the next, and proportional shares of a saturated key jittered
-/// with them. A node whose share fell below what it had spent in the window could
-/// spend nothing until its spending aged out, while the node whose share rose had
-/// no request waiting: under `hot-tenant` at 3 nodes, lease read 0.92-0.94 of L
-/// against 0.96-0.98 for a static equal split (docs/BENCHMARKS.md). A client's
-/// retries also raised its node's demand, and with it the share: max-min caps what
-/// asking more can win at the fair level.
+/// sync round to the next, and proportional shares of a saturated key jitter
+/// with them. A node whose share falls below what it has spent in the window can
+/// spend nothing until its spending ages out, while the node whose share rose has
+/// no request waiting: under `hot-tenant` at 3 nodes, proportional shares give
+/// lease 0.92-0.94 of L against 0.96-0.98 for a static equal split
+/// (docs/BENCHMARKS.md). A client's retries also raise its node's demand, and
+/// with it the share: max-min caps what asking more can win at the fair level.
 ///
 /// Why the rest equally, not by demand, when every claim fits: every node
 /// reads its own demand as its peers have it, a sync interval and two gossip
 /// intervals late, so a node where a tenant has just begun has a demand of 0
-/// in every share table for that long. By demand it got a share of 0 and its
-/// first requests waited for the next rounds (the jepsen harness's `hot-tenant`
-/// cells: two of three nodes served nothing for their first 750 ms while the
-/// third held all of L); equally, it gets `(L - claims) / n` at once. The
+/// in every share table for that long. By demand it would get a share of 0 and
+/// its first requests would wait for the next rounds (in the jepsen harness's
+/// `hot-tenant` cells, two of three nodes serve nothing for their first 750 ms
+/// while the third holds all of L); equally, it gets `(L - claims) / n` at once. The
 /// busiest member still gets at least twice its demand, so no member's share
 /// falls below what it spends while its rate at most doubles per window.
 pub fn fair_shares<N: Ord + Clone>(capacity: u64, demands: &[(N, u64)]) -> Vec<(N, u64)> {
@@ -294,7 +295,7 @@ mod tests {
         let got = fair_shares(100, &named(&[("a", 30), ("b", 10)]));
         assert_eq!(got, named(&[("a", 70), ("b", 30)]));
         // A node whose demand its peers do not see yet starts with a part of
-        // the rest (by demand it got 0 and waited for the next rounds).
+        // the rest (by demand it would get 0 and wait for the next rounds).
         let got = fair_shares(40, &named(&[("a", 0), ("b", 0), ("c", 11)]));
         assert_eq!(got, named(&[("a", 6), ("b", 6), ("c", 28)]));
         assert_eq!(

@@ -47,9 +47,10 @@ struct State {
 
 /// The credits of a node's lease keys, made at each key's first use here: a key
 /// never used on this node costs nothing here but its binding. A handle per
-/// configured key, made or not, was ~64 B of the ~1.1 KB an idle lease tenant
-/// held per node, the most of what kept `lease` above 1 KB where `gossip` is
-/// below it (docs/BENCHMARKS.md, "`lease` idle tenants").
+/// configured key, made or not, would be ~64 B of the ~1.1 KB an idle lease
+/// tenant would then hold per node, the most of what would keep `lease` above
+/// 1 KB where `gossip` is below it (docs/BENCHMARKS.md, "Idle tenants under
+/// 1 KB").
 #[derive(Debug)]
 pub struct CreditTable {
     recipe: Arc<CreditRecipe>,
@@ -246,9 +247,9 @@ impl Credit {
     /// The engine: an ask its owner refused stands again, with the largest
     /// cost it was made for (the owner asked for it once the refusal's cause, a
     /// rebuilt line's gate, was gone). Without the cost, a request above what
-    /// the holder aims to hold was granted the ordinary target, still could not
-    /// be paid, and asked once more a round trip later. No wake: the engine is
-    /// in the round that takes it.
+    /// the holder aims to hold would be granted the ordinary target, still could
+    /// not be paid, and would ask once more a round trip later. No wake: the
+    /// engine is in the round that takes it.
     pub fn ask_again(&self, cost: u64) {
         self.0.wanted_cost.fetch_max(cost, Ordering::Relaxed);
         self.0.wanted.store(true, Ordering::Relaxed);

@@ -109,8 +109,8 @@ pub enum RegistryError {
 pub struct Registry {
     shards: Arc<[Shard]>,
     /// Boxed, in a table sized to the scopes: a hash table keeps up to half its
-    /// slots empty, and at 152 B a spec slot that was ~360 B per configured
-    /// tenant; boxed ~220 B (the scale simulation's live heap, tenth session).
+    /// slots empty, and at 152 B a spec slot that would be ~360 B per configured
+    /// tenant; boxed it is ~220 B (the scale simulation's live heap).
     specs: ScopeMap<Box<ScopeSpec>>,
     defaults: ActorDefaults,
     clock: Clock,
@@ -131,8 +131,8 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ScopeMap<ActorHandle>> {
 /// The answer channel of an acquire whose caller may go away. The actor's `send`
 /// of a grant can succeed just as the caller's future is dropped; the grant is then
 /// dropped in the channel, nobody turns it into a [`super::Permit`], and the actor
-/// keeps its charge (a slot, a reservation) for good. The jepsen harness found one
-/// such admission never settled (`gossip`, `pause`, a client gone mid-pause). On
+/// keeps its charge (a slot, a reservation) for good: an admission never settled,
+/// as the jepsen harness shows (`gossip`, `pause`, a client gone mid-pause). On
 /// drop this closes the channel (a later send fails, and the actor undoes the
 /// charge itself) and cancels a grant that arrived before.
 struct Unclaimed {

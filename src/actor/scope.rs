@@ -509,7 +509,7 @@ impl ScopeLimits {
     ///
     /// `remaining` is what this node may still admit: within its cluster
     /// allowance too (`gossip`, `local split`, `redis`'s fallback), not only
-    /// within L by its own count (a review found a refused request told
+    /// within L by its own count (which would tell a refused request
     /// `x-ratelimit-remaining-requests: 2`, its node's share spent). `lease`
     /// credit is not read here: a node gets more of it as it spends, so what
     /// it holds is no bound on what it may admit.

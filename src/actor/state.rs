@@ -376,8 +376,8 @@ impl Core {
     }
 
     /// Local usage and demand for the cluster counters. Not activity: the sync
-    /// engine's export every round must not keep an idle actor alive (in a cluster
-    /// it did, so no actor ever retired; docs/design/scale.md).
+    /// engine's export every round must not keep an idle actor alive (otherwise
+    /// no actor in a cluster would ever retire; docs/design/scale.md).
     pub fn export(&self, now: Nanos) -> ScopeExport {
         let mut export = self.limits.export(now);
         (export.requested_requests, export.requested_tokens) = self.requested;

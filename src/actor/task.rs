@@ -118,8 +118,8 @@ pub async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Forwarded>, r
         (core.clock(), core.idle_timeout_ns(), core.last_active_ns())
     };
     // One idle timer for the actor's life, re-armed only when it fires: a new one
-    // per message was registered in the runtime's timer wheel each time the actor
-    // parked and cancelled each time a message woke it.
+    // per message would be registered in the runtime's timer wheel each time the
+    // actor parked and cancelled each time a message woke it.
     let idle = sleep_until(clock.instant_at(last_active_ns + idle_timeout_ns));
     tokio::pin!(idle);
     loop {

@@ -6,11 +6,11 @@
 //! migration moves `CLOCK_REALTIME` and leaves `CLOCK_MONOTONIC` alone. Without
 //! correction the difference stays for the life of the process and adds up with
 //! every step, so bucket boundaries drift away from Redis `TIME` (which `redis`
-//! and `redis-lease` use) and from the other nodes' boundaries. A run that showed
-//! this: `redis-lease`, the machine's wall clock moving about 5 ms/s ahead of its
-//! monotonic clock, the holders 100 ms behind Redis after 20 s, so Redis released
-//! a bucket before the provider did (41 requests admitted in a window of 40;
-//! docs/design/counters.md, "Clock skew").
+//! and `redis-lease` use) and from the other nodes' boundaries. In `redis-lease`,
+//! with the machine's wall clock moving about 5 ms/s ahead of its monotonic
+//! clock, uncorrected holders fall 100 ms behind Redis after 20 s, so Redis
+//! releases a bucket before the provider does (41 requests admitted in a window
+//! of 40; docs/design/counters.md, "Clock skew").
 //!
 //! [`WallTrack`] holds an offset added to the monotonic reading. Every
 //! [`CHECK_EVERY_NS`] of monotonic time, whichever reader comes first compares
@@ -166,8 +166,9 @@ mod tests {
             last = now;
             now
         };
-        // The wall clock runs 5 ms/s ahead of the monotonic clock (the run that
-        // found this), for 20 s: followed within the deadband.
+        // The wall clock runs 5 ms/s ahead of the monotonic clock (the
+        // `redis-lease` drift in the module's notes), for 20 s: followed within
+        // the deadband.
         let drift = |elapsed: u64| elapsed / 200;
         let twenty_s = 20_000 * MS as u64;
         for elapsed in (0..=twenty_s).step_by(CHECK_EVERY_NS as usize) {

@@ -283,7 +283,8 @@ impl Default for LeaseConfig {
     }
 }
 
-/// A cut-off holder's policy (design.md section 6).
+/// A cut-off holder's policy (docs/design/lease.md, "Shares, borrowing and
+/// partitions").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CutOff {

@@ -402,9 +402,10 @@ fn wildcard_listen_addresses_need_an_address_peers_can_dial() {
     assert!(Config::from_toml(&gossip, "test.toml").is_ok());
 }
 
-/// Found by a review: one `burst` for both limits had to be at most the smaller
-/// of rpm and tpm, so a token-bucket tenant's token burst was its rpm, and every
-/// request costing more tokens than that was refused for good (413).
+/// Each limit has its own burst: one `burst` for both would have to be at most
+/// the smaller of rpm and tpm, so a token-bucket tenant's token burst would be
+/// its rpm, and every request costing more tokens than that would be refused for
+/// good (413).
 #[test]
 fn each_limit_has_its_own_burst_for_token_bucket_only() {
     let tenant = |extra: &str| {
@@ -428,7 +429,7 @@ fn each_limit_has_its_own_burst_for_token_bucket_only() {
     assert!(reason.contains("token-bucket"), "{reason}");
 }
 
-/// Values that `serve` would refuse later, unnamed, are refused here (a review).
+/// Values that `serve` would refuse later, unnamed, are refused here.
 #[test]
 fn values_serve_cannot_use_are_refused_with_their_field() {
     let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nbuckets = 5000\n"));

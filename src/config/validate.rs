@@ -327,8 +327,8 @@ fn validate_estimation(config: &Config) -> Result<(), Violation> {
     if !(est.adaptive_headroom >= 1.0 && est.adaptive_headroom <= 10.0) {
         return fail("estimation.adaptive_headroom", "must be in [1.0, 10.0]");
     }
-    // The p95 is read from the last SAMPLES completions: a larger minimum would
-    // never be reached and `adaptive` would silently stay at max_tokens.
+    // The p95 is read from the last ADAPTIVE_SAMPLES completions: a larger minimum
+    // would never be reached and `adaptive` would silently stay at max_tokens.
     let most = bounds::ADAPTIVE_SAMPLES;
     if est.adaptive_min_samples == 0 || est.adaptive_min_samples > most {
         return fail(

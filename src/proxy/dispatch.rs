@@ -204,7 +204,7 @@ fn upstream_headers(req: &Admitted<'_>, upstream: &Upstream) -> HeaderMap {
 
 /// Seconds or milliseconds the upstream asked us to wait, at most
 /// [`MAX_COOLDOWN`]. The figure is the upstream's input: `inf`, `NaN` or `1e30`
-/// (`Duration::from_secs_f64` panics on those, and did, in the request's task)
+/// (`Duration::from_secs_f64` panics on those, in the request's task)
 /// read as no figure.
 fn upstream_retry_after(headers: &HeaderMap) -> Option<Duration> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -228,9 +228,9 @@ fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
 /// times one request's cost (1 request; `request_tokens` tokens) over
 /// `x-ratelimit-limit-*`; the whole reset when the limit is not given.
 ///
-/// Waiting for the whole reset wasted up to a third of the limit: a node that sent
-/// its L in a burst stood still until the last of them left the window, long
-/// after the first had (the jepsen benchmark measured 0.67 of L on one node). The
+/// Waiting for the whole reset wastes up to a third of the limit: a node that sent
+/// its L in a burst would stand still until the last of them left the window, long
+/// after the first had (the jepsen benchmark measures 0.67 of L on one node). The
 /// node's own limiter already holds it to L; this pause only matters when the
 /// provider disagrees (another consumer on the same account), and then the
 /// provider's 429 carries the exact `retry-after` the next pause uses.
@@ -270,9 +270,9 @@ async fn attempt_once(
     // charge moves to now first, so it counts a window from the send
     // (`super::stall` on telling the two apart).
     // A retry's charge was dated at the failed answer, and the backoff and the
-    // wait for an upstream since are the same gap (before, only the first
-    // attempt was checked, and a retry that waited out a 4 s cool-down was sent
-    // with a tenant charge that had left the 2 s window).
+    // wait for an upstream since are the same gap: checking the first attempt
+    // only would send a retry that waited out a 4 s cool-down with a tenant
+    // charge that had left a 2 s window.
     let limits = &state.config.limits;
     let dated = retried_at.unwrap_or(req.admitted_at);
     if state.stall_watch.stalled_since(dated) {

@@ -152,15 +152,16 @@ mod tests {
         assert_eq!(parse_reset(""), None);
         assert_eq!(parse_reset("soon"), None);
         assert_eq!(parse_reset("5x"), None);
-        // Too long for a Duration (panicked before), or not finite: no figure.
+        // Too long for a Duration (converting would panic), or not finite: no
+        // figure.
         let huge = format!("{}s", "9".repeat(300));
         assert_eq!(parse_reset(&huge), None);
         assert_eq!(parse_reset(&format!("{}s", "9".repeat(400))), None);
     }
 
-    /// The formula `format_reset` had before it went integer-only (a float
-    /// printed to three places, its trailing zeros trimmed), kept as the
-    /// reference the new one must match.
+    /// The reset as a float printed to three places, its trailing zeros
+    /// trimmed: the reference `format_reset`'s integer-only formula must
+    /// match.
     fn format_reset_by_float(ns: u64) -> String {
         let ms = ns.div_ceil(1_000_000);
         if ms < 1000 {

@@ -1,10 +1,11 @@
 //! # Proxy
 //!
-//! The axum app. Request path (design.md section 4): [`handler`] authenticates,
-//! reads hints, parses ([`request`]) and admits on the tenant's actor; [`dispatch`]
-//! picks upstreams ([`select`]), forwards, retries and settles; [`stream`] meters
-//! SSE responses; [`usage`] reads what providers report; [`headers`] writes the
-//! `x-ratelimit-*` headers; [`error`] maps every failure to the caller's error shape.
+//! The axum app. Request path (docs/design/architecture.md, "Request path"):
+//! [`handler`] authenticates, reads hints, parses ([`request`]) and admits on the
+//! tenant's actor; [`dispatch`] picks upstreams ([`select`]), forwards, retries
+//! and settles; [`stream`] meters SSE responses; [`usage`] reads what providers
+//! report; [`headers`] writes the `x-ratelimit-*` headers; [`error`] maps every
+//! failure to the caller's error shape.
 
 pub mod dispatch;
 pub mod error;

@@ -10,9 +10,9 @@
 //! A request that merely waited, for an upstream's slot or window, is not late
 //! in that sense: its node kept publishing its charge and stating its credit
 //! all along. Telling the two apart by how long ago the request was admitted
-//! cancelled every request that had waited more than one bucket for an upstream
-//! (the seed benchmark measured 12-19% of requests ending in a 503 "gateway was
-//! stalled" in every synced mode). So a ticker measures the stall itself: a gap
+//! would cancel every request that waited more than one bucket for an upstream
+//! (12-19% of requests ending in a 503 "gateway was stalled" in every synced
+//! mode of the seed benchmark). So a ticker measures the stall itself: a gap
 //! between its ticks longer than one bucket (and than [`MIN_STALL`]) is a
 //! stall, and an admission made before the end of the last one is late.
 
@@ -27,7 +27,7 @@ const TICK: Duration = Duration::from_millis(20);
 
 /// The shortest gap counted as a stall, whatever the bucket: on a loaded host
 /// (CI's debug builds, three nodes in one process at 1,000 requests/s) a timer
-/// can be late by a 100 ms bucket, and a request cancelled for it failed a
+/// can be late by a 100 ms bucket, and a request cancelled for it would fail a
 /// test. The stalls this guards against (SIGSTOP, a frozen VM) last seconds.
 const MIN_STALL: Duration = Duration::from_millis(500);
 

@@ -131,7 +131,8 @@ impl Route {
 /// Shared state of the proxy.
 pub struct AppState {
     /// The validated config, without its tenants: `tenants` holds them (built
-    /// once; the parsed list was most of a configured tenant's memory).
+    /// once; the parsed list would otherwise be most of a configured tenant's
+    /// memory).
     pub config: Config,
     /// Tenants by SHA-256 of their API keys (raw digest: no hex on the hot path).
     pub tenants: HashMap<[u8; 32], Arc<Tenant>>,

@@ -310,9 +310,9 @@ impl RedisGate {
 
     /// A request admitted on the fallback: under a concurrency limit, its slot
     /// is registered to be held in Redis once Redis is back, and heartbeaten
-    /// from then on like any slot (a review found fallback streams never taking
-    /// one, so after recovery other nodes could fill their slots: concurrency
-    /// over C until they ended).
+    /// from then on like any slot (a fallback stream that took none would let
+    /// other nodes fill their slots after recovery: concurrency over C until it
+    /// ended).
     fn fallback_slot(self: &Arc<Self>, limits: &ScopeLimits, permit: Permit) -> Permit {
         if limits.concurrency.1 == 0 {
             return permit;

@@ -1,5 +1,5 @@
 //! Running a node: bind, serve the app with TCP_NODELAY on every accepted socket
-//! (design.md section 13: without it, keep-alive responses stall ~40 ms), optionally
+//! (without it, keep-alive responses stall ~40 ms), optionally
 //! start the built-in mock upstream, and drain on shutdown: stop accepting, let
 //! in-flight requests finish for up to `server.shutdown_grace`, then stop.
 

@@ -77,11 +77,11 @@ impl SyncPolicy for GossipPolicy {
     ///
     /// Half of the headroom is spread equally, as every member's floor, and the
     /// rest goes by demand. By demand alone a node whose demand its peers do not
-    /// see yet got none of it: every node reads its own demand as its peers
+    /// see yet would get none of it: every node reads its own demand as its peers
     /// have it, a failure-detection time late (`super::history`), so a tenant
-    /// that began on a second node was refused there for up to 2 s while the
-    /// first held all the headroom (one tenant sent to 3 nodes at 1,000
-    /// requests/s under limits it never neared: p99 455 ms, allowance 0, in
+    /// that begins on a second node would be refused there for up to 2 s while
+    /// the first holds all the headroom (one tenant sent to 3 nodes at 1,000
+    /// requests/s under limits it never nears: p99 455 ms, allowance 0, in
     /// `gossip`, against 6.5 ms in `lease`). The shares still sum to the headroom
     /// and are the same function of the same figures on every node, so the
     /// bound is unchanged. Where the headroom is under two units per member the
@@ -228,7 +228,7 @@ mod tests {
         /// what it added within the propagation bound). The allowances then sum to
         /// at most L (or to what is already seen, if more): nobody's unpublished
         /// spending is handed out a second time. Counting its fresh usage instead,
-        /// each member re-carved the headroom its peers were spending.
+        /// each member would re-carve the headroom its peers are spending.
         #[test]
         fn gossip_hands_out_no_headroom_twice_under_lagged_views(
             capacity in 1u64..10_000,

@@ -5,8 +5,8 @@
 //! other sum to L without talking (docs/design/cluster.md). A node that joins
 //! while a member is unreachable (a new node, or a crashed node's successor) saw
 //! no such moment: its records start after the cut, and frozen from them, the
-//! unreachable member's share came out smaller. The in-process test of a node cut
-//! off, crashed and restarted measured 137-149 of L = 120 that way.
+//! unreachable member's share comes out smaller. Left at that, the in-process
+//! test of a node cut off, crashed and restarted measures 137-149 of L = 120.
 //!
 //! So every node that knows a cut publishes what it charges the unreachable: per
 //! limit key, the total of their floors (`sync:cut:<key>`), and the members at the
@@ -186,9 +186,10 @@ impl CutKnowledge {
 /// none has told anything: the safe side. Returns the members used, for this
 /// node to publish in turn.
 ///
-/// An empty freeze read as "no members" gave 0 before: a node that had seen an
-/// unreachable member live only with a round it already held froze nothing,
-/// and refused everything on its side of the cut (`super::sightings`).
+/// An empty freeze is not read as "no members", which would give 0: a node that
+/// saw an unreachable member live only with a round it already held freezes
+/// nothing, and would refuse everything on its side of the cut
+/// (`super::sightings`).
 pub fn split_budget<'a>(
     capacity: u64,
     own: &[String],
@@ -236,8 +237,8 @@ mod tests {
         // Its own freeze wins: 30 x 2/3.
         let (budget, used) = split_budget(30, &three, told.iter().copied(), &dead);
         assert_eq!((budget, used), (20, three.clone()));
-        // Nothing frozen here (the CI failure's node read 0): the least a peer
-        // gives, 30 x 2/3 rather than 30 x 3/4.
+        // Nothing frozen here (read as 0, it would leave this side nothing): the
+        // least a peer gives, 30 x 2/3 rather than 30 x 3/4.
         let (budget, used) = split_budget(30, &[], told.iter().copied(), &dead);
         assert_eq!((budget, used), (20, three.clone()));
         // Nobody told anything: nothing.

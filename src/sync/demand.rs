@@ -65,7 +65,7 @@ impl Demand {
     /// passes, as if it were observed asking for nothing more. 0 if unseen. A
     /// successor actor's cumulative figure starts from 0 and counts whole, even
     /// at or above its predecessor's last figure (read as a restart only below
-    /// it, it was under-counted by that figure for a window).
+    /// it, it would be under-counted by that figure for a window).
     pub fn decay(&mut self, key: &str, now_ms: u64) -> u64 {
         (self.keys.get_mut(key)).map_or(0, |t| {
             t.last_cumulative = 0;

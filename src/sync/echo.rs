@@ -5,8 +5,9 @@
 //! hands itself a share of headroom that its own unpublished spending has already
 //! taken, while every peer, not yet seeing that spending, hands itself a share of
 //! the same headroom: round after round each node re-carves the headroom the
-//! others are spending. That was gossip mode's whole overshoot in the benchmark
-//! (+0.8% to +2.0% of L at 3-5 nodes, docs/BENCHMARKS.md). A node that counts
+//! others are spending. Left alone, that is gossip mode's whole overshoot in the
+//! benchmark (+0.8% to +2.0% of L at 3-5 nodes, against +0.000 with what follows:
+//! docs/BENCHMARKS.md, "At a glance"). A node that counts
 //! itself as its peers see it, its usage less what it added within one
 //! propagation bound, computes the allowance they compute for it: while every
 //! member computes from the views the others hold of it, the allowances sum to L
@@ -86,8 +87,8 @@ impl OwnEcho {
             }
         }
         // Emptied every round: kept at this round's size (freeing it each time
-        // made the next round grow it again from nothing, a review found), and
-        // shrunk only once far larger than a round needs.
+        // would make the next round grow it again from nothing), and shrunk only
+        // once far larger than a round needs.
         shrink_to_need(&mut self.pending, drained);
     }
 

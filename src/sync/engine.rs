@@ -39,9 +39,10 @@ pub const REDIS_LOST_KEY: &str = "redis:lost";
 /// Published once, `1`, by a node leaving gracefully (after its last requests were
 /// settled and its lease credit returned): peers charge it what its counters say
 /// and no partition floor, since it spends nothing more. Without it a restarted
-/// node declared dead before its successor appeared was charged its frozen share
-/// of L every window until collected (minutes): `tests/cluster_lease.rs` saw a
-/// cluster serve nothing for 5 s after its busiest node restarted.
+/// node declared dead before its successor appears would be charged its frozen
+/// share of L every window until collected (minutes): in
+/// `tests/it/cluster_lease.rs` a cluster would serve nothing for 5 s after its
+/// busiest node restarted.
 pub const LEFT_KEY: &str = "sync:left";
 
 /// What the engine feeds `lease` mode each round.
@@ -152,11 +153,11 @@ const MAX_RETIRED_PER_ROUND: usize = 256;
 /// Handing the worker's tasks to another thread (`block_in_place`) means waking
 /// that thread, and when the node shares its cores with busy neighbours the OS
 /// may take a scheduler slice or more to run it, while every request on the
-/// worker waits. Done on every 200 ms round, those hand-offs raised a
+/// worker waits. Done on every 200 ms round, those hand-offs raise a
 /// one-tenant lease node's p99 at 64 connections on one shared worker from
 /// 3.02 to 4.20 ms, side by side, with a recompute of ~0.1 ms
-/// (docs/BENCHMARKS.md, thirty-sixth session). A step this long costs the
-/// requests about what one slow hand-off does.
+/// (docs/BENCHMARKS.md, "Measured choices on the request path"). A step this
+/// long costs the requests about what one slow hand-off does.
 const IN_PLACE_MAX: Duration = Duration::from_millis(1);
 
 /// Where a round's synchronous step runs.
@@ -412,8 +413,8 @@ impl Engine {
         // have not arrived; a crashed node's incarnation from before this one
         // started) went silent at no moment this node saw: it is charged, but it
         // is no cut to freeze at. Freezing again at a joining node's first
-        // rounds moved an earlier unreachable member's floor to the demands of
-        // that moment (69 of L = 120 to 17, in the successor test).
+        // rounds would move an earlier unreachable member's floor to the demands
+        // of that moment (69 of L = 120 to 17, in the successor test).
         let newly_dead: Vec<String> = (dead_now.iter())
             .filter(|d| !self.dead.contains(d) && self.sightings.last_fresh(d).is_some())
             .cloned()
@@ -574,10 +575,10 @@ impl Engine {
             let key = key_of(scope, Dimension::Concurrency);
             // Slots are shared by what waits for one now, not by request rate: the
             // headroom left beside the slots in use goes where requests queue. By
-            // rate, a busy node whose clients run one request at a time took all of
-            // it and another node's queued request got none while a slot stood
-            // free (the jepsen harness's ghost-slot check: 8 s at one of two slots
-            // in use, in `gossip`).
+            // rate, a busy node whose clients run one request at a time would take
+            // all of it and another node's queued request get none while a slot
+            // stands free (the jepsen harness's ghost-slot check: 8 s at one of two
+            // slots in use, in `gossip`).
             let demand = export.waiting;
             let _ = self.counters.set_in_flight(&key, export.in_flight);
             let _ = self.counters.set_demand(&key, demand);
@@ -735,9 +736,9 @@ impl Engine {
         live.insert(self.self_id.clone());
         // Departed members (dead, or a restarted node's previous incarnation): their
         // last values, as received. What they spent in the window still counts (a
-        // rebuilt lease line, a dead member's charge); the jepsen harness measured
-        // 41-42 of L = 40 when a node restarted within one window of itself and the
-        // old incarnation's usage was forgotten.
+        // rebuilt lease line, a dead member's charge); forgetting the old
+        // incarnation's usage when a node restarts within one window of itself,
+        // the jepsen harness measures 41-42 of L = 40.
         let mut known = live.clone();
         for (member, values) in departed {
             let node = member.to_string();
@@ -882,7 +883,7 @@ impl Engine {
             // The figures frozen at a cut use it: with the fresh own figure (which
             // keeps growing with refused demand during a cut) this side would grant
             // itself more than the other side charges it; the jepsen harness
-            // measured that as a 2.5% overshoot of lease mode under partition.
+            // measures that as a 2.5% overshoot of lease mode under partition.
             let mut demands = usage.demand_by_node(&binding.key);
             self.history.observe(
                 &binding.key,
@@ -896,7 +897,8 @@ impl Engine {
             // every mode.
             let others_live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
             // Keys nobody used in the window are left out (read as 0): a copy of
-            // every configured key's name each round was ~160 B per idle tenant.
+            // every configured key's name each round would be ~160 B per idle
+            // tenant.
             let global = mine.used.saturating_add(others_live);
             if binding.dimension != Dimension::Concurrency && global > 0 {
                 views.insert(binding.key.to_string(), global);
@@ -909,7 +911,7 @@ impl Engine {
                 // The fallback (policy `share`): windows fall back to gossip mode's
                 // rule, this node's demand-weighted share of the headroom the
                 // counters show (what others already spent through Redis counts:
-                // a plain share of L would add to it; the harness measured 5%);
+                // a plain share of L would add to it; the harness measures 5%);
                 // concurrency to an equal share of the slots.
                 let share = match binding.dimension {
                     Dimension::Concurrency => binding.capacity / redis_divisor,
@@ -1163,9 +1165,9 @@ impl Engine {
     /// (a bare membership) has spent nothing. A member still joining, dead to
     /// chitchat until its first heartbeats arrive, publishes rounds as it goes:
     /// its last round is recent, so a cluster forming does not look like an
-    /// unseen cut (it did with "older than this node's records", and every node
-    /// of a forming 3-node cluster charged all of L and published a charge for
-    /// each of 900 keys, which `tests/scale.rs` caught).
+    /// unseen cut (with "older than this node's records" as the test it would:
+    /// every node of a forming 3-node cluster would charge all of L and publish a
+    /// charge for each of 900 keys, as `tests/scale.rs` shows).
     fn unwitnessed_cut(&self) -> bool {
         let Some(joined) = self.joined_ms else {
             return false;

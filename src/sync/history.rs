@@ -5,7 +5,8 @@
 //! figure) over the same time, and the vector as last seen live. When a member
 //! becomes unreachable, every key's vector is frozen as it stood at the cut: both
 //! sides of a cut freeze (nearly) the same figures, so the shares they charge each
-//! other sum to L without talking (design.md, "Shares, borrowing and partitions").
+//! other sum to L without talking (docs/design/cluster.md, "Unreachable members
+//! and partitions").
 //!
 //! **Quiet keys cost nothing.** A key whose demand is 0 everywhere and whose records
 //! say nothing a look-back could still read keeps no entry here: its lagged own
@@ -192,8 +193,8 @@ impl DemandHistory {
     /// Nobody is unreachable any more: nothing frozen, and the freeze's tables
     /// given back. `clear` would keep them: a freeze holds a vector for every
     /// key this node has seen, so one member seen dead for a moment (a late
-    /// heartbeat) left that much allocated for good, which the "used once, now
-    /// idle" census read as ~0.3 MB at 301 tenants (thirty-sixth session).
+    /// heartbeat) would leave that much allocated for good: ~0.3 MB at 301
+    /// tenants (docs/BENCHMARKS.md, "Used once, now idle: the census").
     pub fn thaw(&mut self) {
         self.frozen = HashMap::new();
         self.frozen_quiet = Vec::new();
@@ -372,7 +373,7 @@ mod tests {
 
     proptest! {
         /// Recording a key's demand only when it changes answers every look-back
-        /// the way a record every round did, with no more records.
+        /// the way a record every round would, with no more records.
         #[test]
         fn change_only_demand_records_answer_as_a_record_every_round_did(
             demands in proptest::collection::vec(0u64..4, 1..300),

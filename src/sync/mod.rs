@@ -63,10 +63,10 @@ pub struct SyncHandle {
 impl Drop for SyncHandle {
     /// Dropped without [`SyncHandle::shutdown`] (the node's server future
     /// aborted, as the tests' crashes do, or unwound): the engine and lease tasks
-    /// stop at once, as in a crashed process. Before, they ran on detached until
-    /// they next looked at the stop signal, and one that did so while its runtime
-    /// was shutting down panicked in its timer (`tests/scale.rs`: the panic's
-    /// backtrace cost 40 MB of heap in the next cell's measurement).
+    /// stop at once, as in a crashed process. Left running detached until they
+    /// next look at the stop signal, one that does so while its runtime is
+    /// shutting down would panic in its timer (in `tests/scale.rs`, the panic's
+    /// backtrace costs 40 MB of heap in the next cell's measurement).
     fn drop(&mut self) {
         if let Some(task) = &self.task {
             task.abort();

@@ -3,9 +3,10 @@
 //! A node that loses Redis may spend locally only what the nodes still using Redis
 //! charge it there (they lower the capacity they ask of Redis by its share). A peer
 //! can charge only a loss it has heard of, and a partition or a crash can keep the
-//! announcement from it: a node cut from its peers *and* from Redis that spent its
-//! share anyway overshot L by that share (the jepsen harness measured 41 of L = 40
-//! when a node's Redis calls timed out during a partition). So:
+//! announcement from it: a node cut from its peers *and* from Redis that spends
+//! its share anyway overshoots L by that share (without what follows, the jepsen
+//! harness measures 41 of L = 40 when a node's Redis calls time out during a
+//! partition). So:
 //!
 //! - a lost node announces its loss with an **epoch** and a **divisor**
 //!   (`redis:lost` = `"<epoch> <divisor>"`; `0` when healthy): the epoch (the unix

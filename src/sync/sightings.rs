@@ -10,11 +10,12 @@
 //! A member is seen live for the first time with a round this node may already
 //! hold: chitchat lists a newcomer as dead until its heartbeats arrive, and its
 //! values, read then as a departed member's, include its round. Counting only
-//! a *changed* round as fresh missed that sighting when the member's next round
-//! did not arrive before a cut: it was never fresh, its cut froze nothing, and a
-//! `local split` node with nothing frozen read its side's part of L as 0 (a CI
-//! failure of `local_split_shares_a_sides_part_of_l_with_a_node_that_joined_during_the_cut`:
-//! allowances `[0, 7, 6]`). The first live sighting is fresh whatever its round.
+//! a *changed* round as fresh would miss that sighting when the member's next
+//! round does not arrive before a cut: it would never be fresh, its cut would
+//! freeze nothing, and a `local split` node with nothing frozen would read its
+//! side's part of L as 0 (allowances `[0, 7, 6]` in
+//! `local_split_shares_a_sides_part_of_l_with_a_node_that_joined_during_the_cut`).
+//! The first live sighting is fresh whatever its round.
 
 use std::collections::{HashMap, HashSet};
 

@@ -14,9 +14,9 @@
 //! the successor. That spending counts (by the counters' conservative rule) until
 //! its bucket's end has left the window, up to the clock skew the counters
 //! tolerate; so the floor ends `window + bucket + skew` after the first round that
-//! saw the successor live, not when it appears. Ending it at once was tried and
-//! reverted (3184ea8): an incarnation cut off before it crashed spent a share that
-//! only its floor covered (nobody on this side saw that spending), and it could be
+//! saw the successor live, not when it appears. Ending it at once would be wrong:
+//! an incarnation cut off before it crashed spent a share that only its floor
+//! covers (nobody on this side saw that spending), and that share could be
 //! granted again within the same window.
 //!
 //! Once ended, a floor stays ended while chitchat holds the incarnation, whatever

@@ -14,8 +14,8 @@ pub const SECRET: &str = "test-cluster-secret-0123456789";
 /// A port for a socket a node binds later (its RPC listener, its gossip socket).
 /// Taken below the kernel's ephemeral range (32768-60999 by default) and never
 /// twice in this process: a port from `bind(0)` could be handed to another
-/// test's `bind(0)` listener before the node binds it (CI saw "Address already in
-/// use" for a lease RPC port). Each test process gets its own 500-port block.
+/// test's `bind(0)` listener before the node binds it ("Address already in use"
+/// for a lease RPC port). Each test process gets its own 500-port block.
 fn reserved_port(free: impl Fn(u16) -> bool) -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
     static NEXT: AtomicU16 = AtomicU16::new(0);
@@ -227,9 +227,9 @@ pub async fn heal_third(
 /// Waits until the in-memory gossip socket on `port` is closed. A crashed
 /// node's chitchat runs in a task of its own, which ends a moment after the
 /// node's task is aborted (later on a loaded machine), and until then a
-/// successor on the same address fails to start ("Address not available": a CI
-/// flake of `in_gossip_a_successor_charges_what_the_survivors_charge`,
-/// reproduced 2 in 14 runs beside two busy loops).
+/// successor on the same address fails to start ("Address not available":
+/// without this wait, `in_gossip_a_successor_charges_what_the_survivors_charge`
+/// fails 2 in 14 runs beside two busy loops).
 pub async fn wait_gossip_released(
     transport: &tollgate_cluster::chitchat::transport::ChannelTransport,
     port: u16,

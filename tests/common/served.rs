@@ -54,7 +54,7 @@ pub async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> 
 /// when dropped: for tests that measure this process's heap as the nodes'. A
 /// mock in the process counts with tiktoken-rs, whose regex match caches (up to
 /// one per pool stack in each of 128 thread slots) fill as new threads count
-/// and stay for the process: filling one per slot took 41 MB here.
+/// and stay for the process: filling one per slot takes 41 MB here.
 pub struct MockProcess {
     child: std::process::Child,
     base_url: String,

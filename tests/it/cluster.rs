@@ -1,7 +1,7 @@
 //! `gossip` and `local` under faults, with 3 nodes in one process over real UDP
 //! loopback gossip (or chitchat's in-memory transport for partitions), in front of
 //! one real mock upstream whose counters are the ground truth. The healthy
-//! promises of every mode are in `tests/conformance.rs`.
+//! promises of every mode are in `tests/it/conformance.rs`.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 

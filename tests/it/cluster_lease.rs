@@ -1,12 +1,11 @@
 //! `lease` mode's promises with 3 nodes in one process over real UDP gossip and
 //! real internal RPC (HTTP on loopback), in front of one real mock upstream whose
 //! counters are the ground truth (<= L and >= 95% of L under uneven demand is in
-//! `tests/conformance.rs`, with every other mode): owner death moves ownership
-//! without exceeding L; a
-//! killed node's slots come back within one lease ttl; a gossip partition keeps
-//! both sides within L together while each serves its share, for a cut shorter
-//! than `dead_node_grace` (a longer one is held only to L per side, the known gap
-//! of docs/design/cluster.md).
+//! `tests/it/conformance.rs`, with every other mode): owner death moves ownership
+//! without exceeding L; a killed node's slots come back within one lease ttl; a
+//! gossip partition keeps both sides within L together while each serves its
+//! share, for a cut shorter than `dead_node_grace` (a longer one is held only to
+//! L per side, the known gap of docs/design/cluster.md).
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
@@ -32,10 +31,10 @@ async fn a_holder_refused_behind_a_shut_gate_asks_again_as_soon_as_it_is_nudged(
 
 /// The same for a request costing more than `max_credit` (a quarter of a
 /// 1,000 TPM: 250 tokens; this one reserves its 400 of `max_tokens` and its
-/// prompt): asked again, the holder asks for all of that cost at once. Before,
-/// the ask stood again without its cost: the holder asked for its ordinary
-/// target (8 tokens, measured with the cost dropped), could still not pay,
-/// and asked once more a round trip later.
+/// prompt): asked again, the holder asks for all of that cost at once. Were the
+/// ask to stand again without its cost, the holder would ask for its ordinary
+/// target (8 tokens, measured with the cost dropped), still could not pay, and
+/// would ask once more a round trip later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_ask_for_a_costly_request_stands_again_with_its_cost() {
     let (want, status) = refused_behind_a_shut_gate(KEY_TOKENS, "tpm = 1000\n", 400).await;
@@ -145,11 +144,11 @@ async fn a_quiet_holder_still_in_use_serves_on_its_figure_when_cut_off() {
 
 /// A holder its owner cannot hear but can still reach (a cut one way) keeps
 /// the figure it serves on when that owner asks it to state again, as the
-/// owner's room offers do just past every bucket boundary. Before, a nudged
-/// key was stated as if its owner had changed, which dropped the told figure:
-/// the statement then went unanswered and the holder, cut off with a figure of
-/// 0, would refuse every request once its credit ran out (docs/design/lease.md,
-/// "Room offered as it comes back").
+/// owner's room offers do just past every bucket boundary. Stating a nudged key
+/// as if its owner had changed would drop the told figure: the statement would
+/// go unanswered and the holder, cut off with a figure of 0, would refuse every
+/// request once its credit ran out (docs/design/lease.md, "Room offered as it
+/// comes back").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_nudged_by_an_owner_it_cannot_reach_keeps_serving_on_its_figure() {
     const SPENT: u64 = 5;
@@ -363,8 +362,8 @@ async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incar
     // The owner of the request key spends half of L, then restarts (same node_id,
     // a new generation). Ownership moves; the new owner rebuilds the line from the
     // gossiped counters, where the previous incarnation is no longer a live
-    // member. Its spending must count until it leaves the window (the jepsen
-    // harness measured 41-42 of L = 40 when it did not).
+    // member. Its spending must count until it leaves the window (without that,
+    // the jepsen harness measures 41-42 of L = 40).
     const L: u64 = 60;
     let upstream = mock(|_| {}).await;
     let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
@@ -420,8 +419,8 @@ async fn a_node_restarted_within_one_window_stays_charged_for_its_previous_incar
     // Down for longer than failure detection: peers declare the old incarnation
     // dead before its successor appears. A node that left gracefully must not be
     // charged the frozen share of an unreachable one (it had all the demand, so
-    // that share was nearly L: the cluster served nothing, 1 run in 12 before the
-    // wait made this order certain).
+    // that share would be nearly L and the cluster would serve nothing; the wait
+    // makes this order certain).
     tokio::time::sleep(Duration::from_secs(2)).await;
     nodes.push(node(&toml(index), &[&upstream]).await);
     for n in &nodes {
@@ -471,9 +470,9 @@ async fn a_killed_nodes_concurrency_slots_come_back_within_one_lease_ttl() {
     // Concurrency only: the slots alone may hold the waiting stream back. With
     // a request limit, however high, the crashed node is charged its frozen
     // share of the request window, and with the only demand at the cut that
-    // share is all of it: the waiting node got no request credit for the whole
-    // window, whatever the slots did (the requests line read 3,001 committed of
-    // 3,000 once the cut froze at the crashed node's last round).
+    // share is all of it: the waiting node would get no request credit for the
+    // whole window, whatever the slots did (the requests line reads 3,001
+    // committed of 3,000 once the cut freezes at the crashed node's last round).
     for i in 0..3 {
         let toml =
             lease_toml(i, &ports, "10s").replace(&format!("rpm = {LIMIT}\n"), "concurrency = 2\n");
@@ -716,9 +715,8 @@ async fn dead_seen_by(node: &Node) -> Vec<String> {
 /// cut off before it crashed, it spent a share nobody on this side saw. Here node
 /// 3 spends during a cut, crashes still cut off, and comes back (same node id, a
 /// new generation) on healed links; then every node pushes above the limit again,
-/// within the same window. Ending the floor when the successor appeared (the
-/// reverted rule of c7ff826) lets nodes 1 and 2 be granted node 3's spent share
-/// a second time.
+/// within the same window. Ending the floor when the successor appears would let
+/// nodes 1 and 2 be granted node 3's spent share a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_then_crashed_keeps_its_floor_while_its_successor_is_new() {
     cut_off_crash_then_successor("lease", PARTITION_L, [12_041, 12_042, 12_043]).await;
@@ -818,8 +816,8 @@ async fn cut_off_crash_then_successor(mode: &str, most: u64, ports: [u16; 3]) {
             dead_seen_by(n).await.contains(&old),
             "{old}'s floor ended within the window"
         );
-        // Nor was it frozen again at the successor's first rounds (which moved
-        // it to the demands of that moment: 69 to 17).
+        // Nor was it frozen again at the successor's first rounds (which would
+        // move it to the demands of that moment: 69 to 17).
         let still = charged(&admin(n, "/admin/cluster").await).unwrap_or(0);
         assert!(
             still > PARTITION_L / 4,
@@ -1079,7 +1077,7 @@ async fn send_nudge(
 /// busy elsewhere and its limit has room. Every node reads its own demand as its
 /// peers have it, two gossip intervals and a sync interval late (1.2 s here, four
 /// times the 300 ms a request may wait); by demand alone the newcomer's share
-/// was 0 for that long and its first request was refused. Now each member gets
+/// would be 0 for that long and its first request refused. So each member gets
 /// twice its demand and the rest of L is split equally (`share::fair_shares`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_where_a_tenant_just_began_is_served_before_its_demand_spreads() {
@@ -1197,9 +1195,9 @@ async fn holders_publish_the_cut_off_share_they_hold_and_the_owner_reads_it() {
 }
 
 /// A lease owner speaking an older or the current wire version, over a real
-/// socket. At version 1 it parses statements as every build before `held` did
-/// (f63573f's schema, strict: a `held` refuses the whole batch, 400); at 2 it
-/// also reads `held`. It grants what is asked and tells a cut-off figure, so the
+/// socket. At version 1 it parses statements as a build without `held` does
+/// (strict: a `held` refuses the whole batch, 400); at 2 it also reads
+/// `held`. It grants what is asked and tells a cut-off figure, so the
 /// holder holds one.
 mod owner_at_version {
     use axum::body::Bytes;
@@ -1572,8 +1570,8 @@ impl BesideAnOwner {
 
 /// A rolling upgrade: an upgraded holder sends an owner that does not parse
 /// `held` (it publishes no `m:rpc_version`, or 1) statements without it, so
-/// that owner reads them and the holder is served on its credit. Before, that
-/// owner refused every batch carrying `held`, and the holder read it as
+/// that owner reads them and the holder is served on its credit. That owner
+/// refuses every batch carrying `held`: sent one, the holder would read it as
 /// unreachable on every key it owns until it was upgraded too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_speaking_wire_version_1_is_sent_statements_it_parses() {
@@ -1615,9 +1613,9 @@ async fn an_owner_speaking_the_current_wire_version_is_told_the_held_figure() {
 
 /// Retries are bounded: an owner that refuses every batch (or cannot be
 /// reached) is sent the key's statement once a sync round (100 ms here), not
-/// again each time a waiting request asks for credit. Before, the holder
-/// re-sent every few milliseconds while requests waited (211 batches in the
-/// 1.5 s; 15 now). The requests meet explicit 429s once their wait (2 s) is out.
+/// again each time a waiting request asks for credit, which would re-send every
+/// few milliseconds while requests wait (~211 batches in the 1.5 s, against 15).
+/// The requests meet explicit 429s once their wait (2 s) is out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_refusing_every_batch_is_retried_once_a_round() {
     let cell = BesideAnOwner::of_requests(RPC_VERSION, Grants::RefuseAll).await;
@@ -1647,9 +1645,10 @@ async fn refused_after_waiting_throughout(waiting: Vec<tokio::task::JoinHandle<(
 
 /// Retries are bounded when the owner answers too: a holder whose only slot is
 /// in use and whose owner grants no more is told so each round, and each answer
-/// (it still holds a slot) woke the actor, whose waiting requests asked again at
-/// once. It now asks at most once a sync round (100 ms here): 15 statements
-/// in 1.5 s, 212 before. The waiting requests end in explicit 429s.
+/// (it still holds a slot) wakes the actor, whose waiting requests ask again at
+/// once. It asks at most once a sync round (100 ms here): 15 statements in
+/// 1.5 s, against ~212 if every wake asked. The waiting requests end in explicit
+/// 429s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_granted_nothing_more_is_asked_again_once_a_round() {
     const KEY_SLOTS: &str = "tenant:t:concurrency";

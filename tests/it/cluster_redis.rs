@@ -1,7 +1,7 @@
 //! The Redis strict modes when Redis dies, with 3 nodes in one process (real UDP
 //! gossip) sharing one real redis-server started (and killed) by the test, in
 //! front of one real mock upstream whose counters are the ground truth. Healthy
-//! promises are in `tests/conformance.rs`.
+//! promises are in `tests/it/conformance.rs`.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 

@@ -15,6 +15,7 @@ mod conformance;
 mod layers;
 mod mock_upstream;
 mod ops;
+mod product_words;
 mod proxy_bad_input;
 mod proxy_limits;
 mod proxy_sdk;

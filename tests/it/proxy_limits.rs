@@ -389,7 +389,7 @@ async fn remaining_zero_pauses_until_one_request_is_back_not_until_the_window_em
     // at 0 s, two at 1 s: the fourth answer says remaining 0, reset 2 s (when the
     // window is empty again, at 3 s). The first two leave at 2 s: from then on the
     // provider has room, and the node must use it. Pausing for the whole reset
-    // (as it once did) refused the request at 2.6 s.
+    // would refuse the request at 2.6 s.
     let upstream = mock(|m| {
         m.rpm = 4;
         m.window_ms = 2_000;
@@ -520,7 +520,8 @@ async fn endless_stream_upstream() -> String {
 /// A client that stops reading a stream but keeps its connection open: once it
 /// has taken nothing for the upstream's `stream_idle_timeout` (1 s here), the
 /// stream is cut and its slot released (hyper no longer polls a body nobody
-/// reads, so before, the slot was held for as long as the client liked).
+/// reads, so without the cut the slot would be held for as long as the client
+/// liked).
 #[tokio::test]
 async fn a_stream_the_client_stopped_reading_is_cut_after_the_idle_timeout() {
     let upstream = mock(|_| {}).await;

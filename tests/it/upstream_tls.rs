@@ -290,7 +290,7 @@ async fn an_upstream_over_tls_is_reached_directly_or_through_a_proxy_and_verifie
     let (status, body) = chat(&node).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(mock.stats().admitted, 1);
-    // HTTP/1.1 offered by ALPN, as reqwest did (the terminator also offers h2).
+    // HTTP/1.1 offered by ALPN, as reqwest does (the terminator also offers h2).
     assert_eq!(*handshakes.lock().unwrap(), ["http/1.1"]);
     drop(node);
 

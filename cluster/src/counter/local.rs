@@ -325,7 +325,7 @@ impl LocalCounters {
     /// 0, so deleting them changes no figure; it only stops every member from
     /// holding, gossiping and re-reading a dead ring, and frees this node's state
     /// cap for keys in use (without it, about a thousand tenants ever used on one
-    /// node filled the cap and every later publish was refused).
+    /// node would fill the cap and every later publish would be refused).
     /// Only keys forgotten at or before `quiet_since_ms` are taken: the caller
     /// waits a window after forgetting, so that no reader, however far behind or
     /// however its clock is set against this one, can still count a bucket of the

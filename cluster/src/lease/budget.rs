@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use crate::counter::Window;
 use crate::lease::line::{Kind, SyncReply, SyncRequest};
 
-/// What a holder cut off from its owner may spend beyond its credit (design.md
-/// section 6, "Shares, borrowing and partitions").
+/// What a holder cut off from its owner may spend beyond its credit
+/// (docs/design/lease.md, "Shares, borrowing and partitions").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CutOffPolicy {
     /// Default: at most its own share per window (slots: at once), in all, credit
@@ -71,8 +71,8 @@ pub struct Budget {
     /// A reply lowered the told share since the last statement: the owner keeps
     /// charging the higher figure until a statement says this reply was adopted,
     /// so one more statement is owed even if the key has gone idle (without it,
-    /// an idle holder that adopted a 0 stopped stating and its owner kept the old
-    /// figure, and the line, for good: `tests/scale.rs`' used-once census).
+    /// an idle holder that adopted a 0 would stop stating and its owner would keep
+    /// the old figure, and the line, for good: `tests/scale.rs`' used-once census).
     owes_statement: bool,
     /// Running total spent beyond the credit (windowed): what a reply to an earlier
     /// statement does not know of.
@@ -206,14 +206,15 @@ impl Budget {
     /// `now_ms`. A refund of credit goes back into the credit: the owner sees the
     /// same move from usage to credit in the next statement. A spend whose bucket
     /// already left the window is not corrected (it no longer counts anywhere, so
-    /// refunding it would mint credit: the property test found exactly that).
+    /// refunding it would mint credit; the property tests check this).
     ///
     /// Nor does a refund go back into the credit when its bucket leaves the
     /// owner's window before this credit ends (plus the skew the owner
     /// tolerates): until the next statement the owner still counts the cost as
     /// usage in that bucket and the credit as it was, and once the bucket has
-    /// left, it counted the refund nowhere while the holder could spend it (a
-    /// review found 130 of L = 100 that way: `refund_at_a_buckets_edge` below).
+    /// left, it counted the refund nowhere while the holder could spend it (130
+    /// of L = 100 that way: `refund_at_a_buckets_edge_is_not_spent_beyond_l` in
+    /// `line.rs`).
     /// The usage is still corrected, so the next statement frees it at the owner.
     /// Slots: returns the slot.
     pub fn settle(&mut self, spent: Spent, reserved: u64, actual: u64, now_ms: u64) {
@@ -257,11 +258,11 @@ impl Budget {
     /// drops the figure it told ([`SyncReply::cut_off_share`]) as it reads that.
     /// A key still in use keeps its figure: one cut off from its owner (it may be
     /// serving on it), or a windowed one that spent in the window, asks one unit
-    /// instead. Without the figure, a cut that came next left it serving nothing
-    /// for as long as the cut lasted: the jepsen harness's `slow` nemesis found
-    /// it twice, first with all three nodes refusing for a window (the returns of
-    /// holders cut off), then with one node refusing for 7 s after a statement
-    /// that only confirmed a lowered figure (docs/design/lease.md, "Giving back").
+    /// instead. Without the figure, a cut that comes next leaves it serving
+    /// nothing for as long as the cut lasts: under the jepsen harness's `slow`
+    /// nemesis, all three nodes refuse for a window (the returns of holders cut
+    /// off), or one node refuses for 7 s after a statement that only confirmed a
+    /// lowered figure (docs/design/lease.md, "Giving back").
     /// A node that stops gives back with [`Budget::final_snapshot`].
     pub fn snapshot(&mut self, want: u64, now_ms: u64) -> Snapshot {
         let cut_off_by_owner = self.cut_off_told && self.cut_off.is_some();
@@ -324,7 +325,7 @@ impl Budget {
     ///
     /// Spending beyond the credit since the snapshot (cut off meanwhile) counts too:
     /// the owner granted against the usage stated, so a reply that ignored it would
-    /// let the holder spend it twice (the property test found exactly that).
+    /// let the holder spend it twice (the property tests check this).
     /// Refunds since the snapshot are not carried into the new credit: the reply
     /// may outlive their buckets at the owner ([`Budget::settle`]); the next
     /// statement shows them as lower usage and the owner grants them anew.
@@ -423,8 +424,8 @@ impl Budget {
     /// can again (`None`). The share is **frozen at the first cut**: later calls
     /// while still cut off keep it, because this node's own refused demand keeps
     /// growing (and with it its share as it sees it) while the other side charges
-    /// it the share it had when gossip stopped (the jepsen harness measured a 5%
-    /// overshoot before this).
+    /// it the share it had when gossip stopped (an unfrozen share overshoots by
+    /// 5% in the jepsen harness).
     pub fn set_cut_off(&mut self, share: Option<u64>) {
         if share.is_none() || self.cut_off.is_none() {
             self.cut_off = share;

@@ -45,7 +45,8 @@
 //!   gives everything back (it drops its figure when it sends that statement), or
 //!   once the member is gone from the terms (collected, or left).
 //! - floors: members that are unreachable are charged at least their share of `L`
-//!   per window (design.md, "Shares, borrowing and partitions"), [`Terms::floors`].
+//!   per window (docs/design/lease.md, "Shares, borrowing and partitions"),
+//!   [`Terms::floors`].
 //!
 //! **Conservation.** A statement may not raise a known holder's commitment: the
 //! remaining credit it claims is accepted only up to `charge_h - usage_new` (a
@@ -251,8 +252,8 @@ struct Account {
 /// The holders' accounts of one line, sorted by holder. A key has a handful of
 /// holders (one per node at most), and a `BTreeMap` allocates a whole 11-slot leaf
 /// for its first entry: 1.3 KB per line with a single holder, most of an idle
-/// lease key's memory at its owner (massif, tenth session). Emptied, it frees its
-/// buffer.
+/// lease key's memory at its owner (massif; docs/BENCHMARKS.md). Emptied, it frees
+/// its buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Accounts<H>(Vec<(H, Account)>);
 
@@ -350,7 +351,7 @@ pub struct Line<H> {
     /// back ([`Line::take_short_with_room`]). Only holders with an account.
     short: BTreeSet<H>,
     /// Shared: every idle key of one capacity has the same terms in a round, and
-    /// a copy per line was most of an idle lease key's memory.
+    /// a copy per line would be most of an idle lease key's memory.
     terms: Arc<Terms<H>>,
     last_now_ms: u64,
 }
@@ -474,8 +475,8 @@ impl<H: Ord + Clone> Line<H> {
                 // its owner changed) that is unreachable or was already gone at the
                 // rebuild (a restarted node's previous incarnation) may have spent
                 // credit the counters have not shown yet: up to `max_credit`, while
-                // its counters count (the jepsen harness measured 41 of 40 after a
-                // kill -9 without this, and again after a restart).
+                // its counters count (without this charge, the jepsen harness sees
+                // 41 of 40 after a kill -9, and again after a restart).
                 let gone = self.terms.floors.contains_key(member) || self.departed.contains(member);
                 let unreported = match (rebuilt, gone) {
                     (Some(_), true) => self.config.max_credit,
@@ -672,15 +673,15 @@ impl<H: Ord + Clone> Line<H> {
                     // holder spends that credit while this statement is in
                     // flight; capped, the new owner could grant the difference
                     // again (`a_stretched_credit_stated_to_a_new_owner_counts_in_full`
-                    // read 110 of L = 100). Counting a claim in full only ever charges
-                    // more.
+                    // would read 110 of L = 100). Counting a claim in full only ever
+                    // charges more.
                     None => request.remaining.min(cap),
                 };
                 account.usage = usage;
                 // A lapsed credit that had ended for the holder before it took
                 // this statement is in its usage already, as what it really spent
                 // from it: counting it again as spent would charge the holder
-                // twice (and, with a figure told from that sum, once let it spend
+                // twice (and, with a figure told from that sum, would let it spend
                 // the unspent part again: 101 of L = 100, docs/design/lease.md).
                 account.lapsed.retain(|l| l.holder_until > request.seq);
                 let lapsed = self.lapsed_in_window(&account.lapsed, now_ms);
@@ -689,9 +690,9 @@ impl<H: Ord + Clone> Line<H> {
             // Slots in use are real whatever the owner thinks: always counted.
             // The credit this statement replaces still binds until the holder
             // adopts the reply: slots it starts from it meanwhile are not in the
-            // statement (a review found 6 slots in use of C = 4 that way, with
-            // borrowing on). It stays charged until its own end, as before, so a
-            // silent holder's slots still come back within one ttl.
+            // statement (left uncharged, 6 slots could be in use of C = 4, with
+            // borrowing on). It stays charged until its own end, so a silent
+            // holder's slots still come back within one ttl.
             Kind::Slots => {
                 if let Some(a) = &known {
                     let live =
@@ -756,10 +757,9 @@ impl<H: Ord + Clone> Line<H> {
         // lapsed credit as spent on top of what the holder spent from an earlier
         // told figure while cut off (a statement taken before the credit ended on
         // its side, read after it lapsed here), and a figure told from that sum
-        // would let it spend the unspent credit's worth again (the property test
-        // found 101 of L = 100 before lapsed credits were dropped by later
-        // statements: lapsed 25 + 16 spent cut off, told 41 beside 60 held by
-        // the others).
+        // would let it spend the unspent credit's worth again (a lapsed 25 and
+        // 16 spent cut off, told as 41 beside 60 held by the others: 101 of
+        // L = 100).
         let own_share = self.terms.shares.get(holder).copied().unwrap_or(0);
         let cut_off_share = if returning {
             0
@@ -1066,10 +1066,10 @@ mod tests {
         b.apply(&snap, &reply, now);
     }
 
-    /// Found by a review: a refund settled just before its bucket leaves the
-    /// window went back into the holder's credit, while the owner, until the
-    /// next statement, counted the cost in that bucket (then nowhere) and the
-    /// credit as it was: 130 of L = 100 admitted.
+    /// A refund settled just before its bucket leaves the window does not go
+    /// back into the holder's credit: until the next statement the owner counts
+    /// the cost in that bucket (then nowhere) and the credit as it was, so the
+    /// refund spent again would admit 130 of L = 100.
     #[test]
     fn refund_at_a_buckets_edge_is_not_spent_beyond_l() {
         use crate::lease::budget::CutOffPolicy;
@@ -1401,7 +1401,7 @@ mod tests {
         assert_eq!(l.charge_of(&"a", 4_000), 0);
     }
 
-    /// A review's suspected case, kept as a guard: slots started from the old
+    /// A guard: slots started from the old
     /// credit between a holder's snapshot and the reply (which grants it nothing:
     /// its share moved) stay charged, because the figure told with the reply it
     /// still spends on is kept until it says it adopted a later one.

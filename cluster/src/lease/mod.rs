@@ -1,4 +1,4 @@
-//! `lease` mode, pure core (design.md section 6; docs/design/lease.md): the key's
+//! `lease` mode, pure core (docs/design/lease.md): the key's
 //! owner keeps a credit line per holder; holders spend their credit locally and
 //! renew it before it runs out, so the hot path needs no network and the cluster
 //! stays within `L`.

@@ -496,9 +496,9 @@ fn a_holder_cut_off_throughout_a_rebuild_is_charged_the_figure_it_publishes() {
 
 /// The failures proptest recorded (`cluster/proptest-regressions/`), replayed from
 /// the op lists in their comments. Proptest re-runs a recorded case from its seed
-/// through the current strategy, so adding an operation to `op()` (as `Rebuild`
-/// was) turns every saved seed into some other case; replaying the shrunk ops
-/// keeps each failure a test whatever the strategy becomes.
+/// through the current strategy, so adding an operation to `op()` turns every
+/// saved seed into some other case; replaying the shrunk ops keeps each failure a
+/// test whatever the strategy becomes.
 #[test]
 fn the_recorded_failures_stay_fixed() {
     let file = include_str!("../../proptest-regressions/lease/proptests.txt");

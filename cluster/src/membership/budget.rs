@@ -15,10 +15,10 @@ use super::metadata::RESERVED_PREFIX;
 /// a status byte); counted so the byte cap tracks what peers hold and ship.
 pub const ENTRY_OVERHEAD_BYTES: usize = 16;
 /// Highest `max_bytes` a config may ask for: 8 MiB, about 130 datagrams a
-/// newcomer takes over some tens of gossip rounds. (It was 48 KiB, one datagram:
-/// with the counters' ring of 61 keys per limit key at the default 60 buckets,
-/// about 16 limit keys, seven tenants with a request and a token limit, filled it;
-/// after that every publish was refused.)
+/// newcomer takes over some tens of gossip rounds. (One datagram's worth, 48 KiB,
+/// is too small: with the counters' ring of 61 keys per limit key at the default
+/// 60 buckets, about 16 limit keys, seven tenants with a request and a token
+/// limit, fill it, and every publish after that is refused.)
 pub const MAX_STATE_BYTES_CEILING: usize = 8 * 1024 * 1024;
 
 /// Caps on what this node publishes (metadata keys excluded: they are validated and

@@ -20,25 +20,24 @@ pub const KEY_RPC_ADDR: &str = "m:rpc_addr";
 pub const KEY_VERSION: &str = "m:version";
 /// Key holding [`NodeMetadata::sync_mode`].
 pub const KEY_SYNC_MODE: &str = "m:sync_mode";
-/// Key holding [`NodeMetadata::rpc_version`], a decimal number; absent on builds
-/// before it (read as 1), so adding it did not change [`SCHEMA_VERSION`]. A value
+/// Key holding [`NodeMetadata::rpc_version`], a decimal number; absent on older
+/// builds (read as 1), so it needs no new [`SCHEMA_VERSION`]. A value
 /// this build cannot read is read as 1 too, never as an untrusted member: a later
 /// build that wrote, say, `3.1` would otherwise drop out of this build's
 /// membership altogether, where reading it as 1 only sends it the least.
 pub const KEY_RPC_VERSION: &str = "m:rpc_version";
 /// Key present (`1`) on a node that accepts spilled requests on its internal RPC
-/// (`lease` spillover on); absent elsewhere and on builds before it, so adding
-/// it did not change [`SCHEMA_VERSION`]. Peers spill only to nodes that publish it.
+/// (`lease` spillover on); absent elsewhere and on older builds, so it needs no
+/// new [`SCHEMA_VERSION`]. Peers spill only to nodes that publish it.
 pub const KEY_SPILLS: &str = "m:spills";
 /// Metadata schema this build writes and accepts. Bump it when a key changes meaning.
 pub const SCHEMA_VERSION: &str = "1";
 /// The internal RPC's wire version this build speaks. An owner parses statements
 /// strictly (a field it does not know is a malformed batch), so a holder sends a
 /// field only to owners whose version reads it:
-/// - 1: the schema of f63573f (statements with `adopted`, without `held`), and
-///   what any build that publishes no key is read as. Builds from before
-///   `adopted` (9e51b5b) cannot be told apart from it and still refuse
-///   `adopted`, as they always did (docs/design/lease.md, "Versions");
+/// - 1: statements with `adopted`, without `held`, and what any build that
+///   publishes no key is read as. Builds without `adopted` cannot be told apart
+///   from it and refuse `adopted` (docs/design/lease.md, "Versions");
 /// - 2 ([`HELD_SINCE_RPC_VERSION`]): a statement may carry `held`, the cut-off
 ///   figure the holder holds.
 pub const RPC_VERSION: u32 = 2;
@@ -65,7 +64,7 @@ pub struct NodeMetadata {
     pub rpc_addr: String,
     /// Software version, e.g. `0.1.0`.
     pub version: String,
-    /// Sync mode the node runs, e.g. `lease` (design.md section 6).
+    /// Sync mode the node runs, e.g. `lease` (docs/design/cluster.md).
     pub sync_mode: String,
     /// The internal RPC's wire version it speaks ([`RPC_VERSION`] for this build).
     pub rpc_version: u32,

@@ -126,10 +126,10 @@ pub struct HolderHeld {
     pub reservations: AtomicUsize,
 }
 
-/// What the holder remembers of a key used here, between rounds. (Four maps
-/// keyed by a copy of each configured key's name were ~350 B per lease key at
-/// rest, tenth session; a vector entry per key 24 B, eleventh; a key never used
-/// here now has one bit, in [`Holder::unsettled`].)
+/// What the holder remembers of a key used here, between rounds. Only keys used
+/// here have one, keyed by binding index: a key never used here has one bit, in
+/// [`Holder::unsettled`] (maps keyed by a copy of each configured key's name
+/// would cost ~350 B per lease key at rest).
 #[derive(Debug, Clone)]
 struct ActiveKey {
     credit: Credit,
@@ -166,11 +166,11 @@ pub enum Round {
     /// are left to the next `Normal` round. An actor refused for want of credit
     /// asks again as soon as an answer wakes it (an unreachable one, or one that
     /// leaves it credit it cannot use: its last slot in use, a cost above what
-    /// it holds), so without this the holder re-sent every few milliseconds
-    /// while requests waited: a test owner refusing every batch read 211
-    /// batches in 1.5 s, against the 15 of one per 100 ms round now, and one
-    /// granting nothing more than a slot in use read 212 statements of that key,
-    /// 15 now (tests/cluster_lease.rs).
+    /// it holds), so without this the holder would re-send every few
+    /// milliseconds while requests wait: a test owner refusing every batch would
+    /// read ~211 batches in 1.5 s instead of the 15 of one per 100 ms round, and
+    /// one granting nothing more than a slot in use ~212 statements of that key
+    /// instead of 15 (tests/it/cluster_lease.rs).
     Woken,
     /// Graceful stop: return every credit.
     ReturnAll,
@@ -205,9 +205,10 @@ struct TargetInputs {
 /// where no request needs it. The horizon is four sync intervals (a refill is a
 /// round away long before the credit runs out), but at most `W /
 /// HORIZON_PARTS_OF_WINDOW`: four 200 ms intervals are 1.3% of a 60 s window,
-/// and 16% of the harness's 5 s one (lease trailed `local split` there, its
-/// owners finding L committed with ~2.3 of 40 unspent at the holders;
-/// docs/BENCHMARKS.md, twenty-eighth session), or most of a per-second limit.
+/// and 16% of the harness's 5 s one (four intervals ahead there, holders keep
+/// ~2.3 of 40 unspent while their owners find L committed, and lease trails
+/// `local split`; docs/BENCHMARKS.md, "`hot-tenant` at 3 nodes"), or most of a
+/// per-second limit.
 const HORIZON_PARTS_OF_WINDOW: u64 = 50;
 
 /// How long a holder's windowed credit should last ([`HORIZON_PARTS_OF_WINDOW`]).
@@ -221,10 +222,10 @@ fn horizon_ms(sync_interval: Duration, window_ms: u64) -> u64 {
 /// faster of its rate over the window and its rate since its last statement, and
 /// twice its last target when its actor ran dry meanwhile; at least the one
 /// request it could not pay; at most `cap`. Over the window alone, a node whose
-/// load had just risen (or that had just started: its window not yet full) asked
-/// for a few milliseconds' worth each round and its requests queued for credit
-/// (in lease mode at 64 connections, ~250 statements/s and 1% of requests waiting
-/// over 32 ms).
+/// load has just risen (or that has just started: its window not yet full) would
+/// ask for a few milliseconds' worth each round and its requests would queue for
+/// credit (in lease mode at 64 connections, ~250 statements/s and 1% of requests
+/// waiting over 32 ms).
 fn credit_target(t: &TargetInputs) -> u64 {
     let over_window = t.demand.saturating_mul(t.horizon_ms) / t.window_ms.max(1);
     let recent = t.elapsed_ms.map_or(0, |elapsed| {
@@ -378,9 +379,9 @@ impl Holder {
         if matches!(self.owners, Owners::Peers(_)) {
             // An owner gone from the members owns nothing any more (its keys moved,
             // and `owner_changed` dropped what it told): no longer "cut off from
-            // it". Without this a crashed owner stayed listed, and the node
-            // degraded, for as long as the process ran (the scale simulation's
-            // owner crash at 3 and 5 nodes).
+            // it". Without this a crashed owner would stay listed, and the node
+            // degraded, for as long as the process runs (the scale simulation's
+            // owner crash at 3 and 5 nodes shows it).
             (self.unreachable).retain(|id, _| view.members.iter().any(|m| m.id == *id));
         }
         self.publish_cut_off();
@@ -391,11 +392,11 @@ impl Holder {
             // it refused (its gate opened, or a bucket left the window). Each
             // is stated at this round; one asked in vain asks again at once
             // with what it asked for, not left to the next interval's round.
-            // Not as if its owner had changed (a review found that dropping
-            // the told figure, which a node cut off from its owner in one
-            // direction only then could not serve on): if the owner did move,
-            // the round sees it in the view, and a rebuilt line reads the
-            // figure the statement says it holds.
+            // Not as if its owner had changed: that would drop the told figure,
+            // which a node cut off from its owner in one direction only could
+            // then not serve on. If the owner did move, the round sees it in the
+            // view, and a rebuilt line reads the figure the statement says it
+            // holds.
             for i in book.take_restates() {
                 match self.active.get_mut(&(i as u32)) {
                     Some(key) => {
@@ -414,7 +415,7 @@ impl Holder {
         // One seq for every statement of an unused key this round: per key it
         // grows from round to round, and one per key in a round would run the
         // floor (and with it every used key's seq) ahead of the clock by the
-        // number of such keys, ending credits early (a review found this).
+        // number of such keys, ending credits early.
         let nothing_held_seq = now_ms.max(self.nothing_held_seq + 1);
         let unused = self.unused_to_state(round);
         for &i in &unused {
@@ -470,7 +471,7 @@ impl Holder {
             //   again it must leave the cut-off (and report its spending) at once;
             // - a key gone idle still holding a told cut-off share states once
             //   more, giving it back: the owner charges that figure until it hears
-            //   so (a review found idle holders leaving it charged for good);
+            //   so (without this, an idle holder leaves it charged for good);
             // - a reply that lowered the told figure is confirmed by one more
             //   statement, or the owner keeps charging the old one for good.
             let (cut_off, holds_figure, owes) =
@@ -530,9 +531,9 @@ impl Holder {
                 _ => target.saturating_sub(held),
             };
             // Woken again once the credit falls below half of the target, so the
-            // refill is a round away long before it runs out. (Half of `want` was
-            // near 0 whenever a round found the credit nearly full: the actor then
-            // ran dry and its requests queued for the next round.)
+            // refill is a round away long before it runs out. (Half of `want` is
+            // near 0 whenever a round finds the credit nearly full: the actor
+            // would then run dry and its requests queue for the next round.)
             credit.set_low_water(target / 2);
             // After any statement of nothing held made before the credit was. A
             // stopping node gives its figures back too; a serving one keeps those
@@ -673,8 +674,9 @@ impl Holder {
     /// Drops key `i`'s credit if its budget is at rest and its actor has stopped
     /// (the table's check), so that a key used once and idle since costs what a
     /// key never used here does: its credit (~200 B, and a usage map node of
-    /// ~190 B per windowed key) and the holder's entry were ~1.4 KB of a 3-key
-    /// tenant used once per node (docs/BENCHMARKS.md). The key's owner accepted
+    /// ~190 B per windowed key) and the holder's entry would be ~1.4 KB of a 3-key
+    /// tenant used once per node (docs/BENCHMARKS.md, "Used once, now idle: the
+    /// census"). The key's owner accepted
     /// its last statement (a key whose owner did not is stated, never at rest
     /// here), so it stays settled; the next credit for it states above the
     /// dropped one's last seq.
@@ -1237,9 +1239,9 @@ upstreams = ["u"]
 
     /// Only a refused statement that carried an actor's ask is asked in vain:
     /// the one unit a key in use asks to keep its figure, granted nothing, is
-    /// not (a review found a nudge then turning that unit into a horizon's
-    /// worth of credit, through `Credit::ask_again`; docs/design/lease.md,
-    /// "Room offered as it comes back").
+    /// not: a nudge would otherwise turn that unit into a horizon's worth of
+    /// credit, through `Credit::ask_again` (docs/design/lease.md, "Room offered
+    /// as it comes back").
     #[tokio::test]
     async fn only_a_refused_actors_ask_is_asked_in_vain() {
         let (mut holder, two, owner0, table) = key_0_settled(1);

@@ -55,8 +55,8 @@ pub struct View {
     /// a member cut off; read with [`View::terms_for`].
     pub terms: HashMap<String, Arc<Terms<String>>>,
     /// Per capacity: the terms every idle key of that capacity shares this round.
-    /// Idle keys have no entry in `terms` (one per configured key each round was
-    /// ~100 B per idle lease key).
+    /// Idle keys have no entry in `terms` (one per configured key each round
+    /// would cost ~100 B per idle lease key).
     pub idle_terms: HashMap<u64, Arc<Terms<String>>>,
     /// This node's demand per key (cost per window), to size what it asks; absent
     /// when 0.

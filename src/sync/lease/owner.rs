@@ -43,7 +43,7 @@ pub struct OwnerBook {
 
 /// The keys any node may own: the credit bindings, found by key, each line's
 /// config computed from its binding (every node computes the same). A stored
-/// config per key, on every node, was ~150 B of an idle lease key.
+/// config per key, on every node, would be ~150 B of an idle lease key.
 pub struct KeyTable {
     bindings: Arc<[Binding]>,
     /// Indices into `bindings` of those with credit, sorted by key.
@@ -325,10 +325,10 @@ impl OwnerBook {
 
     /// As a bucket leaves the window: asks each holder that was refused for
     /// want of room, on a line that has room for it now, to state again, once
-    /// for all its keys. Without this, such a holder asked again at its next
-    /// sync round: the bench's audit had the refused holders granted 50-200 ms
-    /// after the room came back, while their requests' waits ran out
-    /// (docs/design/lease.md, "Room offered as it comes back").
+    /// for all its keys. Without this, such a holder asks again only at its
+    /// next sync round, and in the bench's audit refused holders are then
+    /// granted 50-200 ms after the room comes back, while their requests' waits
+    /// run out (docs/design/lease.md, "Room offered as it comes back").
     pub fn offer_room(&self) {
         let now_ms = self.now_ms();
         let mut with_room = Vec::new();
@@ -692,7 +692,8 @@ mod tests {
     /// A holder refused while a rebuilt line's gate was shut is asked to state
     /// again as soon as the gate opens (this node's own holder through its
     /// restate bits and a wake, a peer by a nudge), not at its next interval's
-    /// round (the bench's audit: 250 ms at every start for two of three nodes).
+    /// round (in the bench's audit, that wait is 250 ms at every start for two
+    /// of three nodes).
     #[tokio::test(start_paused = true)]
     async fn a_holder_refused_behind_the_gate_is_asked_again_when_it_opens() {
         let key = key_that_moves_to_c();

@@ -310,8 +310,8 @@ pub fn client(timeout: Duration) -> reqwest::Client {
         .connect_timeout(timeout)
         // Idle connections close soon: each keeps read and write buffers grown to
         // its largest batch (the start statements of every key an owner owns),
-        // ~0.4 KB per configured tenant per node at 1,000 tenants (massif,
-        // eleventh session). A busy key is stated every round, which keeps its
+        // ~0.4 KB per configured tenant per node at 1,000 tenants (massif). A
+        // busy key is stated every round, which keeps its
         // owner's connection warm.
         .pool_idle_timeout(Duration::from_secs(5))
         .pool_max_idle_per_host(4)

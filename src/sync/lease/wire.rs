@@ -24,8 +24,9 @@ pub const MAX_ENTRIES: usize = 100_000;
 
 /// What a holder puts in one batch at most: a round with more statements for one
 /// owner sends several (an owner refuses a body above [`MAX_BODY_BYTES`], and a
-/// refused batch reads as an unreachable owner: ~43,000 idle statements did, so a
-/// node with that many keys on one owner stayed cut off from it for good).
+/// refused batch reads as an unreachable owner: ~43,000 idle statements in one
+/// batch would exceed it, and a node with that many keys on one owner would stay
+/// cut off from it for good).
 pub const SEND_BODY_BYTES: usize = 1 << 20;
 
 /// A holder's statements for the keys one owner owns.
@@ -100,8 +101,8 @@ impl Entry {
     /// [`HELD_SINCE_RPC_VERSION`] an owner parses no `held`: its strict parsing
     /// would refuse the whole batch, so the figure is left out. Such an owner
     /// never keeps a held figure anyway (`Reserves::keep` came with it), so it
-    /// loses nothing it had; without this, an upgraded busy holder read it as
-    /// unreachable until it was upgraded too.
+    /// loses nothing it had; without this, an upgraded busy holder would read it
+    /// as unreachable until it was upgraded too.
     pub fn readable_by(mut self, rpc_version: u32) -> Entry {
         if rpc_version < HELD_SINCE_RPC_VERSION {
             self.held = 0;
@@ -370,9 +371,9 @@ mod tests {
                 held: 6,
             },
         );
-        // The fields of wire version 1, the schema of every build before `held`
-        // (f63573f), which parsed strictly: any other field refused the batch
-        // (tests/cluster_lease.rs runs such an owner over a real socket).
+        // The fields of wire version 1, the schema of a build without `held`,
+        // which parses strictly: any other field refuses the batch
+        // (tests/it/cluster_lease.rs runs such an owner over a real socket).
         const VERSION_1: [&str; 6] = ["adopted", "key", "remaining", "seq", "usage", "want"];
         let fields = |e: &Entry| -> Vec<String> {
             let json = serde_json::to_value(e).expect("serializes");

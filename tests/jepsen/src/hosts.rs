@@ -114,7 +114,7 @@ impl Net {
         let _ = sh("ip", &["link", "del", &format!("{prefix}br")]);
         // A host end whose namespace outlived its name (a killed node still held
         // it when the name was deleted) keeps its veth pair: `link add` then
-        // fails with "File exists" (seen after a CI run was killed mid-bench).
+        // fails with "File exists" (as after a run killed mid-bench).
         if let Ok(links) = sh("ip", &["-o", "link", "show"]) {
             let veth = format!("{prefix}v");
             for link in links.lines() {

@@ -1,6 +1,6 @@
 //! # tollgate-jepsen
 //!
-//! A partition-testing harness (issue 5): real tollgate nodes as
+//! A partition-testing harness: real tollgate nodes as
 //! separate processes, each in its own Linux network namespace on a bridge the
 //! harness creates and always tears down, in front of a real mock upstream whose
 //! JSONL log is the ground truth; a skewed, bursty, multi-tenant workload recorded
@@ -12,11 +12,11 @@
 //! - [`procs`]: node and mock processes (kill -9, pause, restart, stop).
 //! - [`nemesis`]: the faults, scheduled from the seed on one timeline.
 //! - [`workload`]: the clients (tenants, streams, lanes, retry-after).
-//! - [`tasks`]: the seed scenario's task workers (issue 6).
+//! - [`tasks`]: the seed scenario's task workers.
 //! - [`run`]: one run, end to end, and its report.
 //! - [`checker`]: the checks, pure.
 //! - [`timeline`]: the run's timeline picture (SVG).
-//! - [`bench`]: accuracy against throughput over a matrix of runs (issue 6).
+//! - [`bench`]: accuracy against throughput over a matrix of runs.
 
 pub mod bench;
 pub mod checker;

@@ -27,8 +27,8 @@ pub const SKEW_SECONDS: i64 = -2;
 /// back at its end), in ms: just under the bucket shift's `SKEW_TOLERANCE_MS`
 /// (100), the largest skew a `redis-lease` holder running behind Redis `TIME`
 /// is not corrected for. A step moves `CLOCK_REALTIME` and not `CLOCK_MONOTONIC`
-/// (a suspend, a frozen VM, a VM's time sync): nodes whose clock ignored it ran 90 ms behind
-/// Redis for the rest of the run and sent 41 of L = 40 in 2 of 4 seeds.
+/// (a suspend, a frozen VM, a VM's time sync): a node clock that ignores it runs 90 ms
+/// behind Redis for the rest of the run (41 of L = 40 sent in 2 of 4 seeds).
 pub const WALL_STEP_MS: u64 = 90;
 
 /// libfaketime's preload library (Debian's `faketime` package).

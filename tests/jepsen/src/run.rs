@@ -67,7 +67,7 @@ pub struct RunSpec {
     /// `--sync-interval`); none set in the harness's own runs.
     #[serde(default)]
     pub tuning: Tuning,
-    /// The seed scenario's task workers instead of the request clients (issue 6);
+    /// The seed scenario's task workers instead of the request clients;
     /// the upstream then also grants `tpm` tokens per window.
     #[serde(default)]
     pub tasks: Option<TaskSpec>,
@@ -91,8 +91,8 @@ pub struct Tuning {
     pub sync_interval: Option<Duration>,
 }
 
-/// Buckets per window of the harness's runs (and of every run saved before the
-/// field existed). With a 5 s window a bucket is 500 ms: about the sync lag
+/// Buckets per window of the harness's runs (and of a saved run whose spec has no
+/// such field). With a 5 s window a bucket is 500 ms: about the sync lag
 /// (sync interval plus gossip), as a 1 s bucket of the default 60 s window is in
 /// production, so the sync modes meet their lag as they would there. The cost:
 /// a charge counts until its bucket's end leaves the window, up to 10% of W
@@ -194,8 +194,8 @@ upstreams = ["mock"]
                 // So do clients under a concurrency limit: in `gossip` a node with no
                 // slot gets a freed one once its waiting shows in the demand its
                 // peers see (2 x gossip + sync, then a round and the actor's 250 ms
-                // re-check: ~0.85 s), and a 500 ms wait expired first about half the
-                // time (a CI run's survivor refused three times in a row: 5.9 s).
+                // re-check: ~0.85 s), and a 500 ms wait expires first about half the
+                // time (a survivor may be refused three times in a row: 5.9 s).
                 match spec.tuning.max_wait {
                     Some(wait) => format!("{}ms", wait.as_millis()),
                     None if spec.tasks.is_some() || spec.concurrency.is_some() => "2s".into(),
@@ -688,9 +688,9 @@ fn slots_back_within(spec: &RunSpec) -> anyhow::Result<u64> {
     let promise = match spec.mode.as_str() {
         // Declared dead: its in-flight count is dropped at once; the freed slots
         // are then shared by the survivors' demand, each reading its own as its
-        // peers have it (2 x gossip interval + sync interval late, design/
-        // cluster.md "Demand"). A CI run measured 4,324 ms against a bound that
-        // left the second term out (detection itself took 0.5 s).
+        // peers have it (2 x gossip interval + sync interval late,
+        // docs/design/cluster.md, "Demand"). Both terms count: a CI run can take
+        // 4,324 ms, of which detection itself is 0.5 s.
         "gossip" | "local-split" | "local-full" => {
             failure_detection_ms(&spec.dir.join("n0.toml"))?
                 + (cluster.gossip_interval * 2 + cluster.sync_interval).as_millis() as u64
@@ -826,7 +826,7 @@ fn render(spec: &RunSpec, checks: &[Check], events: &[Event], ops: &[Op]) -> Str
 mod tests {
     use super::*;
 
-    /// A saved spec from before `buckets` existed (`--replay` of an old run).
+    /// A saved spec without `buckets` (`--replay` of an old run).
     const OLD_SPEC: &str = r#"{"mode":"lease","nemesis":["none"],"nodes":3,
         "duration":{"secs":20,"nanos":0},"seed":7,"limit":40,
         "window":{"secs":5,"nanos":0},"tenants":1,"cut_off":null,"max_borrow":null,

@@ -1,4 +1,4 @@
-//! The seed scenario's workers (issue 6): an upstream that grants a token budget
+//! The seed scenario's workers: an upstream that grants a token budget
 //! and a request budget per window, and `workers` agents each running one task
 //! after another. A task is one chat completion with a long prompt and a large
 //! `max_tokens` whose real completion is shorter; it is retried until it succeeds
@@ -37,7 +37,7 @@ pub struct TaskSpec {
 }
 
 impl TaskSpec {
-    /// The issue's scenario: 12 workers, 150,000 tokens and 500 requests per
+    /// The seed scenario: 12 workers, 150,000 tokens and 500 requests per
     /// window at the upstream, prompts of 1,200 tokens, `max_tokens` 800, real
     /// completions of 200-600 tokens.
     pub fn seed_scenario(estimate: &str, direct: bool) -> TaskSpec {

@@ -259,10 +259,9 @@ impl Client {
 
 /// The wait a response asks for, in ms: `retry-after-ms` when it parses (what
 /// the official OpenAI SDKs read first, and what tollgate and the mock send),
-/// else `retry-after` in seconds. Both clients of the harness read it so (the
-/// request loops read `retry-after` alone, in whole seconds, until the
-/// eighteenth session: every hint under a second became a second, which cost
-/// `lease` under `hot-tenant`, docs/BENCHMARKS.md).
+/// else `retry-after` in seconds. Both clients of the harness read it so
+/// (`retry-after` alone, in whole seconds, turns every hint under a second into
+/// a second, which costs `lease` under `hot-tenant`: docs/BENCHMARKS.md).
 pub fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     tollgate::load::retry::parse(text("retry-after-ms"), text("retry-after"))

@@ -1,4 +1,4 @@
-//! `bench --quick` in CI (issue 6): the small accuracy-against-throughput matrix
+//! `bench --quick` in CI: the small accuracy-against-throughput matrix
 //! runs end to end with real processes, every cell serves, every synced mode keeps
 //! its promise and publishes its sync traffic. (That `local full` overshoots is
 //! proven by `promises.rs`, and shows here too; it is not asserted, being the

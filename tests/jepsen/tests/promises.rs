@@ -32,8 +32,8 @@ async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
 
 /// A run's spec, in its own directory: named by the subnet too, since two tests
 /// may run one mode under one nemesis (`gossip_kill` and the slot test): with one
-/// directory, the next run wiped it before the first test read its report (CI
-/// failed `gossip_kill` so, with every check passed).
+/// directory, the next run could wipe it before the first test reads its report,
+/// failing that test with every check passed.
 fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("jepsen-{mode}-{nemeses}-{subnet}"));
@@ -113,8 +113,8 @@ promises! {
     redis_lease_pause: "redis-lease", "pause", 55;
     redis_lease_redis_kill: "redis-lease", "redis-kill", 56;
     // A node cut from its peers and from Redis at once: in `redis` it must not
-    // spend a share nobody charges (it did: 47-59 of L = 40 before the peers'
-    // confirmation of a loss was required, src/sync/redis_loss.rs).
+    // spend a share nobody charges (without the peers' confirmation of a loss,
+    // src/sync/redis_loss.rs, it would send 47-59 of L = 40).
     redis_island: "redis", "island", 68;
     redis_lease_island: "redis-lease", "island", 69;
     lease_bridge_restart: "lease", "bridge,restart", 57;
@@ -123,7 +123,7 @@ promises! {
     redis_lease_skew: "redis-lease", "skew", 61;
     // The machine's wall clock stepped 90 ms forward (and back at the end): the
     // nodes' clocks must follow it, or `redis-lease` buckets disagree with Redis
-    // `TIME` for the rest of the run (41 of 40 before actor/wall.rs).
+    // `TIME` for the rest of the run (41 of 40 without src/clock/wall.rs).
     redis_lease_wall_step: "redis-lease", "wall-step", 70;
     gossip_slow: "gossip", "slow", 63;
     lease_slow: "lease", "slow", 64;
@@ -144,8 +144,8 @@ async fn lease_keeps_its_promise_per_tenant_and_upstream_with_three_tenants() {
 async fn lease_keeps_its_promise_when_nodes_restart_within_one_window() {
     // Seed 4: n2 restarted (clock 2 s behind, then back) while n0 is killed and
     // restarted; both come back at once, moving key ownership to a new owner while
-    // n2's previous incarnation spent in the window. Sent 41 of 40 before the
-    // departed incarnation's usage was counted (docs/jepsen.md).
+    // n2's previous incarnation spent in the window. Without counting the
+    // departed incarnation's usage, it would send 41 of 40 (docs/jepsen.md).
     let mut restarts = spec("lease", "restart,skew", 62);
     restarts.seed = 4;
     keeps(restarts).await;
@@ -159,7 +159,7 @@ async fn slots_come_back(mode: &str, subnet: u8) {
     ghost.concurrency = Some(2);
     // Steady demand from every client: the default pattern's quiet second (one in
     // four) could fall right after the kill and delay the survivors' asking, not
-    // the slots' return (a CI failure, 24 ms over the bound, was mostly that).
+    // the slots' return (enough to put a run 24 ms over the bound).
     ghost.pattern = tollgate_jepsen::workload::Pattern::Uniform;
     let outcome = run(ghost).await.unwrap();
     let report = report(&outcome);

@@ -1,4 +1,4 @@
-//! `bench`: accuracy against throughput (issue 6). Every cell of a matrix (mode x
+//! `bench`: accuracy against throughput. Every cell of a matrix (mode x
 //! nodes x workload pattern) is one harness run without faults (real processes
 //! in network namespaces, the mock upstream as ground truth); this module turns
 //! each run's files into the figures a user chooses a mode by, and the table.
@@ -143,7 +143,7 @@ pub struct Cell {
     /// Accepted by the upstream over L per window, across the run.
     pub utilisation: f64,
     /// How full the upstream's window was kept after the first window
-    /// ([`steady_fill`]); 0 in results saved before it existed.
+    /// ([`steady_fill`]); 0 in saved results without it.
     #[serde(default)]
     pub steady_fill: f64,
     /// Refusals by the upstream for its limits.
@@ -276,7 +276,7 @@ fn figures(spec: &RunSpec) -> anyhow::Result<Cell> {
         .filter(|l| l.outcome == "admitted")
         .map(|l| l.ts_ms)
         .collect();
-    // The clients' start (older runs: the first admission).
+    // The clients' start (runs without a clock.json: the first admission).
     let started_ms = std::fs::read_to_string(spec.dir.join("clock.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())

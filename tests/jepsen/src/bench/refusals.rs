@@ -7,7 +7,7 @@
 //! charge counts until its bucket's end has left the window, the safe reading of
 //! a provider that may count on arrival). The gap between modes in the second
 //! column is what their partitioning and their sync lag cost
-//! (docs/BENCHMARKS.md, "Twenty-eighth session").
+//! (docs/BENCHMARKS.md, "what the compressed window costs").
 
 use crate::checker::{MockLine, Op};
 use crate::run::{self, RunSpec};
@@ -97,12 +97,8 @@ pub fn judge(
 pub fn report(dir: &Path) -> anyhow::Result<String> {
     let spec = RunSpec::load(dir)?;
     let clock: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("clock.json")).with_context(|| {
-            format!(
-                "reading {}/clock.json (runs before the twenty-eighth session did not write it)",
-                dir.display()
-            )
-        })?,
+        &std::fs::read_to_string(dir.join("clock.json"))
+            .with_context(|| format!("reading {}/clock.json", dir.display()))?,
     )?;
     let t0 = clock["t0_unix_ms"]
         .as_u64()

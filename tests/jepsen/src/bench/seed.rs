@@ -1,4 +1,4 @@
-//! The seed scenario (issue 6): an upstream granting 150,000 tokens and 500
+//! The seed scenario: an upstream granting 150,000 tokens and 500
 //! requests per window, 12 workers running tasks (1,200-token prompts,
 //! `max_tokens` 800, real completions of 200-600 tokens) until the run ends.
 //! What a user sees: tasks completed per window and the upstream's 429s, for the
@@ -20,7 +20,7 @@ pub struct SeedCell {
 }
 
 impl SeedCell {
-    /// Every cell the issue asks for: the uncoordinated workers, per-node limits
+    /// Every cell of the scenario: the uncoordinated workers, per-node limits
     /// (`local-full`: each node the provider's whole limit; `local-split`: a
     /// third each), and every synced mode with both estimates.
     pub fn all() -> Vec<SeedCell> {
