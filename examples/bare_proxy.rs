@@ -1,8 +1,9 @@
 //! The floor of the end-to-end benchmark: a proxy built from the same parts as a
 //! tollgate node (axum server, the node's own upstream client over hyper's
 //! pooled client, mimalloc, tokio's default runtime) that does nothing else: no
-//! tenant, no tokenizer, no limiter, no headers. `scripts/bench-floor.sh` runs it beside a lease node so the cost of
-//! tollgate's own work is the difference. Not a product; no config.
+//! tenant, no tokenizer, no limiter, no headers. `scripts/bench-cores.sh` runs it
+//! beside a lease node so the cost of tollgate's own work is the difference. Not
+//! a product; no config.
 //!
 //! `cargo run --release --example bare_proxy -- 127.0.0.1:8192 http://127.0.0.1:9190`
 

@@ -3,9 +3,9 @@
 # and the load generator held fixed (one binary), so only the node differs. Prints
 # one line per run: binary, req/s, p50, p99 (ms), the node's CPU per request (us,
 # utime + stime from /proc), then the medians. Usage:
-#   scripts/bench-ab.sh FIXED_BIN BIN_A BIN_B   (env: ROUNDS=8 SECS=6 CONF=config/bench-lease.toml PORT=8191)
+#   scripts/investigate/bench-ab.sh FIXED_BIN BIN_A BIN_B   (env: ROUNDS=8 SECS=6 CONF=config/bench-lease.toml PORT=8191)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 fixed=$1; shift
 secs=${SECS:-6} conf=${CONF:-config/bench-lease.toml} port=${PORT:-8191}
 out=$(mktemp -d)

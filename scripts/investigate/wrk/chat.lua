@@ -1,4 +1,4 @@
--- wrk script for scripts/bench-floor.sh (GENERATOR=wrk): the request `tollgate load`
+-- wrk script for scripts/investigate/bench-floor.sh (GENERATOR=wrk): the request `tollgate load`
 -- sends by default (chat, a 16-token prompt in 16 variants, max_tokens 64, key
 -- sk-bench), and one summary line the script parses. No response() hook: it
 -- would make wrk parse every body in Lua; non-2xx answers are counted by wrk.

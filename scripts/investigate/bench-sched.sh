@@ -7,9 +7,9 @@
 # causes) and how often and how long it slept (nothing to do: waiting on the
 # others). Records only `sched:sched_switch`, system-wide, for the middle
 # seconds of the load (needs root and perf).
-# Usage: scripts/bench-sched.sh [seconds recorded, default 4]
+# Usage: scripts/investigate/bench-sched.sh [seconds recorded, default 4]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 command -v perf >/dev/null || { echo "perf not installed (apt-get install linux-perf)" >&2; exit 1; }
 secs=${1:-4}
 export TOKIO_WORKER_THREADS=1

@@ -6,11 +6,11 @@
 # tokio worker) under valgrind; the mock upstream runs natively. After 500
 # warm-up requests the counters are zeroed, then N requests (64 connections) are
 # counted: user-space work only (the kernel's share of a request is not seen).
-# Usage: scripts/bench-instructions.sh BINARY... [--requests N, default 3000] [--rounds R, default 2]
+# Usage: scripts/investigate/bench-instructions.sh BINARY... [--requests N, default 3000] [--rounds R, default 2]
 # e.g.   git worktree add /tmp/base HEAD~1 && cargo build --release --manifest-path /tmp/base/Cargo.toml
-#        scripts/bench-instructions.sh /tmp/base/target/release/tollgate target/release/tollgate
+#        scripts/investigate/bench-instructions.sh /tmp/base/target/release/tollgate target/release/tollgate
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 command -v valgrind >/dev/null || { echo "valgrind not installed (apt-get install valgrind)" >&2; exit 1; }
 command -v callgrind_control >/dev/null || { echo "callgrind_control not installed (valgrind)" >&2; exit 1; }
 bins=() n=3000 rounds=2

@@ -3,12 +3,12 @@
 # axum + hyper proxy (examples/bare_proxy.rs: the node's parts doing nothing
 # else), and through a lease-mode node, runs alternated, with each process's CPU
 # per request (utime + stime from /proc). Prints a Markdown table for
-# docs/BENCHMARKS.md. Usage: scripts/bench-floor.sh [rounds, default 3] [seconds, default 6]
+# docs/BENCHMARKS.md. Usage: scripts/investigate/bench-floor.sh [rounds, default 3] [seconds, default 6]
 # GENERATOR=wrk drives the same requests with wrk (2 threads, 64 connections;
 # apt-get install wrk) instead of `tollgate load`, a leaner client, to show what
 # the generator's own CPU costs the paths it shares the cores with.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 rounds=${1:-3} secs=${2:-6} generator=${GENERATOR:-tollgate}
 [[ $generator == tollgate || $generator == wrk ]] || { echo "GENERATOR: tollgate or wrk" >&2; exit 2; }
 [[ $generator == tollgate ]] || command -v wrk >/dev/null || { echo "wrk not installed" >&2; exit 1; }
@@ -18,7 +18,7 @@ for _ in $(seq "$rounds"); do
     IFS=: read -r name port middle <<<"$path"
     m0=$(cpu $mock); n0=0; [[ $middle != 0 ]] && n0=$(cpu "$middle")
     if [[ $generator == wrk ]]; then
-      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/chat.lua "http://127.0.0.1:$port/v1/chat/completions" \
+      wrk -t2 -c64 -d"${secs}s" -s scripts/investigate/wrk/chat.lua "http://127.0.0.1:$port/v1/chat/completions" \
         >"$out/wrk.txt" &
     else
       "$bin" load --url "http://127.0.0.1:$port/v1" --api-key sk-bench --duration "${secs}s" \
