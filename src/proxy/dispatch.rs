@@ -4,11 +4,12 @@
 //! fallback (or waits for it within the deadline). A 5xx or transport error backs
 //! off with full jitter and tries again. Every path settles every permit once.
 
+use super::charges::Charges;
 use super::error::ApiError;
 use super::request::{Api, Parsed};
 use super::select::{UpstreamDemand, choose};
 use super::state::{AppState, Upstream};
-use super::stream::{Held, StreamLimits, metered};
+use super::stream::{StreamLimits, metered};
 use super::usage;
 use crate::actor::{Permit, SettleWith};
 use crate::upstream_http::{UpstreamResponse, describe};
@@ -58,18 +59,13 @@ enum Attempt {
 }
 
 /// Settles the upstream's permit and hands the tenant's back for another attempt.
-fn retry(mut held: Held, upstream: SettleWith, error: ApiError, backoff: bool) -> Attempt {
-    // The tenant's charge lives on through the next attempts: moved now, not at
-    // its settlement, however long they take. If the client leaves before the
-    // next one is sent, it settles as it would if the request ended here.
-    held.tenant.redate_now();
-    held.tenant.drop_as(SettleWith::RefundTokens);
-    held.upstream.settle(upstream);
+fn retry(held: Charges, upstream: SettleWith, error: ApiError, backoff: bool) -> Attempt {
+    let (tenant, guard) = held.for_retry(upstream);
     Attempt::Retry {
         error,
         backoff,
-        tenant: held.tenant,
-        guard: held.guard,
+        tenant,
+        guard,
     }
 }
 
@@ -117,7 +113,7 @@ pub async fn dispatch(
         let (Some(tenant_permit), Some(held_guard)) = (tenant.take(), guard.take()) else {
             break;
         };
-        let held = Held {
+        let held = Charges {
             tenant: tenant_permit,
             upstream: permit,
             guard: held_guard,
@@ -259,7 +255,7 @@ async fn attempt_once(
     state: &AppState,
     req: &Admitted<'_>,
     upstream: &Upstream,
-    mut held: Held,
+    mut held: Charges,
     retried_at: Option<Instant>,
 ) -> Attempt {
     let started = Instant::now();
@@ -268,23 +264,14 @@ async fn attempt_once(
     // charge it to: cancel instead (nothing is charged; the client is told to
     // retry). A request that only waited for an upstream is sent; its tenant's
     // charge moves to now first, so it counts a window from the send
-    // (`super::stall` on telling the two apart).
-    // A retry's charge was dated at the failed answer, and the backoff and the
-    // wait for an upstream since are the same gap: checking the first attempt
-    // only would send a retry that waited out a 4 s cool-down with a tenant
-    // charge that had left a 2 s window.
+    // (`super::stall` on telling the two apart). A retry's charge was dated at
+    // the failed answer, and the backoff and the wait for an upstream since are
+    // the same gap: checking the first attempt only would send a retry that
+    // waited out a 4 s cool-down with a tenant charge that had left a 2 s window.
     let limits = &state.config.limits;
     let dated = retried_at.unwrap_or(req.admitted_at);
     if state.stall_watch.stalled_since(dated) {
-        // An earlier attempt reached the upstream, which did no work: the tenant
-        // keeps the request, as `retry` left it.
-        let tenant_how = if retried_at.is_some() {
-            SettleWith::RefundTokens
-        } else {
-            SettleWith::Cancel
-        };
-        held.tenant.settle(tenant_how);
-        held.upstream.settle(SettleWith::Cancel);
+        held.settle_expired(retried_at.is_some());
         return Attempt::Fatal(ApiError::unavailable(
             "This request's admission expired before it could be sent (the gateway was stalled); retry.",
             Duration::from_millis(1),
@@ -294,47 +281,8 @@ async fn attempt_once(
     if started.saturating_duration_since(dated) > bucket {
         held.tenant.redate_now();
     }
-    // From here the provider may count it: a permit dropped unsettled (the client
-    // gone mid-call) keeps its reservation instead of being cancelled.
-    held.tenant.sending();
-    held.upstream.sending();
-    let headers_by = req.deadline.min(started + upstream.timeout);
-    let send = state.upstream_http.post(
-        &upstream.endpoints[req.api.index()],
-        upstream_headers(req, upstream),
-        req.parsed.body.clone(),
-    );
-    tokio::pin!(send);
-    // The provider counts the request when it arrives, which the gateway only knows
-    // happened by the answer: the charges count a window from there, not from the
-    // admission (docs/design/limiter.md, "Charged when answered"). While no answer
-    // comes, they are moved every half window so they keep counting. One timer
-    // serves both that and the wait's end (`None`: no headers by then), so a
-    // request registers one, not two.
-    let redate_every = limits.window / 2;
-    // Checked: a configured window of ages would overflow an `Instant`.
-    let redate_after = |from: Instant| from.checked_add(redate_every).unwrap_or(headers_by);
-    let timer = tokio::time::sleep_until(headers_by.min(redate_after(started)));
-    tokio::pin!(timer);
-    let sent = loop {
-        tokio::select! {
-            biased;
-            sent = &mut send => break Some(sent),
-            () = &mut timer => {
-                let now = Instant::now();
-                if now >= headers_by {
-                    break None;
-                }
-                held.tenant.redate_now();
-                held.upstream.redate_now();
-                timer.as_mut().reset(headers_by.min(redate_after(now)));
-            }
-        }
-    };
-    // Whatever came back (headers, an error, nothing in time), the provider has
-    // counted the request by now (bar one still on the wire after a timeout).
-    held.tenant.answered();
-    held.upstream.answered();
+    held.sending();
+    let sent = send_and_wait(state, req, upstream, &mut held, started).await;
     let seconds = started.elapsed().as_secs_f64();
     let response = match sent {
         None => {
@@ -357,8 +305,69 @@ async fn attempt_once(
         }
         Some(Ok(response)) => response,
     };
+    upstream
+        .metrics
+        .response(Some(response.status().as_u16()), seconds);
+    on_answer(state, req, upstream, held, response).await
+}
+
+/// Sends the request and waits for the answer's headers, until the upstream's
+/// timeout or the request's deadline (`None`: no headers by then). The
+/// provider counts the request when it arrives, which the gateway only knows
+/// happened by the answer: the charges count a window from there, not from the
+/// admission (docs/design/limiter.md, "Charged when answered"). While no answer
+/// comes, they are moved every half window so they keep counting. One timer
+/// serves both that and the wait's end, so a request registers one, not two.
+async fn send_and_wait(
+    state: &AppState,
+    req: &Admitted<'_>,
+    upstream: &Upstream,
+    held: &mut Charges,
+    started: Instant,
+) -> Option<Result<UpstreamResponse, crate::upstream_http::BoxError>> {
+    let headers_by = req.deadline.min(started + upstream.timeout);
+    let send = state.upstream_http.post(
+        &upstream.endpoints[req.api.index()],
+        upstream_headers(req, upstream),
+        req.parsed.body.clone(),
+    );
+    tokio::pin!(send);
+    let redate_every = state.config.limits.window / 2;
+    // Checked: a configured window of ages would overflow an `Instant`.
+    let redate_after = |from: Instant| from.checked_add(redate_every).unwrap_or(headers_by);
+    let timer = tokio::time::sleep_until(headers_by.min(redate_after(started)));
+    tokio::pin!(timer);
+    let sent = loop {
+        tokio::select! {
+            biased;
+            sent = &mut send => break Some(sent),
+            () = &mut timer => {
+                let now = Instant::now();
+                if now >= headers_by {
+                    break None;
+                }
+                held.redate_now();
+                timer.as_mut().reset(headers_by.min(redate_after(now)));
+            }
+        }
+    };
+    // Whatever came back (headers, an error, nothing in time), the provider has
+    // counted the request by now (bar one still on the wire after a timeout).
+    held.answered();
+    sent
+}
+
+/// Acts on the upstream's answer: the provider's own exhaustion headers pause
+/// it; a 429 cools it down and moves on; a 5xx is retried with backoff; a
+/// redirect is refused; a success streams or is read whole and settled.
+async fn on_answer(
+    state: &AppState,
+    req: &Admitted<'_>,
+    upstream: &Upstream,
+    mut held: Charges,
+    response: UpstreamResponse,
+) -> Attempt {
     let status = response.status();
-    upstream.metrics.response(Some(status.as_u16()), seconds);
     let request_tokens = req.demand.prompt_tokens + req.demand.completion_tokens;
     if let Some(wait) = provider_exhausted_for(response.headers(), request_tokens) {
         // The provider is the ground truth: when it says a window is used up, stop
@@ -396,15 +405,13 @@ async fn attempt_once(
     if req.parsed.stream && status.is_success() {
         // A stream settles at its end, maybe more than a window later: the
         // charges move now.
-        held.tenant.redate_now();
-        held.upstream.redate_now();
+        held.redate_now();
         return Attempt::Done(stream_response(response, held, req, upstream));
     }
     match read_body(response, upstream.timeout, req.deadline).await {
         Ok((status, content_type, body)) => finish_whole(status, content_type, body, held),
         Err(error) => {
-            held.upstream.settle(SettleWith::KeepReserved);
-            held.tenant.settle(SettleWith::RefundTokens);
+            held.settle_unserved();
             Attempt::Fatal(error)
         }
     }
@@ -412,7 +419,7 @@ async fn attempt_once(
 
 fn stream_response(
     response: UpstreamResponse,
-    held: Held,
+    held: Charges,
     req: &Admitted<'_>,
     upstream: &Upstream,
 ) -> Response {
@@ -479,15 +486,14 @@ fn finish_whole(
     status: StatusCode,
     content_type: Option<HeaderValue>,
     body: bytes::Bytes,
-    held: Held,
+    held: Charges,
 ) -> Attempt {
     let how = if status.is_success() {
         match usage::from_body(&body) {
             Ok(Some(u)) => u.settle_with(),
             Ok(None) => SettleWith::KeepReserved,
             Err(_) => {
-                held.upstream.settle(SettleWith::KeepReserved);
-                held.tenant.settle(SettleWith::RefundTokens);
+                held.settle_unserved();
                 return Attempt::Fatal(ApiError::bad_gateway(
                     "upstream answered with a body that is not JSON",
                 ));

@@ -8,7 +8,7 @@ use super::request::{Api, ParseSettings, parse};
 use super::select::UpstreamDemand;
 use super::spill::{self, Refused};
 use super::state::{AppState, Route, Tenant};
-use crate::actor::task::{AcquireRequest, Refusal};
+use crate::actor::task::{AcquireRequest, Grant, Refusal};
 use crate::actor::{Lane, Permit};
 use crate::tokens::TokenCounter;
 use axum::body::Body;
@@ -214,6 +214,27 @@ fn tenant_refusal(refusal: &Refusal) -> ApiError {
     error
 }
 
+/// What one request asked of the limiter, read from its headers and body once.
+struct Asked<'a> {
+    tenant: &'a Arc<Tenant>,
+    route: &'a Route,
+    parsed: super::request::Parsed,
+    lane: Lane,
+    /// When the request's time ends (`server.request_timeout`, or what a
+    /// spilled request's sender had left).
+    deadline: Instant,
+    /// How long it may wait for admission: its max wait, within the deadline.
+    wait_until: Instant,
+}
+
+/// How the tenant's actor answered.
+enum TenantAnswer {
+    /// Admitted: the grant and its permit (held in Redis too in `redis` mode).
+    Admitted(Grant, Permit),
+    /// Refused at once and spilled to a peer, whose answer this is.
+    Spilled(Response),
+}
+
 async fn serve(
     state: &Arc<AppState>,
     api: Api,
@@ -223,6 +244,60 @@ async fn serve(
     tenant_id: &mut Option<Arc<str>>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let guard = take_a_slot(state)?;
+    let tenant = authenticate(state, headers)?;
+    *tenant_id = Some(tenant.id.clone());
+    let deadline = started
+        + match hop {
+            Hop::Client => state.config.server.request_timeout,
+            Hop::Spilled { within } => within.min(state.config.server.request_timeout),
+        };
+    let lane = lane(headers)?;
+    let wait_until = (started + max_wait(headers, tenant.max_wait)?).min(deadline);
+    let bytes = read_body(state, headers, body, deadline).await?;
+    // What a refusal spills to a peer (`spill`): the body as the client sent it.
+    let as_sent = bytes.clone();
+    let (parsed, route) = parse_and_route(state, api, tenant, bytes)?;
+    let asked = Asked {
+        tenant,
+        route,
+        parsed,
+        lane,
+        deadline,
+        wait_until,
+    };
+    let candidates = asked.route.upstreams_for(api.upstream_kind());
+    // What the request costs a peer's room: prompt plus the most completion.
+    let parsed = &asked.parsed;
+    let spill_tokens = (parsed.prompt_tokens).saturating_add(parsed.max_completion_tokens);
+    // The request as spillover sends it on, should this node refuse it.
+    let refused = || Refused {
+        api,
+        hop,
+        tenant: &tenant.scope,
+        upstreams: candidates,
+        tokens: spill_tokens,
+        headers,
+        body: as_sent.clone(),
+        deadline,
+    };
+    let served = async {
+        let probe = state.spill.is_some() && hop == Hop::Client;
+        match admit_on_tenant(state, &asked, probe, &refused).await? {
+            TenantAnswer::Spilled(response) => Ok(response),
+            TenantAnswer::Admitted(grant, permit) => {
+                forward(state, api, &asked, headers, grant, permit, guard).await
+            }
+        }
+    };
+    match served.await {
+        Err(refusal) if refusal.spillable => spill::or_refuse(state, refusal, refused()).await,
+        served => served,
+    }
+}
+
+/// A slot of the node's in-flight bound, unless the node no longer serves.
+fn take_a_slot(state: &Arc<AppState>) -> Result<InFlight, ApiError> {
     if state.superseded.load(std::sync::atomic::Ordering::Relaxed) {
         // Its peers follow the newer process: spending here would go uncounted.
         return Err(ApiError::unavailable(
@@ -236,19 +311,17 @@ async fn serve(
             Duration::from_secs(1),
         )
     })?;
-    let guard = InFlight::new(state.clone(), slot);
-    let tenant = authenticate(state, headers)?;
-    *tenant_id = Some(tenant.id.clone());
-    let lane = lane(headers)?;
-    let max_wait = max_wait(headers, tenant.max_wait)?;
-    let time = match hop {
-        Hop::Client => state.config.server.request_timeout,
-        Hop::Spilled { within } => within.min(state.config.server.request_timeout),
-    };
-    let deadline = started + time;
-    let bytes = read_body(state, headers, body, deadline).await?;
-    // What a refusal spills to a peer (`spill`): the body as the client sent it.
-    let as_sent = bytes.clone();
+    Ok(InFlight::new(state.clone(), slot))
+}
+
+/// Parses the body, counting the prompt with the encoding of the route that
+/// serves its model (the tenant's count memo for long texts).
+fn parse_and_route<'s>(
+    state: &'s AppState,
+    api: Api,
+    tenant: &Tenant,
+    bytes: bytes::Bytes,
+) -> Result<(super::request::Parsed, &'s Route), ApiError> {
     let route_cell: Cell<Option<&Route>> = Cell::new(None);
     let settings = ParseSettings {
         default_max_tokens: state.config.estimation.default_max_tokens,
@@ -269,123 +342,114 @@ async fn serve(
     let route = route_cell
         .get()
         .ok_or_else(|| ApiError::unknown_model(&parsed.model))?;
-    let candidates = route.upstreams_for(api.upstream_kind());
-    let model = parsed.model.clone();
-    let wait_until = (started + max_wait).min(deadline);
-    // What the request costs a peer's room: prompt plus the most completion.
-    let spill_tokens = (parsed.prompt_tokens).saturating_add(parsed.max_completion_tokens);
-    // The request as spillover sends it on, should this node refuse it.
-    let refused = || Refused {
-        api,
-        hop,
-        tenant: &tenant.scope,
-        upstreams: candidates,
-        tokens: spill_tokens,
-        headers,
-        body: as_sent.clone(),
-        deadline,
-    };
-    let served = async {
-        // At most twice: a request whose Redis call found Redis lost is re-admitted
-        // under the fallback allowance the loss just set (never on the old one),
-        // within what is left of the same wait.
-        let mut attempts = 0;
-        // Spillover: a first try at once, so that a request that would wait here
-        // goes to a peer with room now rather than after its wait.
-        let mut probe = state.spill.is_some() && hop == Hop::Client;
-        let (grant, permit) = loop {
-            attempts += u32::from(!probe);
-            let max_wait_ns = if probe {
-                0
-            } else {
-                u64::try_from(
-                    wait_until
-                        .saturating_duration_since(Instant::now())
-                        .as_nanos(),
-                )
-                .unwrap_or(0)
-            };
-            let (answer, handle) = state
-                .registry
-                .acquire(
-                    &tenant.scope,
-                    &AcquireRequest {
-                        lane,
-                        prompt_tokens: parsed.prompt_tokens,
-                        max_completion_tokens: parsed.max_completion_tokens,
-                        model: model.clone(),
-                        adaptive: state.adaptive(),
-                        max_wait_ns,
-                        busy_above: None,
-                        probe,
-                    },
-                )
-                .await
-                .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-            let grant = match answer {
-                Ok(grant) => grant,
-                Err(refusal) if probe => {
-                    probe = false;
-                    let error = tenant_refusal(&refusal);
-                    if error.spillable
-                        && spill::spill_now(state, &tenant.scope, candidates, spill_tokens)
-                        && let Ok(response) = spill::or_refuse(state, error, refused()).await
-                    {
-                        return Ok(response);
-                    }
-                    continue;
-                }
-                Err(refusal) => return Err(tenant_refusal(&refusal)),
-            };
-            let permit = Permit::new(&handle, &grant);
-            let Some(gate) = state.redis_gate.get() else {
-                break (grant, permit);
-            };
-            match gate
-                .admit(&tenant.scope, permit, grant.tokens_reserved, wait_until)
-                .await
-            {
-                Ok(permit) => break (grant, permit),
-                Err(r) if r.is_redis_lost() && attempts < 2 => continue,
-                Err(r) => return Err(tenant_refusal(&r.into_refusal(grant.status.clone()))),
-            }
-        };
-        let rate_headers = RateHeaders::from_status(&grant.status);
-        // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
-        let completion_tokens = if grant.tokens_reserved > 0 {
-            grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)
+    Ok((parsed, route))
+}
+
+/// Admits the request on its tenant's actor (and in `redis` mode in Redis), at
+/// most twice: a request whose Redis call found Redis lost is re-admitted under
+/// the fallback allowance the loss just set (never on the old one), within what
+/// is left of the same wait. With `probe` (spillover), a first try at once, so
+/// that a request that would wait here goes to a peer with room now rather than
+/// after its wait.
+async fn admit_on_tenant<'r>(
+    state: &Arc<AppState>,
+    asked: &Asked<'_>,
+    mut probe: bool,
+    refused: impl Fn() -> Refused<'r>,
+) -> Result<TenantAnswer, ApiError> {
+    let scope = &asked.tenant.scope;
+    let mut attempts = 0;
+    loop {
+        attempts += u32::from(!probe);
+        let max_wait_ns = if probe {
+            0
         } else {
-            parsed.max_completion_tokens
+            let left = asked.wait_until.saturating_duration_since(Instant::now());
+            u64::try_from(left.as_nanos()).unwrap_or(0)
         };
-        let demand = UpstreamDemand {
-            lane,
-            prompt_tokens: parsed.prompt_tokens,
-            completion_tokens,
-            model,
-            wait_until,
+        let request = AcquireRequest {
+            lane: asked.lane,
+            prompt_tokens: asked.parsed.prompt_tokens,
+            max_completion_tokens: asked.parsed.max_completion_tokens,
+            model: asked.parsed.model.clone(),
+            adaptive: state.adaptive(),
+            max_wait_ns,
+            busy_above: None,
+            probe,
         };
-        let admitted = Admitted {
-            api,
-            parsed: &parsed,
-            candidates,
-            demand,
-            deadline,
-            client_headers: headers,
-            admitted_at: Instant::now(),
-        };
-        match dispatch(state, admitted, permit, Box::new(guard)).await {
-            Ok(mut response) => {
-                rate_headers.apply(response.headers_mut());
-                Ok(response)
+        let (answer, handle) = (state.registry.acquire(scope, &request).await)
+            .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
+        let grant = match answer {
+            Ok(grant) => grant,
+            Err(refusal) if probe => {
+                probe = false;
+                let error = tenant_refusal(&refusal);
+                let request = refused();
+                if error.spillable
+                    && spill::spill_now(state, scope, request.upstreams, request.tokens)
+                    && let Ok(response) = spill::or_refuse(state, error, request).await
+                {
+                    return Ok(TenantAnswer::Spilled(response));
+                }
+                continue;
             }
-            Err(mut error) => {
-                error.rate_headers = Some(Box::new(rate_headers));
-                Err(error)
-            }
+            Err(refusal) => return Err(tenant_refusal(&refusal)),
+        };
+        let permit = Permit::new(&handle, &grant);
+        let Some(gate) = state.redis_gate.get() else {
+            return Ok(TenantAnswer::Admitted(grant, permit));
+        };
+        match (gate.admit(scope, permit, grant.tokens_reserved, asked.wait_until)).await {
+            Ok(permit) => return Ok(TenantAnswer::Admitted(grant, permit)),
+            Err(r) if r.is_redis_lost() && attempts < 2 => continue,
+            Err(r) => return Err(tenant_refusal(&r.into_refusal(grant.status.clone()))),
         }
+    }
+}
+
+/// Admits the request on an upstream and forwards it there ([`dispatch`]); the
+/// answer carries the tenant's `x-ratelimit-*` headers as of its grant.
+async fn forward(
+    state: &Arc<AppState>,
+    api: Api,
+    asked: &Asked<'_>,
+    client_headers: &HeaderMap,
+    grant: Grant,
+    permit: Permit,
+    guard: InFlight,
+) -> Result<Response, ApiError> {
+    let rate_headers = RateHeaders::from_status(&grant.status);
+    let parsed = &asked.parsed;
+    // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
+    let completion_tokens = if grant.tokens_reserved > 0 {
+        grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)
+    } else {
+        parsed.max_completion_tokens
     };
-    match served.await {
-        Err(refusal) if refusal.spillable => spill::or_refuse(state, refusal, refused()).await,
-        served => served,
+    let demand = UpstreamDemand {
+        lane: asked.lane,
+        prompt_tokens: parsed.prompt_tokens,
+        completion_tokens,
+        model: parsed.model.clone(),
+        wait_until: asked.wait_until,
+    };
+    let admitted = Admitted {
+        api,
+        parsed,
+        candidates: asked.route.upstreams_for(api.upstream_kind()),
+        demand,
+        deadline: asked.deadline,
+        client_headers,
+        admitted_at: Instant::now(),
+    };
+    match dispatch(state, admitted, permit, Box::new(guard)).await {
+        Ok(mut response) => {
+            rate_headers.apply(response.headers_mut());
+            Ok(response)
+        }
+        Err(mut error) => {
+            error.rate_headers = Some(Box::new(rate_headers));
+            Err(error)
+        }
     }
 }

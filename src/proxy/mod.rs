@@ -7,6 +7,7 @@
 //! report; [`headers`] writes the `x-ratelimit-*` headers; [`error`] maps every
 //! failure to the caller's error shape.
 
+pub mod charges;
 pub mod dispatch;
 pub mod error;
 pub mod handler;

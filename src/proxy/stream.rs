@@ -13,9 +13,10 @@
 //! - the client takes nothing for as long (it stopped reading), or goes away;
 //! - the request's deadline (`server.request_timeout`) passes.
 
+use super::charges::Charges;
 use super::request::Api;
 use super::usage::{OpenAiEvent, Usage, anthropic_event, openai_event};
-use crate::actor::{Permit, SettleWith};
+use crate::actor::SettleWith;
 use crate::upstream_http::{UpstreamBody, describe};
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -34,24 +35,6 @@ const PUMPED_PIECES: usize = 8;
 /// never ends an event (not SSE) is passed through unparsed beyond it, its
 /// usage unknown, instead of growing the buffer without bound.
 const MAX_EVENT_BYTES: usize = 1024 * 1024;
-
-/// Permits and guards a response holds until its last byte.
-pub struct Held {
-    /// The tenant's permit.
-    pub tenant: Permit,
-    /// The upstream's permit.
-    pub upstream: Permit,
-    /// Anything else to drop at the end (the node's in-flight slot).
-    pub guard: Box<dyn Send + Sync>,
-}
-
-impl Held {
-    /// Settles both permits the same way.
-    pub fn settle(self, how: SettleWith) {
-        self.tenant.settle(how);
-        self.upstream.settle(how);
-    }
-}
 
 /// Splits SSE bytes into events and decides, per event, to keep or strip it.
 #[derive(Default)]
@@ -162,7 +145,7 @@ type Piece = Result<Bytes, std::io::Error>;
 struct Pump {
     upstream: BodyDataStream<UpstreamBody>,
     scanner: SseScanner,
-    held: Option<Held>,
+    held: Option<Charges>,
     api: Api,
     strip_usage_chunk: bool,
     limits: StreamLimits,
@@ -235,7 +218,7 @@ fn cut(why: &str) -> std::io::Error {
 /// The client-facing body of a streamed response, pumped by a task of its own.
 pub fn metered(
     upstream: UpstreamBody,
-    held: Held,
+    held: Charges,
     api: Api,
     strip_usage_chunk: bool,
     limits: StreamLimits,
