@@ -6,9 +6,10 @@
 
 use crate::actor::Binding;
 use crate::actor::Dimension;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tollgate_cluster::counter::Window;
 use tollgate_cluster::lease::budget::{Budget, CutOffPolicy, Spent};
@@ -78,7 +79,7 @@ impl CreditTable {
     }
 
     fn made(&self) -> MutexGuard<'_, Made> {
-        self.made.lock().unwrap_or_else(|p| p.into_inner())
+        self.made.lock()
     }
 
     /// The credit of binding `index`, made now if it was not yet.
@@ -191,7 +192,7 @@ impl Credit {
     }
 
     fn lock(&self) -> MutexGuard<'_, Budget> {
-        self.0.budget.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.budget.lock()
     }
 
     /// Whether `cost` could be spent now; if not, asks the engine for more.

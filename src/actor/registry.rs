@@ -3,7 +3,7 @@
 //! empty), so retiring loses no limit state (only the adaptive estimate's samples,
 //! which rebuild from the next completions; until then `max_tokens` is reserved,
 //! the safe side). In a cluster the sync engine's exports do not count as activity.
-//! Shards are `std::sync::Mutex<HashMap>`s held only to look up or insert a handle,
+//! Shards are `parking_lot::Mutex<HashMap>`s held only to look up or insert a handle,
 //! never across an await.
 //!
 //! Race with retirement: a caller may hold a handle whose actor has just retired.
@@ -22,10 +22,11 @@ use super::state::{ActorSettings, Core, Decision, Forwarded, Shared};
 use super::task::{AcquireRequest, Grant, Refusal, Release};
 use crate::clock::Clock;
 use crate::limiter::{Ceiling, LimitSpec, Limiter, Nanos, SpecError};
+use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::FxBuildHasher;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tollgate_cluster::maps::shrink_if_sparse;
 
@@ -123,9 +124,7 @@ pub struct Registry {
 fn lock(shard: &Shard) -> MutexGuard<'_, ScopeMap<ActorHandle>> {
     // A panic while holding a shard lock cannot leave the map inconsistent (each
     // critical section is one insert/remove), so a poisoned lock is still usable.
-    shard
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    shard.lock()
 }
 
 /// The answer channel of an acquire whose caller may go away. The actor's `send`

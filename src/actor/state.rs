@@ -10,7 +10,7 @@
 //!   ([`super::task`]), which queues it and serves the queue as room comes.
 //!
 //! Permits settle under the lock from wherever they end and ring the actor's bell
-//! only when someone waits. The lock is a `std::sync::Mutex` held for a few
+//! only when someone waits. The lock is a `parking_lot::Mutex` held for a few
 //! limiter operations, never across an await. Why not a message per decision:
 //! docs/design/architecture.md, "Decided in the caller's task".
 //!
@@ -26,8 +26,9 @@ use super::task::{AcquireRequest, Grant, Refusal, Release, SettleWith};
 use super::{Dimension, Lane, ScopeId};
 use crate::clock::Clock;
 use crate::limiter::Nanos;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::sync::{Notify, oneshot};
 
 /// What an actor's callers, its permits and its task share.
@@ -57,9 +58,7 @@ impl Shared {
     /// half-applied (a slot still counted); the lock is used on rather than
     /// failing every later request of the scope.
     pub fn lock(&self) -> MutexGuard<'_, Core> {
-        self.core
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.core.lock()
     }
 
     /// Tells the actor task to serve its queue (a stored permit if it is busy, so a

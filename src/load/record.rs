@@ -7,7 +7,7 @@
 //! memory bounded (~0.6 MB per recorder) whatever the concurrency. Recorders are merged
 //! once at the end. The progress bar reads [`Live`] atomics instead of locking.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -221,9 +221,7 @@ impl Shards {
     /// across an await; a poisoned lock (a panic mid-record) is used as is.
     pub fn with<R>(&self, key: usize, f: impl FnOnce(&mut Recorder) -> R) -> R {
         let shard = &self.0[key % self.0.len()];
-        let mut guard = shard
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut guard = shard.lock();
         f(&mut guard)
     }
 
@@ -231,9 +229,7 @@ impl Shards {
     pub fn merged(&self) -> Recorder {
         let mut total = Recorder::default();
         for shard in &self.0 {
-            let shard = shard
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let shard = shard.lock();
             total.merge(&shard);
         }
         total

@@ -2,10 +2,11 @@
 //! counts what it saw with atomics and a log of arrivals, so every figure the summary
 //! reports is checked against the server's own count.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -93,7 +94,7 @@ impl Srv {
     }
 
     fn arrivals(&self) -> Vec<Arrival> {
-        self.log.lock().unwrap().arrivals.clone()
+        self.log.lock().arrivals.clone()
     }
 }
 
@@ -118,7 +119,7 @@ async fn handle(State(srv): State<Arc<Srv>>, headers: HeaderMap, body: Bytes) ->
         .get(WORKER_HEADER)
         .and_then(|v| v.to_str().ok()?.parse().ok());
     let (index, reply) = {
-        let mut log = srv.log.lock().unwrap();
+        let mut log = srv.log.lock();
         let n = log.arrivals.len();
         let k = log.per_worker.entry(worker).or_insert(0);
         let reply = (srv.policy)(n as u64, *k);
@@ -133,7 +134,7 @@ async fn handle(State(srv): State<Arc<Srv>>, headers: HeaderMap, body: Bytes) ->
     };
     check_headers(&srv, &headers);
     let response = respond(&srv, reply, &headers, &body).await;
-    srv.log.lock().unwrap().arrivals[index].replied_at = Instant::now();
+    srv.log.lock().arrivals[index].replied_at = Instant::now();
     srv.in_flight.fetch_sub(1, Ordering::SeqCst);
     response
 }

@@ -1,8 +1,8 @@
 //! The admission step every API shares: decide under the limit lock, count, log the
 //! decision, and turn a refusal into a 429 that says how long to wait.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
 
 use axum::response::Response;
 
@@ -24,7 +24,7 @@ impl MockState {
             .prompt_tokens
             .saturating_add(charge.completion_tokens);
         let (decision, limits) = {
-            let mut log = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut log = self.limits.lock();
             let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
             let decision = log.try_admit(now_ms, cost, in_flight);
             if let Decision::Admitted(_) = decision {

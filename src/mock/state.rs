@@ -2,8 +2,9 @@
 //! `Mutex` (held for one decision, never across an await), atomic counters, the log
 //! sender, and the request sequence that keys the completion draws.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
@@ -103,7 +104,7 @@ impl MockState {
     /// A snapshot of the counters and window peaks.
     pub fn stats(&self) -> MockStats {
         let (limits, peaks) = {
-            let log = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
+            let log = self.limits.lock();
             (log.limits(), log.peaks())
         };
         self.counters.snapshot(limits, peaks)

@@ -171,7 +171,7 @@ pub struct AppState {
     /// Wakes the sync engine's lease holder loop when an actor runs low on credit.
     pub credit_wake: Arc<tokio::sync::Notify>,
     /// The cluster as this node sees it (`[cluster]` configured only).
-    pub cluster_status: Option<Arc<std::sync::Mutex<crate::sync::status::ClusterStatus>>>,
+    pub cluster_status: Option<Arc<parking_lot::Mutex<crate::sync::status::ClusterStatus>>>,
     /// Whether this process stalled since a request was admitted (its ticker is
     /// started with the server).
     pub stall_watch: Arc<super::stall::StallWatch>,
@@ -394,7 +394,7 @@ impl AppState {
             });
         let cluster_status = config.cluster.as_ref().map(|c| {
             let id = c.node_id.clone();
-            Arc::new(std::sync::Mutex::new(
+            Arc::new(parking_lot::Mutex::new(
                 crate::sync::status::ClusterStatus::new(c, id),
             ))
         });

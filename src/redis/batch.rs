@@ -25,8 +25,9 @@
 
 use super::ScopeKeys;
 use super::store::{Algorithm, RedisStore, Reservation, Reserved, StoreError};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// Most reservations in one `reserve.lua` call (its ARGV grows by three per
@@ -49,7 +50,7 @@ pub(super) struct Batches {
 
 impl Batches {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<Waiter>>> {
-        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+        self.in_flight.lock()
     }
 
     /// Takes the next batch waiting for `scope`: the oldest reservation and those

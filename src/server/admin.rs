@@ -158,7 +158,7 @@ async fn cluster_status(
         e.code = "not_clustered";
         return e.into_response();
     };
-    let snapshot = status.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let snapshot = status.lock().clone();
     let now_ms = state.registry.clock().now_ns() / 1_000_000;
     let allowances: serde_json::Map<String, serde_json::Value> = state
         .bindings

@@ -19,9 +19,10 @@ use crate::actor::scope::ScopeExport;
 use crate::actor::{Binding, Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
 use crate::redis::gate::{Fallback, RedisGate};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
 use tollgate_cluster::lease::line::Terms;
@@ -470,7 +471,7 @@ impl Engine {
         };
         // Read before the status lock: no lock is taken inside it.
         let held = self.held_keys();
-        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        let mut status = self.status.lock();
         status.self_id.clone_from(&self.self_id);
         status.members = members.iter().map(MemberStatus::from).collect();
         status.dead.clone_from(&self.dead);
@@ -1096,15 +1097,12 @@ impl Engine {
         }
         if let Some(feed) = &self.lease {
             lease_view.idle_terms = idle_terms;
-            *feed.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(lease_view);
+            *feed.view.write() = Arc::new(lease_view);
             if let Some(book) = &feed.book {
                 let _nudged = book.on_round();
             }
         }
-        self.status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .global_usage = views;
+        self.status.lock().global_usage = views;
     }
 }
 
@@ -1138,7 +1136,7 @@ impl Engine {
     /// leased modes).
     fn unreachable_owners(&self) -> Vec<String> {
         (self.lease.as_ref())
-            .map(|feed| (feed.cut_off.read().unwrap_or_else(|p| p.into_inner())).clone())
+            .map(|feed| (feed.cut_off.read()).clone())
             .unwrap_or_default()
     }
 }
@@ -1215,7 +1213,7 @@ impl Engine {
 }
 
 fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
-    usage.lock().unwrap_or_else(|p| p.into_inner())
+    usage.lock()
 }
 
 /// What is known about a cut: the unreachable members and the key's demands

@@ -16,8 +16,9 @@ use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use tokio::sync::Notify;
 
 /// Serves a request a peer spilled here: the API's name from the route

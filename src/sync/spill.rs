@@ -7,9 +7,10 @@
 use super::lease::MemberAddr;
 use super::lease::wire::{SECRET_HEADER, secrets_match};
 use axum::http::HeaderMap;
+use parking_lot::RwLock;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// The spill route on the internal RPC, one per API (`/internal/v1/spill/chat`).
@@ -121,7 +122,7 @@ impl Board {
 
     /// The engine's round: the room it computed.
     pub fn set(&self, room: Room) {
-        *self.room.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(room);
+        *self.room.write() = Arc::new(room);
     }
 
     /// This node's id, which a spilled request names as its sender.
@@ -141,7 +142,7 @@ impl Board {
 
     /// The latest room.
     pub fn room(&self) -> Arc<Room> {
-        self.room.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.room.read().clone()
     }
 
     /// Why `headers` are refused (the peer's check): no or the wrong secret

@@ -10,8 +10,9 @@ use crate::actor::Binding;
 use crate::actor::Dimension;
 use crate::clock::Clock;
 use crate::ops::metrics::Metrics;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 use tollgate_cluster::counter::{ClusterUsage, Window};
 use tollgate_cluster::lease::line::{ConfigError, Kind, Line, LineConfig, SyncReply, SyncRequest};
 use tollgate_cluster::lease::rendezvous;
@@ -204,11 +205,11 @@ impl OwnerBook {
     }
 
     fn lines(&self) -> MutexGuard<'_, Lines> {
-        self.lines.lock().unwrap_or_else(|p| p.into_inner())
+        self.lines.lock()
     }
 
     fn view(&self) -> Arc<View> {
-        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.view.read().clone()
     }
 
     fn now_ms(&self) -> u64 {
@@ -306,7 +307,7 @@ impl OwnerBook {
         if holders.is_empty() {
             return;
         }
-        let mut pending = self.asks_again.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.asks_again.lock();
         for holder in holders {
             pending.entry(holder).or_default().push(key.to_owned());
         }
@@ -316,8 +317,7 @@ impl OwnerBook {
     /// noted by [`OwnerBook::add_asks_again`] to state again, once for all its
     /// keys.
     pub fn send_asks_again(&self) {
-        let pending =
-            std::mem::take(&mut *self.asks_again.lock().unwrap_or_else(|p| p.into_inner()));
+        let pending = std::mem::take(&mut *self.asks_again.lock());
         if !pending.is_empty() {
             self.ask_to_state(&self.view(), pending.into_iter().collect());
         }
@@ -364,8 +364,7 @@ impl OwnerBook {
     /// A line for a key this node just came to own: consumption from the counters,
     /// and nothing granted until every live member stated (or one ttl passed).
     fn rebuild(&self, config: LineConfig, key: &str, view: &View, now_ms: u64) -> Line<String> {
-        let counters =
-            (self.usage.lock().unwrap_or_else(|p| p.into_inner())).buckets_by_node(key, now_ms);
+        let counters = (self.usage.lock()).buckets_by_node(key, now_ms);
         let holders: Vec<String> = view.members.iter().map(|m| m.id.clone()).collect();
         tracing::debug!(%key, holders = holders.len(), "now owning a lease key: rebuilt from the counters, conservative until every holder stated");
         self.rebuilt
@@ -493,7 +492,7 @@ impl OwnerBook {
     /// An owner asked this node to state `keys`: they are stated at the holder's
     /// next round, which this wakes. Returns how many are lease keys here.
     pub fn restate(&self, keys: &[String]) -> usize {
-        let mut bits = self.restate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bits = self.restate.lock();
         let mut known = 0;
         for id in keys.iter().filter_map(|k| self.keys.find(k)) {
             bits.set(id, true);
@@ -508,7 +507,7 @@ impl OwnerBook {
 
     /// The holder, each round: the binding indices it was asked to state.
     pub fn take_restates(&self) -> Vec<usize> {
-        let mut bits = self.restate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bits = self.restate.lock();
         std::mem::take(&mut *bits)
             .ids()
             .map(|id| id as usize)
@@ -799,9 +798,9 @@ mod tests {
         owned_then_at_rest(&book, &key).await;
         // c joins and owns the key for a round (its holders may take credit from
         // c meanwhile), then leaves: back here, the line is rebuilt and held.
-        *view_lock.write().expect("view") = view(&["a", "b", "c"]);
+        *view_lock.write() = view(&["a", "b", "c"]);
         book.on_round();
-        *view_lock.write().expect("view") = view(&["a", "b"]);
+        *view_lock.write() = view(&["a", "b"]);
         book.on_round();
         assert_eq!(ask(&book, "a", &key, 10).granted, 0, "held until b states");
         assert!(book.owned()[0].recovering);

@@ -11,7 +11,8 @@
 
 use crate::checker::Op;
 use crate::workload::{self, PROXY_PORT};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -108,7 +109,7 @@ pub async fn run(
     for h in handles {
         let _ = h.await;
     }
-    let (mut ops, tasks) = std::mem::take(&mut *record.lock().unwrap_or_else(|p| p.into_inner()));
+    let (mut ops, tasks) = std::mem::take(&mut *record.lock());
     ops.sort_by_key(|o: &Op| o.invoke_ms);
     (ops, tasks)
 }
@@ -156,7 +157,7 @@ impl Worker {
                 let op = self.attempt().await;
                 let (ok, retry_after) = (op.status == Some(200), op.retry_after_ms);
                 let done_ms = op.complete_ms;
-                record.lock().unwrap_or_else(|p| p.into_inner()).0.push(op);
+                record.lock().0.push(op);
                 if ok {
                     task.done_ms = done_ms;
                     break;
@@ -173,20 +174,12 @@ impl Worker {
                 if Instant::now() + wait >= end {
                     // The run ends first: this worker is done (starting another
                     // task now would only hammer the upstream until the end).
-                    record
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .1
-                        .push(task);
+                    record.lock().1.push(task);
                     return;
                 }
                 tokio::time::sleep(wait).await;
             }
-            record
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .1
-                .push(task);
+            record.lock().1.push(task);
         }
     }
 

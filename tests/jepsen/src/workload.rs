@@ -5,9 +5,10 @@
 //! `retry-after`. Every operation is recorded with a terminal outcome.
 
 use crate::checker::Op;
+use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -174,7 +175,7 @@ pub async fn run(ips: Vec<String>, shape: Shape, started: Instant, end: Instant)
     for t in tasks {
         let _ = t.await;
     }
-    let mut all = ops.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut all = ops.lock().clone();
     all.sort_by_key(|o| o.invoke_ms);
     all
 }
@@ -208,7 +209,7 @@ impl Client {
             let batch = rng.random_bool(shape.batch_share);
             let op = self.one(stream, batch).await;
             let retry = op.retry_after_ms.map(Duration::from_millis);
-            ops.lock().unwrap_or_else(|p| p.into_inner()).push(op);
+            ops.lock().push(op);
             let jitter = gap.mul_f64(rng.random_range(0.5..1.5));
             // Honour retry-after (bounded), as a well-behaved client does.
             tokio::time::sleep(jitter.max(retry.unwrap_or_default().min(MAX_RETRY_WAIT))).await;
