@@ -122,8 +122,8 @@ pub struct Registry {
 }
 
 fn lock(shard: &Shard) -> MutexGuard<'_, ScopeMap<ActorHandle>> {
-    // A panic while holding a shard lock cannot leave the map inconsistent (each
-    // critical section is one insert/remove), so a poisoned lock is still usable.
+    // Each critical section is one lookup, insert or remove: a panic inside one
+    // cannot leave the map inconsistent.
     shard.lock()
 }
 

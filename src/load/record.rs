@@ -218,7 +218,7 @@ impl Shards {
     }
 
     /// Runs `f` on the recorder for `key`. The lock is held only for `f`, never
-    /// across an await; a poisoned lock (a panic mid-record) is used as is.
+    /// across an await.
     pub fn with<R>(&self, key: usize, f: impl FnOnce(&mut Recorder) -> R) -> R {
         let shard = &self.0[key % self.0.len()];
         let mut guard = shard.lock();
