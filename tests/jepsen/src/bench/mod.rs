@@ -100,7 +100,9 @@ impl BenchSpec {
             .map(String::from)
             .to_vec(),
             nodes: vec![3],
-            patterns: vec![Pattern::Uniform, Pattern::SkewedNodes],
+            // Uneven demand across nodes is proven for every mode by the
+            // conformance suite; here one pattern is enough to run the pipeline.
+            patterns: vec![Pattern::Uniform],
             loops: LOOPS,
             seed_cells: [
                 ("direct", "max-tokens"),
