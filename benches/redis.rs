@@ -10,6 +10,7 @@
 //! and the batched row (for profiling it). Prints markdown tables for
 //! docs/BENCHMARKS.md.
 
+#![allow(clippy::too_many_lines)] // a benchmark group reads top to bottom
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a benchmark binary: failing loudly is right
 
 use hdrhistogram::Histogram;

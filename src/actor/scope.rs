@@ -222,6 +222,10 @@ impl ScopeLimits {
     /// Would `tokens` be admitted now in `lane`? With `busy_above`, also refuse when
     /// any dimension is already at or above that fraction (routing skips busy
     /// upstreams while a fallback exists).
+    #[expect(
+        clippy::too_many_lines,
+        reason = "all-or-nothing admission across every dimension in one pass"
+    )]
     pub fn check(
         &self,
         now: Nanos,

@@ -119,6 +119,7 @@ impl Metrics {
     }
 
     /// A fresh registry; `tenant_labels` adds `tollgate_tenant_requests_total`.
+    #[expect(clippy::too_many_lines, reason = "one registration per metric family")]
     pub fn new(tenant_labels: bool) -> Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("tollgate"),

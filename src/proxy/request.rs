@@ -155,6 +155,10 @@ fn check_n(n: Option<i64>) -> Result<u64, ApiError> {
 /// Parses `body` for `api`. `counter_for(model)` picks how its texts are counted
 /// (it knows the route's encoding, the node's memo and the tenant); it may refuse
 /// an unknown model with the 404 the caller should see.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one pass over the body, field by field for the four APIs"
+)]
 pub fn parse<'c>(
     api: Api,
     body: Bytes,

@@ -314,6 +314,7 @@ fn nanos(d: Duration) -> u64 {
 
 impl AppState {
     /// Builds the state from a validated config.
+    #[expect(clippy::too_many_lines, reason = "the node's assembly, in build order")]
     pub fn new(mut config: Config) -> Result<AppState, ApiError> {
         let metrics = Arc::new(Metrics::new(config.server.metrics_tenant_labels));
         let adaptive = (config.estimation.completion == CompletionPolicy::Adaptive).then_some(

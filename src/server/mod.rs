@@ -125,6 +125,10 @@ async fn spilled_requests_ended(state: &AppState, deadline: tokio::time::Instant
 
 /// As [`run`], gossiping over `transport` (tests use chitchat's in-memory
 /// `ChannelTransport`, which can cut links to make partitions).
+#[expect(
+    clippy::too_many_lines,
+    reason = "the node's life in order: start, serve, drain, stop"
+)]
 pub async fn run_with_transport(
     config: Config,
     listener: TcpListener,

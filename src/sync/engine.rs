@@ -325,6 +325,10 @@ impl Engine {
     }
 
     /// One round: publish, read, recompute.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the sync round; one core per mode is an open gap (docs/design/architecture.md)"
+    )]
     pub async fn tick(&mut self) {
         let started = tokio::time::Instant::now();
         if let Some(gate) = &self.redis_gate {
@@ -663,6 +667,10 @@ impl Engine {
     /// Applies every live member's published values; returns how many were refused,
     /// the bytes that changed something, and the convergence lag: how old the
     /// stalest live peer's last round is in this node's view (ms).
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the sync round; one core per mode is an open gap (docs/design/architecture.md)"
+    )]
     async fn read_cluster(&mut self, now_ms: u64) -> (u64, u64, u64) {
         let (mut refused, mut received, mut lag) = (0, 0, 0);
         let mut redis_lost = Vec::new();
@@ -822,6 +830,10 @@ impl Engine {
         (refused, received, lag)
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the sync round; one core per mode is an open gap (docs/design/architecture.md)"
+    )]
     fn recompute(
         &mut self,
         own: &HashMap<String, Own>,

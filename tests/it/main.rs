@@ -4,6 +4,8 @@
 //! runs one area. `tests/scale.rs` stays a binary of its own: it counts the
 //! process's heap with a global allocator, which other tests would disturb.
 
+#![allow(clippy::too_many_lines)] // a test reads top to bottom as one story
+
 #[path = "../common/mod.rs"]
 mod common;
 

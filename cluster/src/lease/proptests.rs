@@ -127,6 +127,7 @@ impl World {
         }
     }
 
+    #[expect(clippy::too_many_lines, reason = "one arm per operation of the model")]
     fn apply(&mut self, op: &Op, terms: &Terms<usize>) {
         let now = self.now;
         match *op {

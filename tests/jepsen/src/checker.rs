@@ -513,6 +513,10 @@ pub fn promised_max(case: &Case<'_>, limit: u64) -> u64 {
 }
 
 /// Every check of a run.
+#[expect(
+    clippy::too_many_lines,
+    reason = "every check of a run, in the report's order"
+)]
 pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
     let Case {
         limit, window_ms, ..

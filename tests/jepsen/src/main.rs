@@ -188,6 +188,10 @@ async fn until_interrupted<T>(
 }
 
 #[tokio::main]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the harness's commands, one arm each"
+)]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Cmd::Run {

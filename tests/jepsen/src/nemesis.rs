@@ -213,6 +213,7 @@ pub struct Targets<'a> {
 
 impl Targets<'_> {
     /// Applies `action`; returns how the report describes it.
+    #[expect(clippy::too_many_lines, reason = "one arm per fault")]
     pub async fn apply(&mut self, action: &Action) -> anyhow::Result<String> {
         let names = |links: &[(usize, usize)]| {
             (links.iter())

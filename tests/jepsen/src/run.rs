@@ -278,6 +278,10 @@ struct Event {
 }
 
 /// Runs `spec`: returns the checks and writes the run's files.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a run end to end: hosts, processes, nemeses, history, checks"
+)]
 pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     // A fresh directory: an earlier run's Redis AOF or logs must not leak in.
     let _ = std::fs::remove_dir_all(&spec.dir);
