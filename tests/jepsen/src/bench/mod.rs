@@ -463,7 +463,8 @@ mod tests {
 
     #[test]
     fn the_table_has_a_row_per_cell_under_its_pattern() {
-        let spec = BenchSpec::quick(PathBuf::from("x"), PathBuf::from("y"), 1);
+        let mut spec = BenchSpec::quick(PathBuf::from("x"), PathBuf::from("y"), 1);
+        spec.patterns = vec![Pattern::Uniform, Pattern::SkewedNodes];
         let cell = Cell {
             mode: "lease".into(),
             nodes: 3,

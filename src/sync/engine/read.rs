@@ -1,0 +1,173 @@
+//! Reading the cluster each round: every member's published state decoded
+//! once into the usage replica, demand, sightings, who left, who lost Redis
+//! and who supersedes whom.
+
+use super::*;
+
+impl Engine {
+    /// Applies every live member's published values; returns how many were refused,
+    /// the bytes that changed something, and the convergence lag: how old the
+    /// stalest live peer's last round is in this node's view (ms).
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the sync round; one core per mode is an open gap (docs/design/architecture.md)"
+    )]
+    pub(super) async fn read_cluster(&mut self, now_ms: u64) -> (u64, u64, u64) {
+        let (mut refused, mut received, mut lag) = (0, 0, 0);
+        let mut redis_lost = Vec::new();
+        let mut left = BTreeSet::new();
+        let mut live = HashSet::new();
+        self.cut.clear_heard();
+        let values = self.membership.values("").await;
+        let (members, departed) = (values.live, values.departed);
+        let mut usage = lock(&self.usage);
+        let mut announced = Vec::new();
+        for (member, values) in members {
+            let node = member.to_string();
+            let mut redis = Announced {
+                id: member,
+                live: true,
+                stale: false,
+                lost: None,
+                charging: None,
+            };
+            for (key, value) in &values {
+                if key == REDIS_LOST_KEY {
+                    // `1` (`redis-lease`) or the loss's epoch (`redis`).
+                    if value != "0" {
+                        redis_lost.push(node.clone());
+                    }
+                    redis.lost = Some(value.clone());
+                    continue;
+                }
+                if key == REDIS_CHARGING_KEY {
+                    redis.charging = Some(value.clone());
+                    continue;
+                }
+                if key == LEFT_KEY {
+                    if value == "1" {
+                        left.insert(node.clone());
+                    }
+                    continue;
+                }
+                if is_cut_key(key) {
+                    if node != self.self_id {
+                        self.cut.hear(&node, key, value);
+                    }
+                    continue;
+                }
+                if key == ROUND_AT_KEY {
+                    if node != self.self_id
+                        && let Ok(at) = value.parse::<u64>()
+                    {
+                        lag = lag.max(now_ms.saturating_sub(at));
+                        // Bounds how far its clock runs behind this one, so its
+                        // buckets can be dated on this clock where it matters.
+                        usage.observe_round(&node, at, now_ms, true);
+                        // When this member was last heard from.
+                        self.sightings.live_round(&node, at, now_ms);
+                    }
+                    continue;
+                }
+                match usage.apply(&node, key, value) {
+                    Ok(Applied::Updated) => received += (key.len() + value.len()) as u64,
+                    Ok(_) => {}
+                    Err(e) => {
+                        refused += 1;
+                        tracing::warn!(%node, %key, error = %e, "refused a gossip value");
+                    }
+                }
+            }
+            live.insert(node);
+            if self.redis_gate.is_some() {
+                announced.push(redis);
+            }
+        }
+        live.insert(self.self_id.clone());
+        // Departed members (dead, or a restarted node's previous incarnation): their
+        // last values, as received. What they spent in the window still counts (a
+        // rebuilt lease line, a dead member's charge); forgetting the old
+        // incarnation's usage when a node restarts within one window of itself,
+        // the jepsen harness measures 41-42 of L = 40.
+        let mut known = live.clone();
+        for (member, values) in departed {
+            let node = member.to_string();
+            let heard_ms = self.sightings.last_fresh(&node).unwrap_or(0);
+            let mut redis = Announced {
+                id: member,
+                live: false,
+                stale: now_ms.saturating_sub(heard_ms) >= self.dead_node_grace_ms / 2,
+                lost: None,
+                charging: None,
+            };
+            for (key, value) in &values {
+                // A departed member's last word on Redis stands until it is
+                // collected: it may be cut off and still spending locally.
+                if key == REDIS_LOST_KEY {
+                    redis.lost = Some(value.clone());
+                    continue;
+                }
+                if key == REDIS_CHARGING_KEY {
+                    redis.charging = Some(value.clone());
+                    continue;
+                }
+                // Its last round's stamp bounds its clock's lag even if this node
+                // never saw it live (a restarted node's previous incarnation, read
+                // by the new one): it ran no later than now.
+                if key == ROUND_AT_KEY {
+                    if let Ok(at) = value.parse::<u64>() {
+                        usage.observe_round(&node, at, now_ms, false);
+                        // Its last round, for `unwitnessed_cut` (not a sign of life:
+                        // `last_fresh` is not touched).
+                        self.sightings.departed_round(&node, at);
+                    }
+                    continue;
+                }
+                if key == LEFT_KEY {
+                    if value == "1" {
+                        left.insert(node.clone());
+                    }
+                    continue;
+                }
+                if is_cut_key(key) {
+                    continue;
+                }
+                // Errors were logged while it was live; stale values are ignored.
+                let _ = usage.apply(&node, key, value);
+            }
+            known.insert(node);
+            if self.redis_gate.is_some() {
+                announced.push(redis);
+            }
+        }
+        self.cut.drop_unmarked();
+        usage.retain_nodes(&live);
+        // Registers that read 0 carry nothing (a ring its owner deleted keeps its
+        // last, zero, values here until collected); one still published comes
+        // back with the next read, so collect seldom.
+        if now_ms >= self.next_gc_ms {
+            usage.gc(now_ms);
+            self.next_gc_ms = now_ms + GC_EVERY_MS;
+        }
+        // Members chitchat collected (after the dead-node grace) are forgotten here
+        // too once nothing of theirs counts any more: bounded memory however many
+        // restarts, and never before their usage has left the window (the grace
+        // may be shorter than a window).
+        for node in usage.nodes() {
+            if !known.contains(&node) && usage.is_idle(&node, now_ms) {
+                usage.forget_node(&node);
+            }
+        }
+        // Bounded: members chitchat still holds (live, dead or superseded). A
+        // member that just went silent keeps its last fresh round: the cut's time
+        // for `freeze`, and what tells a witness of the cut (`unwitnessed_cut`).
+        self.sightings.retain(&known);
+        redis_lost.sort();
+        self.redis_lost = redis_lost;
+        if self.redis_gate.is_some() {
+            self.redis_losses = RedisLosses::read(self.membership.self_id(), &announced, &left);
+        }
+        self.left = left;
+        (refused, received, lag)
+    }
+}
