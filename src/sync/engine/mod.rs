@@ -3,12 +3,12 @@
 //! ever read an atomic.
 //!
 //! - this file: the engine's state and the round (`tick`), leaving, fencing.
-//! - [`own`]: this node's own figures from its actors' exports.
-//! - [`read`]: every member's published state, decoded once.
-//! - [`recompute`]: allowances, Redis caps and fallbacks, lease views, spill room.
-//! - [`partition`]: the cut arithmetic the round applies (horizon, freeze, split).
-//! - [`reach`]: what this node cannot reach (Redis, lease owners).
-//! - [`terms`]: pure helpers: lease terms, spill rows, shares and floors.
+//! - `own`: this node's own figures from its actors' exports.
+//! - `read`: every member's published state, decoded once.
+//! - `recompute`: allowances, Redis caps and fallbacks, lease views, spill room.
+//! - `partition`: the cut arithmetic the round applies (horizon, freeze, split).
+//! - `reach`: what this node cannot reach (Redis, lease owners).
+//! - `terms`: pure helpers: lease terms, spill rows, shares and floors.
 
 use super::allowance::{KeyFigures, SyncPolicy, policy};
 use super::cut::{CutKnowledge, is_cut_key, split_budget};
