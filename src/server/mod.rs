@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tollgate_cluster::chitchat::transport::{Transport, UdpTransport};
 
 pub mod admin;
+pub mod build;
 
 /// The whole HTTP surface of a node: the proxy's routes and the operations
 /// routes, with every other path answered in the caller's error shape.
@@ -166,7 +167,7 @@ pub async fn run_with_transport(
         _ => None,
     };
     let cluster = config.cluster.clone();
-    let state = Arc::new(AppState::new(config).map_err(|e| ServeError::State(e.message))?);
+    let state = Arc::new(build::node_state(config).map_err(|e| ServeError::State(e.message))?);
     // What `server.worker_threads` (or tokio's default) gave this node, for operators
     // checking that the setting took.
     (state.metrics).runtime_workers(tokio::runtime::Handle::current().metrics().num_workers());

@@ -30,7 +30,7 @@ upstreams = ["u"]
         ));
     }
     let config = crate::config::Config::from_toml(&text, "test.toml").expect("config");
-    let state = Arc::new(crate::proxy::AppState::new(config).expect("state"));
+    let state = Arc::new(crate::server::build::node_state(config).expect("state"));
     let state = Arc::new(state.sync_parts(None));
     let window = tollgate_cluster::counter::Window::try_new(60_000, 60).expect("window");
     let keys = super::super::owner::KeyTable::new(state.bindings.clone(), window, 0.25, 3_000)

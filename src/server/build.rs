@@ -1,0 +1,286 @@
+//! Building a node's state from its config: the composition of the request
+//! path's tables (tenants, upstreams, routes), the actors and their limits, the
+//! keys the cluster bounds (an allowance each, or leased credit), the spill
+//! board, the cluster status and the metrics.
+
+use crate::actor::Binding;
+use crate::actor::credit::CreditTable;
+use crate::actor::estimate::AdaptivePolicy;
+use crate::actor::registry::ActorDefaults;
+use crate::actor::{Registry, ScopeId, ScopeSpec};
+use crate::api::Api;
+use crate::clock::Clock;
+use crate::config::{CompletionPolicy, Config, Quota, normalize_key_hash};
+use crate::limiter::{Ceiling, LimitSpec};
+use crate::ops::metrics::Metrics;
+use crate::proxy::AppState;
+use crate::proxy::error::ApiError;
+use crate::proxy::state::{Credentials, Route, Tenant, Upstream};
+use crate::tokens::{CountMemo, Encoding};
+use crate::upstream_http::{Endpoint, UpstreamHttp};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// One limit's spec: `capacity` per window, `burst` (token-bucket) its own.
+fn limit_spec(
+    capacity: Option<u64>,
+    burst: Option<u64>,
+    quota: &Quota,
+    config: &Config,
+) -> Option<LimitSpec> {
+    let capacity = capacity?;
+    Some(LimitSpec {
+        capacity,
+        window_ns: u64::try_from(config.limits.window.as_nanos()).unwrap_or(u64::MAX),
+        algorithm: quota.algorithm.unwrap_or(config.limits.algorithm),
+        buckets: config.limits.buckets,
+        burst: burst.unwrap_or(capacity).min(capacity),
+    })
+}
+
+fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) -> ScopeSpec {
+    ScopeSpec {
+        requests: limit_spec(quota.rpm, quota.burst, quota, config),
+        tokens: limit_spec(quota.tpm, quota.burst_tokens, quota, config),
+        concurrency: quota.concurrency,
+        adaptive,
+        allowances: Default::default(),
+        leased_from: None,
+    }
+}
+
+/// In cluster modes that bound nodes, gives every limited dimension of every scope
+/// its cluster bound: an allowance starting at 0 (`local split`, `gossip`), or in
+/// `lease` mode an empty credit. Either way a node admits nothing until its first
+/// sync round (which `sync::start` runs before the node serves) or its first grant.
+fn bind_allowances(
+    config: &Config,
+    specs: &mut HashMap<ScopeId, ScopeSpec>,
+    wake: &Arc<tokio::sync::Notify>,
+) -> (Arc<[Binding]>, Option<Arc<CreditTable>>) {
+    use crate::actor::Dimension;
+    use crate::actor::credit::CreditRecipe;
+    use crate::actor::scope::Allowance;
+    use crate::config::{CutOff, LocalShare, SyncMode};
+    use tollgate_cluster::lease::budget::CutOffPolicy;
+    let Some(cluster) = &config.cluster else {
+        return (Arc::from([]), None);
+    };
+    if cluster.mode == SyncMode::Local && cluster.local_share == LocalShare::Full {
+        return (Arc::from([]), None);
+    }
+    let window = tollgate_cluster::counter::Window::try_new(
+        config.limits.window.as_millis() as u64,
+        config.limits.buckets,
+    );
+    let policy = match cluster.lease.cut_off {
+        CutOff::Share => CutOffPolicy::Share,
+        CutOff::FailClosed => CutOffPolicy::FailClosed,
+        CutOff::FailOpen => CutOffPolicy::FailOpen,
+    };
+    // validate() proved the window publishable; without one, keys stay on their
+    // local limits only.
+    let recipe = (window.as_ref().ok()).map(|w| {
+        Arc::new(CreditRecipe {
+            window: *w,
+            policy,
+            wake: wake.clone(),
+        })
+    });
+    let mut bindings = Vec::new();
+    for (scope, spec) in specs.iter_mut() {
+        let dims = [
+            (Dimension::Requests, spec.requests.map(|l| l.capacity)),
+            (Dimension::Tokens, spec.tokens.map(|l| l.capacity)),
+            (Dimension::Concurrency, spec.concurrency),
+        ];
+        for (dimension, capacity) in dims {
+            let Some(capacity) = capacity else { continue };
+            let key: Arc<str> = format!("{scope}:{}", dimension.as_str()).into();
+            let mut binding = Binding {
+                key,
+                scope: scope.clone(),
+                dimension,
+                capacity,
+                allowance: None,
+                leased: false,
+            };
+            match (cluster.mode, &recipe) {
+                (mode, Some(_)) if mode.leases() => {
+                    // A scope's credit bindings follow each other from its first.
+                    let index = u32::try_from(bindings.len()).expect("under 2^32 keys");
+                    spec.leased_from.get_or_insert(index);
+                    binding.leased = true;
+                }
+                (mode, None) if mode.leases() => continue,
+                _ => {
+                    let allowance = Allowance::new(0);
+                    let slot = match dimension {
+                        Dimension::Requests => &mut spec.allowances.requests,
+                        Dimension::Tokens => &mut spec.allowances.tokens,
+                        _ => &mut spec.allowances.concurrency,
+                    };
+                    *slot = Some(allowance.clone());
+                    binding.allowance = Some(allowance);
+                }
+            }
+            bindings.push(binding);
+        }
+    }
+    // Kept for the process's life, exactly sized (shared with the owner book).
+    let bindings: Arc<[Binding]> = bindings.into();
+    let credits = (recipe.filter(|_| cluster.mode.leases()))
+        .map(|recipe| Arc::new(CreditTable::new(recipe, bindings.clone())));
+    (bindings, credits)
+}
+
+/// The four endpoints of an upstream; validate() already proved the base URL parses.
+fn endpoints(http: &UpstreamHttp, base_url: &str) -> Result<[Endpoint; 4], ApiError> {
+    let base = base_url.trim_end_matches('/');
+    let parse = |api: Api| {
+        http.endpoint(&format!("{base}{}", api.path()))
+            .map_err(ApiError::bad_gateway)
+    };
+    Ok([
+        parse(Api::Chat)?,
+        parse(Api::Completions)?,
+        parse(Api::Embeddings)?,
+        parse(Api::Messages)?,
+    ])
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Builds the node's state from a validated config: tenants by key hash,
+/// upstreams and routes, the actors and their limits, the cluster bounds
+/// (allowances or leased credit), the spill board, the metrics.
+#[expect(clippy::too_many_lines, reason = "the node's assembly, in build order")]
+pub fn node_state(mut config: Config) -> Result<AppState, ApiError> {
+    let metrics = Arc::new(Metrics::new(config.server.metrics_tenant_labels));
+    let adaptive =
+        (config.estimation.completion == CompletionPolicy::Adaptive).then_some(AdaptivePolicy {
+            headroom: config.estimation.adaptive_headroom,
+            min_samples: config.estimation.adaptive_min_samples,
+        });
+    let mut specs = HashMap::new();
+    let mut tenants = HashMap::new();
+    // Moved out of the config the state keeps: after this loop the tenant
+    // table is the only reader, and the parsed list (~280 B per tenant with its
+    // key hashes) would be kept for nothing (see `AppState::config`).
+    let tenant_configs = std::mem::take(&mut config.tenants);
+    for t in &tenant_configs {
+        let scope = ScopeId::tenant(&t.id);
+        specs.insert(scope.clone(), scope_spec(&t.quota, &config, adaptive));
+        let tenant = Arc::new(Tenant {
+            id: scope.id.clone(),
+            scope,
+            max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
+        });
+        for hash in &t.api_key_hashes {
+            // validate() proved each is 64 hex digits.
+            let mut digest = [0u8; 32];
+            if hex::decode_to_slice(normalize_key_hash(hash), &mut digest).is_ok() {
+                tenants.insert(digest, tenant.clone());
+            }
+        }
+    }
+    let upstream_http =
+        UpstreamHttp::new(config.server.upstream_idle_timeout).map_err(ApiError::bad_gateway)?;
+    let mut upstreams = HashMap::new();
+    for u in &config.upstreams {
+        let scope = ScopeId::upstream(&u.id);
+        specs.insert(scope.clone(), scope_spec(&u.quota, &config, None));
+        upstreams.insert(
+            u.id.clone(),
+            Arc::new(Upstream {
+                id: scope.id.clone(),
+                kind: u.kind,
+                endpoints: endpoints(&upstream_http, &u.base_url)?,
+                credentials: u.api_key.as_deref().map(Credentials::new).transpose()?,
+                timeout: u.timeout,
+                stream_idle_timeout: u.stream_idle_timeout,
+                metrics: metrics.upstream(&scope.id),
+                scope,
+            }),
+        );
+    }
+    let routes = config
+        .routes
+        .iter()
+        .map(|r| {
+            // validate() guarantees every id exists.
+            let chosen = r
+                .upstreams
+                .iter()
+                .filter_map(|id| upstreams.get(id))
+                .cloned();
+            let encoding = r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok());
+            Route::new(r.models.clone(), chosen, encoding)
+        })
+        .collect();
+    let credit_wake = Arc::new(tokio::sync::Notify::new());
+    let (bindings, credits) = bind_allowances(&config, &mut specs, &credit_wake);
+    let spill = (config.cluster.as_ref())
+        .filter(|c| c.mode == crate::config::SyncMode::Lease && c.lease.spillover)
+        .map(|c| {
+            Arc::new(crate::sync::spill::Board::new(
+                &c.node_id,
+                &c.cluster_id,
+                c.secret.as_deref().unwrap_or_default(),
+                c.lease.spillover_wait,
+            ))
+        });
+    let cluster_status = config.cluster.as_ref().map(|c| {
+        let id = c.node_id.clone();
+        Arc::new(parking_lot::Mutex::new(
+            crate::sync::status::ClusterStatus::new(c, id),
+        ))
+    });
+    let defaults = ActorDefaults {
+        batch_ceiling: Ceiling::from_share(config.limits.batch_share),
+        aging_ns: nanos(config.limits.batch_aging),
+        max_queue: config.limits.max_queue,
+        idle_timeout_ns: nanos(config.limits.idle_timeout),
+    };
+    let registry = Registry::new(
+        specs,
+        defaults,
+        Clock::following_wall(),
+        metrics.actors(),
+        credits.clone(),
+    )
+    .map_err(|(scope, e)| ApiError::bad_gateway(format!("limit of {scope} is unusable: {e}")))?;
+    let default_encoding =
+        Encoding::parse(&config.estimation.default_encoding).unwrap_or(Encoding::Cl100kBase);
+    Encoding::warm_up_every_bpe();
+    let (memo_hits, memo_misses) = metrics.prompt_count_memo();
+    let count_memo = CountMemo::new(config.estimation.count_memo_slots, memo_hits, memo_misses);
+    let bucket = config.limits.window / config.limits.buckets.max(1);
+    Ok(AppState {
+        stall_watch: Arc::new(crate::proxy::stall::StallWatch::new(bucket)),
+        in_flight: Arc::new(Semaphore::new(config.server.max_in_flight)),
+        config,
+        tenants,
+        routes,
+        registry: Arc::new(registry),
+        upstream_http,
+        metrics,
+        default_encoding,
+        count_memo,
+        draining: AtomicBool::new(false),
+        superseded: Arc::new(AtomicBool::new(false)),
+        rng_counter: AtomicU64::new(0),
+        bindings,
+        credits,
+        credit_wake,
+        lease_book: Arc::default(),
+        redis_gate: Arc::default(),
+        cluster_status,
+        spill,
+    })
+}
