@@ -119,12 +119,13 @@ fn the_repository_speaks_of_the_product_only() {
 
 #[test]
 fn narration_is_told_from_the_product() {
+    // Spelled in pieces so that no line of this file reads as narration itself.
     let work = [
-        "measured in the thirty-seventh session",
-        "see the 12th session's table",
-        "since this session the memo is on",
-        "fixed for issue 6",
-        "closes issue #41",
+        concat!("measured in the thirty-seventh", " session"),
+        concat!("see the 12th", " session's table"),
+        concat!("since this", " session the memo is on"),
+        concat!("fixed for issue", " 6"),
+        concat!("closes issue", " #41"),
         "a review found the keepalive missing",
         concat!("read ../", "shared/style.md"),
         concat!("(", "design", ".md section 5)"),
@@ -134,7 +135,7 @@ fn narration_is_told_from_the_product() {
     }
     let product = [
         "a session of the load generator ends after --duration",
-        "both sessions of a month",
+        concat!("both", " sessions of a month"),
         "docs/design/lease.md, section 2",
         "an issue with the upstream's body",
         "see docs/design/architecture.md",
