@@ -216,6 +216,7 @@ fn tenant_refusal(refusal: &Refusal) -> ApiError {
 
 /// What one request asked of the limiter, read from its headers and body once.
 struct Asked<'a> {
+    api: Api,
     tenant: &'a Arc<Tenant>,
     route: &'a Route,
     parsed: super::request::Parsed,
@@ -225,6 +226,13 @@ struct Asked<'a> {
     deadline: Instant,
     /// How long it may wait for admission: its max wait, within the deadline.
     wait_until: Instant,
+}
+
+impl Asked<'_> {
+    /// What the request costs a peer's room: prompt plus the most completion.
+    fn spill_tokens(&self) -> u64 {
+        (self.parsed.prompt_tokens).saturating_add(self.parsed.max_completion_tokens)
+    }
 }
 
 /// How the tenant's actor answered.
@@ -259,6 +267,7 @@ async fn serve(
     let as_sent = bytes.clone();
     let (parsed, route) = parse_and_route(state, api, tenant, bytes)?;
     let asked = Asked {
+        api,
         tenant,
         route,
         parsed,
@@ -266,17 +275,13 @@ async fn serve(
         deadline,
         wait_until,
     };
-    let candidates = asked.route.upstreams_for(api.upstream_kind());
-    // What the request costs a peer's room: prompt plus the most completion.
-    let parsed = &asked.parsed;
-    let spill_tokens = (parsed.prompt_tokens).saturating_add(parsed.max_completion_tokens);
     // The request as spillover sends it on, should this node refuse it.
     let refused = || Refused {
         api,
         hop,
         tenant: &tenant.scope,
-        upstreams: candidates,
-        tokens: spill_tokens,
+        upstreams: asked.route.upstreams_for(api.upstream_kind()),
+        tokens: asked.spill_tokens(),
         headers,
         body: as_sent.clone(),
         deadline,
@@ -286,7 +291,7 @@ async fn serve(
         match admit_on_tenant(state, &asked, probe, &refused).await? {
             TenantAnswer::Spilled(response) => Ok(response),
             TenantAnswer::Admitted(grant, permit) => {
-                forward(state, api, &asked, headers, grant, permit, guard).await
+                forward(state, &asked, headers, grant, permit, guard).await
             }
         }
     };
@@ -384,10 +389,10 @@ async fn admit_on_tenant<'r>(
             Err(refusal) if probe => {
                 probe = false;
                 let error = tenant_refusal(&refusal);
-                let request = refused();
+                let upstreams = asked.route.upstreams_for(asked.api.upstream_kind());
                 if error.spillable
-                    && spill::spill_now(state, scope, request.upstreams, request.tokens)
-                    && let Ok(response) = spill::or_refuse(state, error, request).await
+                    && spill::spill_now(state, scope, upstreams, asked.spill_tokens())
+                    && let Ok(response) = spill::or_refuse(state, error, refused()).await
                 {
                     return Ok(TenantAnswer::Spilled(response));
                 }
@@ -411,7 +416,6 @@ async fn admit_on_tenant<'r>(
 /// answer carries the tenant's `x-ratelimit-*` headers as of its grant.
 async fn forward(
     state: &Arc<AppState>,
-    api: Api,
     asked: &Asked<'_>,
     client_headers: &HeaderMap,
     grant: Grant,
@@ -434,9 +438,9 @@ async fn forward(
         wait_until: asked.wait_until,
     };
     let admitted = Admitted {
-        api,
+        api: asked.api,
         parsed,
-        candidates: asked.route.upstreams_for(api.upstream_kind()),
+        candidates: asked.route.upstreams_for(asked.api.upstream_kind()),
         demand,
         deadline: asked.deadline,
         client_headers,

@@ -155,3 +155,58 @@ impl Board {
         (given(CLUSTER_HEADER) != self.cluster_id.as_bytes()).then_some("cluster_id")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(free: u64, peers: &[u64]) -> Room {
+        let member = |i: usize| MemberAddr {
+            id: format!("n{i}"),
+            rpc: format!("127.0.0.1:{}", 7000 + i),
+            rpc_version: 2,
+        };
+        Room {
+            peers: (0..peers.len()).map(member).collect(),
+            by_binding: HashMap::from([(
+                3,
+                Row {
+                    free: AtomicU64::new(free),
+                    own: 1,
+                    peers: peers.iter().map(|r| AtomicU64::new(*r)).collect(),
+                },
+            )]),
+            idle: HashMap::from([(30, vec![15, 15])]),
+        }
+    }
+
+    #[test]
+    fn a_peers_room_is_its_own_within_what_the_cluster_has_left() {
+        let room = room(4, &[6, 2]);
+        assert_eq!(room.at(3, 30, 0), 4, "the cluster has 4 left");
+        assert_eq!(room.at(3, 30, 1), 2);
+        assert_eq!(room.at(3, 30, 2), 0, "an unknown peer has none");
+        // A key with no row this round: idle, each peer its share.
+        assert_eq!(room.at(9, 30, 1), 15);
+        assert_eq!(
+            room.at(9, 40, 1),
+            0,
+            "nothing known: nothing sent on a guess"
+        );
+    }
+
+    #[test]
+    fn a_spill_takes_its_cost_off_the_peer_and_the_cluster_until_the_next_round() {
+        let room = room(5, &[6, 2]);
+        room.take(&[(3, 2)], 0);
+        assert_eq!(room.at(3, 30, 0), 3);
+        assert_eq!(
+            room.at(3, 30, 1),
+            2,
+            "the other peer keeps its room, the cluster's is less"
+        );
+        room.take(&[(3, 9), (9, 5)], 1);
+        assert_eq!(room.at(3, 30, 1), 0, "never below 0");
+        assert_eq!(room.at(9, 30, 1), 15, "an idle row is not taken from");
+    }
+}
