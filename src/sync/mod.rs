@@ -6,31 +6,21 @@
 //! recomputes allowances every `sync_interval` from the CRDT counters the members
 //! publish. Promises and arguments: `docs/design/cluster.md`.
 //!
-//! - [`allowance`]: per-mode arithmetic (pure).
-//! - [`cut`]: what a node that joined during a cut adopts from those that saw it.
-//! - [`demand`]: demand over the last window from the actors' cumulative counters.
-//! - [`echo`]: this node's usage as its peers have surely seen it (`gossip`).
-//! - [`engine`]: one round: export, publish, read, recompute.
+//! - [`engine`]: the async shell of a round: export, publish, read, round, apply.
+//! - [`mode`]: one round's arithmetic per mode (pure), behind one trait.
+//! - [`partition`]: what a round knows about cuts, lag and losses (pure).
 //! - [`lease`]: `lease` mode: the owner book, the internal RPC, the holder loop.
 //! - [`parts`]: the node's handles sync works on.
-//! - [`redis_loss`]: `redis` mode: who charges whom while a node cannot reach Redis.
 //! - [`spill`]: spillover's room per peer and key, read by the proxy.
 //! - [`status`]: what `/admin/cluster` shows.
-//! - [`successor`]: when a crashed member's floor ends after it restarted.
 
-pub mod allowance;
-pub mod cut;
-pub mod demand;
-pub mod echo;
 pub mod engine;
-pub mod history;
 pub mod lease;
+pub mod mode;
+pub mod partition;
 pub mod parts;
-pub mod redis_loss;
-pub mod sightings;
 pub mod spill;
 pub mod status;
-pub mod successor;
 
 use crate::config::{ClusterConfig, SyncMode};
 use engine::{Engine, LeaseFeed};
@@ -254,11 +244,11 @@ async fn start_lease(
             reason: "redis-lease needs [redis]".into(),
         })?;
         let store = connect_redis(redis, node).await?;
-        let owners = lease::holder::Owners::Redis {
+        let owners: Box<dyn lease::holder::Owners> = Box::new(lease::holder::RedisOwner::new(
             store,
-            prefix: redis.key_prefix.clone(),
-            bucket_ms: window.bucket_ms(),
-        };
+            redis.key_prefix.clone(),
+            window.bucket_ms(),
+        ));
         (owners, None)
     } else {
         let book = peer_book(node, config, window, usage, &view)?;
@@ -268,7 +258,9 @@ async fn start_lease(
             window.bucket_ms(),
             stopped.clone(),
         )));
-        (lease::holder::Owners::Peers(book.clone()), Some(book))
+        let owners: Box<dyn lease::holder::Owners> =
+            Box::new(lease::holder::PeerOwners::new(book.clone()));
+        (owners, Some(book))
     };
     let settings = lease::holder::HolderSettings {
         cluster_id: config.cluster_id.clone(),

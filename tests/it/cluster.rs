@@ -382,7 +382,7 @@ async fn gossip_through_a_partition_and_convergence_after_healing() {
 /// of its own id live (peers follow that one, docs/design/membership.md) stops
 /// admitting for good: what it spent would be outside every peer's account, and
 /// a crashed incarnation's floor ends a window after its successor appears on
-/// the strength of this rule (`src/sync/successor.rs`).
+/// the strength of this rule (`src/sync/partition/successor.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_superseded_under_its_node_id_refuses_every_request() {
     let upstream = mock(|_| {}).await;

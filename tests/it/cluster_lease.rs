@@ -711,7 +711,7 @@ async fn dead_seen_by(node: &Node) -> Vec<String> {
 }
 
 /// A restarted node's previous incarnation keeps its floor for a window after
-/// its successor is first seen (`src/sync/successor.rs`), not until it appears:
+/// its successor is first seen (`src/sync/partition/successor.rs`), not until it appears:
 /// cut off before it crashed, it spent a share nobody on this side saw. Here node
 /// 3 spends during a cut, crashes still cut off, and comes back (same node id, a
 /// new generation) on healed links; then every node pushes above the limit again,
@@ -772,7 +772,7 @@ async fn cut_off_crash_then_successor(mode: &str, most: u64, ports: [u16; 3]) {
         );
     }
     // The successor did not see the cut begin: it charges the old incarnation
-    // at least what the survivors, which did, charge it (`src/sync/cut.rs`).
+    // at least what the survivors, which did, charge it (`src/sync/partition/cut.rs`).
     let charged =
         |body: &serde_json::Value| body["cluster"]["unreachable_charged"][KEY_REQUESTS].as_u64();
     let adopted = Instant::now() + Duration::from_secs(5);
@@ -829,7 +829,7 @@ async fn cut_off_crash_then_successor(mode: &str, most: u64, ports: [u16; 3]) {
 }
 
 /// A restarted node's previous incarnation keeps its floor for a window after its
-/// successor was first seen (`src/sync/successor.rs`): not when the successor
+/// successor was first seen (`src/sync/partition/successor.rs`): not when the successor
 /// appears (an incarnation cut off before it crashed spent a share nobody here
 /// saw), and not until chitchat collects it (`dead_node_grace`, 60 s here). A 3 s
 /// window keeps the test short.

@@ -188,7 +188,7 @@ async fn partial_loss(mode: &str) {
     // The others were charged its share in Redis: together within L. `redis-lease`
     // because Redis keeps its reservation while its account is live, and then
     // because it is held; `redis` because the node spends nothing locally until
-    // both peers have confirmed they charge its loss (src/sync/redis_loss.rs).
+    // both peers have confirmed they charge its loss (src/sync/partition/redis_loss.rs).
     assert!(truth <= L, "admitted {truth} > L = {L}");
     stop_all(nodes).await;
     upstream.shutdown().await.unwrap();

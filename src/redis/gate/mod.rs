@@ -121,7 +121,7 @@ pub struct RedisGate {
     /// The current loss's epoch (the unix ms it began; 0 while Redis answers).
     lost_since: AtomicU64,
     /// The loss epoch every peer has confirmed charging (the engine, each round):
-    /// local spending waits for it (`crate::sync::redis_loss`).
+    /// local spending waits for it (`crate::sync::partition::redis_loss`).
     confirmed: AtomicU64,
     /// The latest loss's epoch (kept after it ends).
     last_epoch: AtomicU64,

@@ -5,35 +5,34 @@
 //! - this file: the engine's state and the round (`tick`), leaving, fencing.
 //! - `own`: this node's own figures from its actors' exports.
 //! - `read`: every member's published state, decoded once.
-//! - `recompute`: allowances, Redis caps and fallbacks, lease views, spill room.
+//! - `recompute`: every key's figures through the mode's round
+//!   (`super::mode`), and what it decided applied.
 //! - `partition`: the cut arithmetic the round applies (horizon, freeze, split).
 //! - `reach`: what this node cannot reach (Redis, lease owners).
-//! - `terms`: pure helpers: lease terms, spill rows, shares and floors.
 
-use super::allowance::{KeyFigures, SyncPolicy, policy};
-use super::cut::{CutKnowledge, is_cut_key, split_budget};
-use super::demand::Demand;
-use super::echo::OwnEcho;
-use super::history::DemandHistory;
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
+use super::mode::{self, Mode, Own};
+use super::partition::cut::{CutKnowledge, is_cut_key, split_members};
+use super::partition::demand::Demand;
+use super::partition::echo::OwnEcho;
+use super::partition::history::DemandHistory;
+use super::partition::redis_loss::{Announced, Loss, REDIS_CHARGING_KEY, RedisLosses};
+use super::partition::sightings::Sightings;
+use super::partition::successor::Successors;
 use super::parts::NodeParts;
-use super::redis_loss::{Announced, Loss, REDIS_CHARGING_KEY, RedisLosses};
-use super::sightings::Sightings;
-use super::spill::{Room, Row};
+use super::spill::Room;
 use super::status::{ClusterStatus, HeldKeys, MemberStatus};
-use super::successor::Successors;
 use crate::actor::scope::ScopeExport;
-use crate::actor::{Binding, Dimension, ScopeId};
+use crate::actor::{Dimension, ScopeId};
 use crate::config::{ClusterConfig, CutOff, SyncMode};
 use crate::redis::gate::{Fallback, RedisGate};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tollgate_cluster::counter::{Applied, ClusterUsage, LocalCounters};
-use tollgate_cluster::lease::line::Terms;
 use tollgate_cluster::membership::{Member, MemberId, Membership, StateSize};
 
 /// The key every node publishes its sync round's time under (unix ms, decimal), so
@@ -42,7 +41,7 @@ pub const ROUND_AT_KEY: &str = "sync:at";
 
 /// The key a node sets while it cannot reach Redis, so peers that still reach
 /// Redis charge its share there: `1` in `redis-lease`; in `redis` the loss's epoch
-/// (`super::redis_loss`). `0` when healthy.
+/// (`super::partition::redis_loss`). `0` when healthy.
 pub const REDIS_LOST_KEY: &str = "redis:lost";
 
 /// Published once, `1`, by a node leaving gracefully (after its last requests were
@@ -71,22 +70,13 @@ pub struct LeaseFeed {
     pub fresh_within_ms: u64,
 }
 
-/// This node's own figures for one key, from its actors.
-#[derive(Debug, Default, Clone, Copy)]
-struct Own {
-    used: u64,
-    /// `used` as every peer has surely seen it ([`OwnEcho`]); `used` for
-    /// concurrency, which is not re-carved (a slot is taken or not).
-    seen: u64,
-    demand: u64,
-}
-
 /// The engine's state.
 pub struct Engine {
     node: Arc<NodeParts>,
     membership: Membership,
-    mode: SyncMode,
-    policy: Box<dyn SyncPolicy>,
+    sync_mode: SyncMode,
+    /// The configured mode's round arithmetic.
+    mode: Box<dyn Mode>,
     self_id: String,
     counters: LocalCounters,
     usage: Arc<Mutex<ClusterUsage>>,
@@ -97,7 +87,7 @@ pub struct Engine {
     cut_off: CutOff,
     demand: Demand,
     /// Each key's demand records and, while anyone is unreachable, the vectors
-    /// frozen at the cut (`super::history`).
+    /// frozen at the cut (`super::partition::history`).
     history: DemandHistory,
     /// What this node added to each key that its peers may not have seen yet.
     echo: OwnEcho,
@@ -112,11 +102,11 @@ pub struct Engine {
     cutoff_lag_ms: u64,
     /// Two gossip intervals: how long a value takes to reach a peer.
     propagation_ms: u64,
-    /// Each member's last round, and when it was last fresh here (`super::sightings`).
+    /// Each member's last round, and when it was last fresh here (`super::partition::sightings`).
     sightings: Sightings,
     /// Members (this one included) that announced they cannot reach Redis.
     redis_lost: Vec<String>,
-    /// `redis`: who lost Redis, who charges whom (`super::redis_loss`).
+    /// `redis`: who lost Redis, who charges whom (`super::partition::redis_loss`).
     redis_losses: RedisLosses,
     /// `redis`: this node's current loss, its divisor fixed when it began.
     redis_loss: Option<Loss>,
@@ -130,7 +120,7 @@ pub struct Engine {
     /// after the successor was first seen.
     successors: Successors,
     /// What peers charge the unreachable, for a node that did not see the cut
-    /// begin, and what this node charges, for the next one (`super::cut`).
+    /// begin, and what this node charges, for the next one (`super::partition::cut`).
     cut: CutKnowledge,
     /// Whether some unreachable member's last rounds came before this node's
     /// records do: its frozen figures would be wrong, so it adopts its peers'.
@@ -149,6 +139,17 @@ pub struct Engine {
     /// How long the last round's recompute took, which decides where the next
     /// one runs ([`StepPlace`]); `None` before the first.
     recompute_took: Option<Duration>,
+}
+
+/// What one round did, for [`Engine::report`].
+struct RoundReport<'a> {
+    members: &'a [Member],
+    now_ms: u64,
+    bytes: u64,
+    decode_errors: u64,
+    received: u64,
+    lag_ms: u64,
+    publish_error: Option<String>,
 }
 
 /// How often the replica's zero registers are collected (ms).
@@ -230,8 +231,8 @@ impl Engine {
         Engine {
             node,
             membership,
-            mode: config.mode,
-            policy: policy(config.mode, config.local_share),
+            sync_mode: config.mode,
+            mode: mode::of(config),
             self_id,
             counters: LocalCounters::new(window),
             usage,
@@ -332,11 +333,8 @@ impl Engine {
         }
     }
 
-    /// One round: publish, read, recompute.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the sync round; one core per mode is an open gap (docs/design/architecture.md)"
-    )]
+    /// One round: export and publish this node's figures, read the cluster's,
+    /// run the mode's round and apply it, report.
     pub async fn tick(&mut self) {
         let started = tokio::time::Instant::now();
         if let Some(gate) = &self.redis_gate {
@@ -355,6 +353,40 @@ impl Engine {
         (self.echo).set_bound(self.cutoff_lag_ms.max(self.lag_ms.saturating_add(sync_ms)));
         let exports = self.node.registry.export_live().await;
         let own = self.record_own(&exports, now_ms);
+        let (bytes, publish_error) = self.publish(now_ms).await;
+        let (decode_errors, received, lag_ms) = self.read_cluster(now_ms).await;
+        let dead = self.membership.dead_members().await;
+        let members = self.membership.live_members().await;
+        self.fence_if_superseded();
+        // Settled first: it dates the join `observe_members` compares cuts with.
+        let settled = self.settle(&dead, members.len(), now_ms);
+        self.observe_members(&dead, &members, lag_ms, now_ms);
+        // The round's O(configured keys) part is plain CPU: run a long one where
+        // it holds no request worker, so requests keep both workers while the OS
+        // shares the cores, and a short one in place.
+        let recompute_began = tokio::time::Instant::now();
+        StepPlace::after(self.recompute_took)
+            .run(|| self.recompute(&own, &members, now_ms, settled));
+        self.recompute_took = Some(recompute_began.elapsed());
+        let metrics = &self.node.metrics;
+        metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
+        metrics.sync_received(received, lag_ms as i64);
+        metrics.sync_round_took(started.elapsed());
+        let round = RoundReport {
+            members: &members,
+            now_ms,
+            bytes: bytes as u64,
+            decode_errors,
+            received,
+            lag_ms,
+            publish_error,
+        };
+        self.report(&round);
+    }
+
+    /// Publishes this node's figures, deletes the rings of keys quiet for a
+    /// window; returns the bytes published and why publishing failed, if it did.
+    async fn publish(&mut self, now_ms: u64) -> (usize, Option<String>) {
         let mut published = self.counters.publish(now_ms);
         // Keys quiet for a window: delete their rings (every reader reads them 0).
         let window = *self.counters.window();
@@ -362,7 +394,7 @@ impl Engine {
         let retired = self
             .counters
             .take_retired(quiet_since, MAX_RETIRED_PER_ROUND);
-        let deletes: Vec<String> = (retired.iter())
+        let mut deletes: Vec<String> = (retired.iter())
             .flat_map(|key| tollgate_cluster::counter::codec::all_keys(key, &window))
             .collect();
         published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
@@ -374,18 +406,17 @@ impl Engine {
             published.push((REDIS_LOST_KEY.to_owned(), lost));
             let charging = self.redis_losses.charging_value();
             published.push((REDIS_CHARGING_KEY.to_owned(), charging));
-        } else if self.mode.uses_redis() {
+        } else if self.sync_mode.uses_redis() {
             let lost = self.redis_lost_here();
             published.push((REDIS_LOST_KEY.to_owned(), u8::from(lost).to_string()));
         }
         // What this node charges the unreachable, for peers that did not see the
         // cut begin (written last: the marker after the charges).
         let (cut_deletes, cut_writes) = self.cut.publish(!self.dead.is_empty());
-        let mut deletes = deletes;
         deletes.extend(cut_deletes);
         published.extend(cut_writes);
         let bytes: usize = published.iter().map(|(k, v)| k.len() + v.len()).sum();
-        let publish_error = match self.membership.publish(&deletes, published).await {
+        let error = match self.membership.publish(&deletes, published).await {
             Ok(size) => {
                 self.wrote(size, retired.len());
                 // Dated when written, not when exported: peers see it from now.
@@ -407,16 +438,17 @@ impl Engine {
                 Some(e.to_string())
             }
         };
-        let (decode_errors, received, lag_ms) = self.read_cluster(now_ms).await;
-        let dead = self.membership.dead_members().await;
-        let members = self.membership.live_members().await;
+        (bytes, error)
+    }
+
+    /// Who is unreachable this round, and what a cut beginning or ending means.
+    fn observe_members(&mut self, dead: &[MemberId], members: &[Member], lag_ms: u64, now_ms: u64) {
         let live_ids: Vec<MemberId> = members.iter().map(|m| m.id.clone()).collect();
-        self.fence_if_superseded();
-        self.successors.observe(&dead, &live_ids, now_ms);
+        self.successors.observe(dead, &live_ids, now_ms);
         // A member that left gracefully spends nothing more: it is departed (its
         // counters count), not unreachable (no floor for what it might spend). So
         // is a crashed incarnation a window after its successor came up
-        // (`super::successor`): all it spent has left the window.
+        // (`super::partition::successor`): all it spent has left the window.
         let dead_now: Vec<String> = (dead.iter())
             .map(ToString::to_string)
             .filter(|d| !self.left.contains(d))
@@ -442,27 +474,20 @@ impl Engine {
         }
         self.dead = dead_now;
         self.lag_ms = lag_ms;
-        let settled = self.settle(&dead, members.len(), now_ms);
         self.unwitnessed = self.unwitnessed_cut();
-        // The round's O(configured keys) part is plain CPU: run a long one where
-        // it holds no request worker, so requests keep both workers while the OS
-        // shares the cores, and a short one in place.
-        let recompute_began = tokio::time::Instant::now();
-        StepPlace::after(self.recompute_took)
-            .run(|| self.recompute(&own, &members, now_ms, settled));
-        self.recompute_took = Some(recompute_began.elapsed());
+    }
+
+    /// The round's degraded states, in metrics, the log and `/admin/cluster`.
+    fn report(&mut self, round: &RoundReport<'_>) {
         let metrics = &self.node.metrics;
-        metrics.sync_round(bytes as u64, decode_errors, members.len() as i64);
-        metrics.sync_received(received, lag_ms as i64);
-        metrics.sync_round_took(started.elapsed());
         metrics.degraded("members_unreachable", !self.dead.is_empty());
-        metrics.degraded("publish_failed", publish_error.is_some());
+        metrics.degraded("publish_failed", round.publish_error.is_some());
         let cut_off = self.unreachable_owners();
         let redis_lost = self.redis_lost_here();
         metrics.degraded("owner_unreachable", !cut_off.is_empty() && !redis_lost);
         metrics.degraded("redis_unreachable", redis_lost);
         let superseded = self.node.superseded.load(Ordering::Relaxed);
-        let degraded = match (&publish_error, self.dead.is_empty(), cut_off.is_empty()) {
+        let degraded = match (&round.publish_error, self.dead.is_empty(), cut_off.is_empty()) {
             _ if superseded => Some(
                 "superseded: a newer process runs under this node id; this one refuses every request"
                     .to_owned(),
@@ -485,12 +510,12 @@ impl Engine {
         let held = self.held_keys();
         let mut status = self.status.lock();
         status.self_id.clone_from(&self.self_id);
-        status.members = members.iter().map(MemberStatus::from).collect();
+        status.members = round.members.iter().map(MemberStatus::from).collect();
         status.dead.clone_from(&self.dead);
         status.left = self.left.iter().cloned().collect();
-        status.last_sync_ms = now_ms;
-        status.bytes_published_total += bytes as u64;
-        status.decode_errors_total += decode_errors;
+        status.last_sync_ms = round.now_ms;
+        status.bytes_published_total += round.bytes;
+        status.decode_errors_total += round.decode_errors;
         status.duplicate_ids_seen = self.membership.duplicate_ids_seen();
         status.unreachable_charged.clone_from(self.cut.recorded());
         status.cut_adopted = self.unwitnessed;
@@ -500,12 +525,12 @@ impl Engine {
             [] => self.history.frozen_members(),
             used => used.to_vec(),
         };
-        status.bytes_received_total += received;
+        status.bytes_received_total += round.received;
         status.state_keys = self.state_size.keys;
         status.state_bytes = self.state_size.bytes;
         status.keys_retired_total = self.keys_retired_total;
         status.unreachable_owners = cut_off;
-        status.convergence_lag_ms = lag_ms;
+        status.convergence_lag_ms = round.lag_ms;
         status.held = held;
         if status.degraded.is_none() != degraded.is_none() {
             match &degraded {
@@ -522,7 +547,7 @@ impl Engine {
     /// of an id (docs/design/membership.md), so an older process that goes on
     /// serving spends outside every owner's and counter's account, and a crashed
     /// incarnation's floor ends a window after its successor appears
-    /// (`super::successor`) on the strength of this rule. A process cut off when
+    /// (`super::partition::successor`) on the strength of this rule. A process cut off when
     /// its successor started cannot see it until the cut heals: that case is the
     /// operator's (docs/config.md, `node_id`); this fence ends it at the heal.
     fn fence_if_superseded(&self) {
@@ -549,16 +574,10 @@ fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
     usage.lock()
 }
 
-/// How a vector of demands divides a capacity (`share::shares`, `fair_shares`).
-type ShareRule = fn(u64, &[(String, u64)]) -> Vec<(String, u64)>;
-
 mod own;
 mod partition;
 mod reach;
 mod read;
 mod recompute;
-mod terms;
 #[cfg(test)]
 mod tests;
-
-use terms::*;

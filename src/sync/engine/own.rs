@@ -132,3 +132,12 @@ impl Engine {
         }
     }
 }
+
+/// The figure published for a told cut-off share: rounded up to a sixteenth of
+/// `capacity` (at least 1), never above it; 0 stays 0.
+pub(super) fn held_figure(told: u64, capacity: u64) -> u64 {
+    let step = (capacity / 16).max(1);
+    told.div_ceil(step)
+        .saturating_mul(step)
+        .min(capacity.max(told))
+}

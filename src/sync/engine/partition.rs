@@ -39,27 +39,22 @@ impl Engine {
         })
     }
 
-    /// Records what this node charges the unreachable for `key`, for a node
-    /// that did not see the cut begin; only the figures above one unit per
-    /// unreachable member (what a quiet key is charged anyway).
-    pub(super) fn record_cut_charge(&mut self, key: &str, charge: u64) {
-        if !self.dead.is_empty() && charge > self.dead.len() as u64 {
-            self.cut.record(key, charge);
+    /// `local split` during a cut: the members at the cut this side divides L
+    /// by (`partition::cut::split_members`), as this node froze them unless it
+    /// did not see the cut begin; recorded for nodes that join later. `None`
+    /// while nobody is unreachable, and in other modes.
+    pub(super) fn split_at_cut(&mut self) -> Option<Vec<String>> {
+        if self.sync_mode != SyncMode::Local || self.dead.is_empty() {
+            return None;
         }
-    }
-
-    /// `local split` during a cut: this side's part of `capacity` by the members
-    /// at the cut (`super::cut::split_budget`), as this node froze them unless it
-    /// did not see the cut begin.
-    pub(super) fn split_budget(&mut self, capacity: u64) -> u64 {
         let own = if self.unwitnessed {
             Vec::new()
         } else {
             self.history.frozen_members()
         };
-        let (budget, at_cut) = split_budget(capacity, &own, self.cut.adopted_members(), &self.dead);
+        let at_cut = split_members(&own, self.cut.adopted_members(), &self.dead);
         self.cut.record_members(&at_cut);
-        budget
+        Some(at_cut)
     }
 
     /// Freezes every key's demands as last seen, this node's own as it stood

@@ -1,15 +1,12 @@
-//! The round's arithmetic: every bound key's allowance (`local split`,
-//! `gossip`), Redis caps and fallbacks (`redis`), lease terms and views
-//! (`lease`, `redis-lease`) and spill room, from the figures the round read.
+//! The round's arithmetic, run: every bound key's figures handed to the
+//! configured mode (`super::super::mode`), and what it decided applied:
+//! allowances, Redis caps and fallbacks, the lease view, the spill room.
 
 use super::*;
+use crate::sync::mode::{KeyInput, Output, RedisRound, Round, lease::idle_room};
 
 impl Engine {
     /// Sets every bound key's bound for this round from the figures read.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the sync round; one core per mode is an open gap (docs/design/architecture.md)"
-    )]
     pub(super) fn recompute(
         &mut self,
         own: &HashMap<String, Own>,
@@ -19,53 +16,44 @@ impl Engine {
     ) {
         let node = Arc::clone(&self.node);
         let horizon_ms = self.horizon_ms(now_ms);
-        // `redis`: what this node divides each capacity by when it spends locally:
-        // its loss's fixed divisor, or what a loss beginning now would use.
-        let redis_divisor = (self.own_redis_loss())
-            .map_or_else(|| self.redis_losses.known_members(), |l| l.divisor);
-        let mut views = std::collections::BTreeMap::new();
+        let split_at_cut = self.split_at_cut();
         let usage_guard = Arc::clone(&self.usage);
-        let usage = lock(&usage_guard);
-        let mut redis_caps = HashMap::new();
-        // Per capacity: the terms every idle key of that capacity shares this round.
-        let mut idle_terms: HashMap<u64, Arc<Terms<String>>> = HashMap::new();
-        let mut redis_fallback = HashMap::new();
-        let mut lease_view = View {
-            self_id: self.self_id.clone(),
-            members: (members.iter())
-                .map(|m| MemberAddr {
-                    id: m.id.to_string(),
-                    rpc: m.metadata.rpc_addr.clone(),
-                    rpc_version: m.metadata.rpc_version,
-                })
-                .collect(),
-            settled,
-            redis_held: {
-                let mut held: Vec<String> =
-                    self.redis_lost.iter().chain(&self.dead).cloned().collect();
-                held.sort();
-                held.dedup();
-                held
-            },
-            ..View::default()
-        };
+        let usage = usage_guard.lock();
+        let (addrs, spill_peers) = addresses(members, &self.self_id);
         // Every key's demand vector lists the same members (each live one, 0 when
         // it published nothing for the key).
         let mut live_nodes = usage.live_nodes();
         live_nodes.push(self.self_id.clone());
         self.history.set_members(&live_nodes, &self.dead);
-        // Spillover: each peer's room per key this round (`super::spill`),
-        // for the peers that accept spilled requests.
-        let spill_peers: Vec<MemberAddr> = (members.iter().zip(&lease_view.members))
-            .filter(|(m, addr)| addr.id != self.self_id && m.metadata.spills)
-            .map(|(_, addr)| addr.clone())
-            .collect();
-        let mut spill_rows = HashMap::new();
+        let charged: Vec<Loss> = self.redis_losses.charged().copied().collect();
+        // `redis`: what this node divides each capacity by when it spends locally:
+        // its loss's fixed divisor, or what a loss beginning now would use.
+        let redis_divisor = (self.own_redis_loss())
+            .map_or_else(|| self.redis_losses.known_members(), |l| l.divisor);
+        let round = Round {
+            self_id: &self.self_id,
+            usage: &usage,
+            now_ms,
+            dead: &self.dead,
+            borrow: (self.lease.as_ref())
+                .filter(|feed| self.lag_ms <= feed.fresh_within_ms)
+                .map_or(0.0, |feed| feed.max_borrow),
+            spill_peers: node.spill.is_some().then_some(spill_peers.as_slice()),
+            split_at_cut: split_at_cut.as_deref(),
+            redis: RedisRound {
+                lost: self.redis_gate.as_ref().is_some_and(|g| g.is_lost()),
+                divisor: redis_divisor,
+                charged: &charged,
+            },
+        };
+        let mut out = Output::default();
+        let mut views = BTreeMap::new();
         for (index, binding) in node.bindings.iter().enumerate() {
-            let mine = own.get(&*binding.key).copied().unwrap_or(Own {
+            let key = &*binding.key;
+            let mine = own.get(key).copied().unwrap_or(Own {
                 used: 0,
                 seen: 0,
-                demand: self.demand.current(&binding.key),
+                demand: self.demand.current(key),
             });
             // This node's own figure in `demands` becomes its demand as it stood
             // one failure-detection time ago: what every peer has surely received.
@@ -73,184 +61,60 @@ impl Engine {
             // keeps growing with refused demand during a cut) this side would grant
             // itself more than the other side charges it; the jepsen harness
             // measures that as a 2.5% overshoot of lease mode under partition.
-            let mut demands = usage.demand_by_node(&binding.key);
-            self.history.observe(
-                &binding.key,
+            let mut demands = usage.demand_by_node(key);
+            let span = (horizon_ms, now_ms);
+            (self.history).observe(
+                key,
                 mine.demand,
                 &mut demands,
                 &self.self_id,
                 &self.dead,
-                (horizon_ms, now_ms),
+                span,
             );
-            // This node's view of the key's global usage (admin), one read for
-            // every mode.
-            let others_live = usage.global_usage_except(&binding.key, Some(&self.self_id), now_ms);
-            // Keys nobody used in the window are left out (read as 0): a copy of
-            // every configured key's name each round would be ~160 B per idle
-            // tenant.
-            let global = mine.used.saturating_add(others_live);
-            if binding.dimension != Dimension::Concurrency && global > 0 {
-                views.insert(binding.key.to_string(), global);
-            }
-            if let (Some(gate), Some(allowance)) = (&self.redis_gate, &binding.allowance) {
-                // `redis`: Redis is the bound; the allowance is only the fallback
-                // while Redis is lost. Peers that lost Redis are charged what each
-                // announced it may spend, `capacity / its divisor`, by lowering the
-                // capacity asked of Redis (`super::redis_loss`).
-                // The fallback (policy `share`): windows fall back to gossip mode's
-                // rule, this node's demand-weighted share of the headroom the
-                // counters show (what others already spent through Redis counts:
-                // a plain share of L would add to it; the harness measures 5%);
-                // concurrency to an equal share of the slots.
-                let share = match binding.dimension {
-                    Dimension::Concurrency => binding.capacity / redis_divisor,
-                    _ => {
-                        let figures = KeyFigures {
-                            capacity: binding.capacity,
-                            self_id: &self.self_id,
-                            own_used: mine.used,
-                            own_seen: mine.seen,
-                            others_used: others_live,
-                            demands: &demands,
-                        };
-                        crate::sync::allowance::GossipPolicy
-                            .allowance(&figures)
-                            .unwrap_or(0)
-                    }
-                };
-                let own = match self.cut_off {
-                    CutOff::Share => share,
-                    CutOff::FailClosed => 0,
-                    CutOff::FailOpen => u64::MAX,
-                };
-                let lost: u64 = (self.redis_losses.charged())
-                    .map(|loss| loss.share_of(binding.capacity))
-                    .sum();
-                redis_caps.insert(
-                    binding.key.to_string(),
-                    binding.capacity.saturating_sub(lost),
-                );
-                redis_fallback.insert(
-                    binding.key.to_string(),
-                    Fallback {
-                        allowance: allowance.clone(),
-                        own,
-                        charged: match self.cut_off {
-                            CutOff::FailOpen => u64::MAX,
-                            _ => binding.capacity / redis_divisor,
-                        },
-                    },
-                );
-                if allowance.set(if gate.is_lost() { own } else { u64::MAX }) {
-                    self.node.registry.wake(&binding.scope);
-                }
-                continue;
-            }
+            let frozen = if self.dead.is_empty() {
+                Vec::new()
+            } else {
+                self.history.frozen_all(key)
+            };
             // What a node that did not see the cut begin charges at least: the
             // most its peers charge, or all of L while none has told it.
             let adopted = (self.unwitnessed && binding.dimension != Dimension::Concurrency)
-                .then(|| (self.cut.adopted_charge(&binding.key)).unwrap_or(binding.capacity));
-            if let Some(feed) = &self.lease {
-                let frozen = self.history.frozen_all(&binding.key);
-                let cut = Cut {
-                    dead: &self.dead,
-                    frozen: &frozen,
-                    at_least: adopted.unwrap_or(0),
-                };
-                let borrow = if self.lag_ms <= feed.fresh_within_ms {
-                    feed.max_borrow
-                } else {
-                    0.0
-                };
-                // Every idle key of one capacity has the same terms this round (no
-                // demand anywhere, nobody cut off, the same members): one copy.
-                // The cut-off shares peers say they hold (an idle key has none).
-                let held = usage.held_by_node(&binding.key);
-                let idle =
-                    self.dead.is_empty() && demands.iter().all(|(_, d)| *d == 0) && held.is_empty();
-                let make = || {
-                    Arc::new(lease_terms(
-                        &usage,
-                        &cut,
-                        &demands,
-                        held.clone(),
-                        binding,
-                        borrow,
-                        now_ms,
-                    ))
-                };
-                if idle {
-                    idle_terms.entry(binding.capacity).or_insert_with(&make);
-                } else {
-                    let terms = make();
-                    if node.spill.is_some() {
-                        let free = match binding.dimension {
-                            Dimension::Concurrency => u64::MAX,
-                            _ => binding.capacity.saturating_sub(global),
-                        };
-                        let peers = spill_room(&usage, &terms, binding, &spill_peers, now_ms);
-                        let free = AtomicU64::new(free);
-                        let own = (terms.shares.get(&self.self_id))
-                            .map_or(0, |s| s.saturating_add(terms.borrow))
-                            .saturating_sub(mine.used);
-                        spill_rows.insert(index as u32, Row { free, own, peers });
-                    }
-                    self.record_cut_charge(&binding.key, terms.floors.values().sum());
-                    lease_view.terms.insert(binding.key.to_string(), terms);
-                }
-                if mine.demand > 0 {
-                    // Read as 0 when absent: an idle key costs no entry.
-                    lease_view
-                        .demand
-                        .insert(binding.key.to_string(), mine.demand);
-                }
-                continue;
-            }
-            let mut capacity = binding.capacity;
-            let (others_used, demands) = match (binding.dimension, self.mode) {
-                // A crashed node's requests died with it: its slots come back as soon
-                // as it is declared dead.
-                (Dimension::Concurrency, _) => {
-                    let live: u64 = usage
-                        .in_flight_by_node(&binding.key)
-                        .iter()
-                        .filter(|(node, _)| *node != self.self_id)
-                        .map(|(_, n)| n)
-                        .sum();
-                    (live, demands)
-                }
-                // Split: during a cut, this side's part of L, by its members at the
-                // cut, goes equally to those live now (a node that joined since
-                // shares it), so two sides never hand out more than L between them.
-                (_, SyncMode::Local) if !self.dead.is_empty() => {
-                    capacity = self.split_budget(binding.capacity);
-                    (0, demands)
-                }
-                (_, SyncMode::Local) => (0, demands),
-                // Gossip: unreachable members are charged their frozen share (or
-                // what they last published, if more) until GC; other departed
-                // members (a restarted node's previous incarnation, before it is
-                // declared dead) what they last published.
-                _ => {
-                    let frozen = self.history.frozen_all(&binding.key);
-                    let dead = dead_charge(&usage, &self.dead, &frozen, binding, now_ms)
-                        .max(adopted.unwrap_or(0));
-                    self.record_cut_charge(&binding.key, dead);
-                    let departed = usage.departed_usage_except(&binding.key, &self.dead, now_ms);
-                    let others = others_live.saturating_add(dead).saturating_add(departed);
-                    (others, demands)
-                }
-            };
-            let figures = KeyFigures {
-                capacity,
-                self_id: &self.self_id,
-                own_used: mine.used,
-                own_seen: mine.seen,
-                others_used,
+                .then(|| (self.cut.adopted_charge(key)).unwrap_or(binding.capacity));
+            let input = KeyInput {
+                index: index as u32,
+                binding,
+                own: mine,
                 demands: &demands,
+                frozen: &frozen,
+                others_live: usage.global_usage_except(key, Some(&self.self_id), now_ms),
+                adopted,
             };
+            // This node's view of the key's global usage (admin). Keys nobody
+            // used in the window are left out (read as 0): a copy of every
+            // configured key's name each round would be ~160 B per idle tenant.
+            if binding.dimension != Dimension::Concurrency && input.global() > 0 {
+                views.insert(key.to_owned(), input.global());
+            }
+            self.mode.key(&round, &input, &mut out);
+        }
+        drop(usage);
+        self.apply(out, addrs, spill_peers, settled);
+        self.status.lock().global_usage = views;
+    }
+
+    /// Applies what the round decided.
+    fn apply(
+        &mut self,
+        out: Output,
+        members: Vec<MemberAddr>,
+        spill_peers: Vec<MemberAddr>,
+        settled: bool,
+    ) {
+        let bindings = &self.node.bindings;
+        for (index, value) in out.allowances {
+            let binding = &bindings[index as usize];
             if let Some(allowance) = &binding.allowance
-                && allowance.set(self.policy.allowance(&figures).unwrap_or(u64::MAX))
+                && allowance.set(value)
             {
                 // Waiters held back by the old figure are admitted now rather than
                 // at their next re-check (up to ALLOWANCE_RETRY_HINT_NS later): a
@@ -258,38 +122,71 @@ impl Engine {
                 self.node.registry.wake(&binding.scope);
             }
         }
-        drop(usage);
+        for (key, charge) in &out.cut_charges {
+            self.cut.record(key, *charge);
+        }
         if let Some(gate) = &self.redis_gate {
-            gate.set_caps(redis_caps);
-            gate.set_fallback(redis_fallback);
+            gate.set_caps(out.redis_caps);
+            let fallback = (out.redis_fallback.iter())
+                .filter_map(|f| {
+                    let binding = &bindings[f.index as usize];
+                    let fallback = Fallback {
+                        allowance: binding.allowance.clone()?,
+                        own: f.own,
+                        charged: f.charged,
+                    };
+                    Some((binding.key.to_string(), fallback))
+                })
+                .collect();
+            gate.set_fallback(fallback);
             let epoch = gate.lost_since();
             let alone_by_design = self.membership.seeds_configured() == 0;
             let confirmed = self.cut_off == CutOff::FailOpen
                 || self.redis_losses.confirmed(epoch, alone_by_design);
             gate.set_confirmed(if confirmed { epoch } else { 0 });
         }
-        if let Some(board) = &node.spill {
-            let idle = (idle_terms.iter())
-                .map(|(capacity, terms)| {
-                    let shares = (spill_peers.iter())
-                        .map(|p| terms.shares.get(&p.id).map_or(0, |s| s + terms.borrow))
-                        .collect();
-                    (*capacity, shares)
-                })
-                .collect();
+        if let Some(board) = &self.node.spill {
             board.set(Room {
+                idle: idle_room(&out.idle_terms, &spill_peers),
                 peers: spill_peers,
-                by_binding: spill_rows,
-                idle,
+                by_binding: out.spill_rows,
             });
         }
         if let Some(feed) = &self.lease {
-            lease_view.idle_terms = idle_terms;
-            *feed.view.write() = Arc::new(lease_view);
+            let mut redis_held: Vec<String> =
+                self.redis_lost.iter().chain(&self.dead).cloned().collect();
+            redis_held.sort();
+            redis_held.dedup();
+            let view = View {
+                self_id: self.self_id.clone(),
+                members,
+                terms: out.terms,
+                idle_terms: out.idle_terms,
+                demand: out.demand,
+                settled,
+                redis_held,
+            };
+            *feed.view.write() = Arc::new(view);
             if let Some(book) = &feed.book {
                 let _nudged = book.on_round();
             }
         }
-        self.status.lock().global_usage = views;
     }
+}
+
+/// The members' addresses, and those of the peers that accept spilled
+/// requests (each peer's room per key this round: `crate::sync::spill`).
+fn addresses(members: &[Member], self_id: &str) -> (Vec<MemberAddr>, Vec<MemberAddr>) {
+    let addrs: Vec<MemberAddr> = (members.iter())
+        .map(|m| MemberAddr {
+            id: m.id.to_string(),
+            rpc: m.metadata.rpc_addr.clone(),
+            rpc_version: m.metadata.rpc_version,
+        })
+        .collect();
+    let spill_peers = (members.iter().zip(&addrs))
+        .filter(|(m, addr)| addr.id != self_id && m.metadata.spills)
+        .map(|(_, addr)| addr.clone())
+        .collect();
+    (addrs, spill_peers)
 }

@@ -34,26 +34,8 @@ mod step_place_tests {
     }
 }
 
-mod shares {
-    use super::super::{held_figure, most_share};
-    use tollgate_cluster::share::fair_shares;
-
-    #[test]
-    fn a_member_is_charged_the_most_any_freeze_of_the_cut_gives_it() {
-        let v = |d: &[(&str, u64)]| -> Vec<(String, u64)> {
-            d.iter().map(|(n, x)| (n.to_string(), *x)).collect()
-        };
-        let first = v(&[("a", 2), ("b", 2), ("c", 12)]);
-        let second = v(&[("a", 47), ("b", 47), ("c", 12)]);
-        // Claims 4, 4, 24 fit: each its claim, the rest (88) equally.
-        let one = most_share(120, &[&first], fair_shares);
-        assert_eq!((one["a"], one["b"], one["c"]), (34, 33, 53));
-        // Claims 94, 94, 24 do not: max-min gives 48, 48, 24.
-        let both = most_share(120, &[&second, &first], fair_shares);
-        assert_eq!(both["c"], 53, "the first freeze's share, not the second's");
-        assert_eq!(both["a"], 48, "the second freeze's, larger for a");
-        assert!(most_share(120, &[], fair_shares).is_empty());
-    }
+mod held {
+    use super::super::own::held_figure;
 
     #[test]
     fn a_held_figure_is_rounded_up_to_a_sixteenth_of_l_and_never_above_it() {

@@ -112,7 +112,7 @@ promises! {
     redis_lease_redis_kill: "redis-lease", "redis-kill", 56;
     // A node cut from its peers and from Redis at once: in `redis` it must not
     // spend a share nobody charges (without the peers' confirmation of a loss,
-    // src/sync/redis_loss.rs, it would send 47-59 of L = 40).
+    // src/sync/partition/redis_loss.rs, it would send 47-59 of L = 40).
     redis_island: "redis", "island", 68;
     redis_lease_island: "redis-lease", "island", 69;
     lease_bridge_restart: "lease", "bridge,restart", 57;

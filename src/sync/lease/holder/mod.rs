@@ -10,16 +10,12 @@
 //! out concurrently, each bounded by the RPC timeout.
 
 use super::bits::Bits;
-use super::owner::OwnerBook;
-use super::reservations::Reservations;
 use super::rpc::{self, CallError};
-use super::wire::{self, Entry};
 use super::{MemberAddr, View};
-use crate::actor::Dimension;
 use crate::actor::credit::{Credit, CreditTable};
-use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
+use crate::actor::{Binding, Dimension};
 use crate::sync::parts::NodeParts;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,26 +24,9 @@ use tokio::sync::watch;
 use tollgate_cluster::lease::budget::Snapshot;
 use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
 use tollgate_cluster::lease::rendezvous;
-use tollgate_cluster::membership::RPC_VERSION;
 
 /// The id the holder loop gives Redis as a key's owner (`redis-lease`).
 pub const REDIS_OWNER: &str = "redis";
-
-/// Who owns the keys.
-pub enum Owners {
-    /// `lease`: each key's owner among the live members (rendezvous hashing),
-    /// this node's own book directly, the others over the internal RPC.
-    Peers(Arc<OwnerBook>),
-    /// `redis-lease`: Redis owns every key (`lease.lua`).
-    Redis {
-        /// The store.
-        store: RedisStore,
-        /// Key prefix.
-        prefix: String,
-        /// Bucket width of the shared window.
-        bucket_ms: u64,
-    },
-}
 
 /// Shortest gap between two rounds woken by actors (coalesces a burst of wakes).
 const MIN_WAKE_GAP: Duration = Duration::from_millis(5);
@@ -80,7 +59,7 @@ pub struct HolderSettings {
 /// The holder loop's state.
 pub struct Holder {
     node: Arc<NodeParts>,
-    owners: Owners,
+    owners: Box<dyn Owners>,
     view: Arc<RwLock<Arc<View>>>,
     client: reqwest::Client,
     settings: HolderSettings,
@@ -101,9 +80,6 @@ pub struct Holder {
     /// The owners whose last batch failed (this node is cut off from them), each
     /// with its failed batches in a row.
     unreachable: BTreeMap<String, u32>,
-    /// `redis-lease`: the reservation Redis last confirmed per key: the cut-off
-    /// share.
-    reserved: Mutex<Reservations>,
     /// Owners this node cannot reach now (for `/admin/cluster` and metrics).
     pub cut_off: Arc<RwLock<Vec<String>>>,
     /// What this holder keeps per key, as of its last round (for
@@ -177,7 +153,7 @@ impl Holder {
     /// A holder loop over `node`'s credit bindings.
     pub fn new(
         node: Arc<NodeParts>,
-        owners: Owners,
+        owners: Box<dyn Owners>,
         view: Arc<RwLock<Arc<View>>>,
         settings: HolderSettings,
     ) -> Holder {
@@ -197,7 +173,6 @@ impl Holder {
             client: rpc::client(settings.rpc_timeout),
             settings,
             unreachable: BTreeMap::new(),
-            reserved: Mutex::default(),
             cut_off: Arc::default(),
             held: Arc::default(),
         }
@@ -236,16 +211,39 @@ impl Holder {
     }
 
     /// One round: snapshot what is due, send, adopt.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the holder's round; split with the per-mode sync core (docs/design/architecture.md)"
-    )]
     pub async fn round(&mut self, round: Round) {
         let view = self.view.read().clone();
         if view.members.is_empty() {
             return;
         }
-        if matches!(self.owners, Owners::Peers(_)) {
+        self.prepare(&view);
+        let now_ms = self.now_ms();
+        let mut batches = Batches::new();
+        // One seq for every statement of an unused key this round: per key it
+        // grows from round to round, and one per key in a round would run the
+        // floor (and with it every used key's seq) ahead of the clock by the
+        // number of such keys, ending credits early.
+        let nothing_held_seq = now_ms.max(self.nothing_held_seq + 1);
+        let due = Due {
+            view: &view,
+            round,
+            nothing_held_seq,
+            now_ms,
+        };
+        self.state_unused(&due, &mut batches);
+        self.state_active(&due, &mut batches);
+        self.count_held(now_ms);
+        if batches.is_empty() {
+            return;
+        }
+        self.send_batches(batches, &view, round).await;
+        self.publish_cut_off();
+    }
+
+    /// What changed since the last round: owners gone, keys moved or asked
+    /// for, credits made.
+    fn prepare(&mut self, view: &View) {
+        if self.owners.are_members() {
             // An owner gone from the members owns nothing any more (its keys moved,
             // and `owner_changed` dropped what it told): no longer "cut off from
             // it". Without this a crashed owner would stay listed, and the node
@@ -254,184 +252,214 @@ impl Holder {
             (self.unreachable).retain(|id, _| view.members.iter().any(|m| m.id == *id));
         }
         self.publish_cut_off();
-        self.mark_moved(&view);
-        if let Owners::Peers(book) = &self.owners {
-            // An owner asked for these: its rebuilt line waits for them (its
-            // view moved, this node's did not), or it has room again for an ask
-            // it refused (its gate opened, or a bucket left the window). Each
-            // is stated at this round; one asked in vain asks again at once
-            // with what it asked for, not left to the next interval's round.
-            // Not as if its owner had changed: that would drop the told figure,
-            // which a node cut off from its owner in one direction only could
-            // then not serve on. If the owner did move, the round sees it in the
-            // view, and a rebuilt line reads the figure the statement says it
-            // holds.
-            for i in book.take_restates() {
-                match self.active.get_mut(&(i as u32)) {
-                    Some(key) => {
-                        key.restate_due = true;
-                        if std::mem::take(&mut key.asked_in_vain) {
-                            key.credit.ask_again(key.asked.unwrap_or(0));
-                        }
+        self.mark_moved(view);
+        // An owner asked for these: its rebuilt line waits for them (its view
+        // moved, this node's did not), or it has room again for an ask it
+        // refused (its gate opened, or a bucket left the window). Each is
+        // stated at this round; one asked in vain asks again at once with what
+        // it asked for, not left to the next interval's round. Not as if its
+        // owner had changed: that would drop the told figure, which a node cut
+        // off from its owner in one direction only could then not serve on. If
+        // the owner did move, the round sees it in the view, and a rebuilt line
+        // reads the figure the statement says it holds.
+        for i in self.owners.take_restates() {
+            match self.active.get_mut(&(i as u32)) {
+                Some(key) => {
+                    key.restate_due = true;
+                    if std::mem::take(&mut key.asked_in_vain) {
+                        key.credit.ask_again(key.asked.unwrap_or(0));
                     }
-                    None => self.unsettled.set(i as u32, true),
                 }
+                None => self.unsettled.set(i as u32, true),
             }
         }
-        self.take_new_credits(&view);
-        let now_ms = self.now_ms();
-        let mut batches: BTreeMap<String, (MemberAddr, Items)> = BTreeMap::new();
-        // One seq for every statement of an unused key this round: per key it
-        // grows from round to round, and one per key in a round would run the
-        // floor (and with it every used key's seq) ahead of the clock by the
-        // number of such keys, ending credits early.
-        let nothing_held_seq = now_ms.max(self.nothing_held_seq + 1);
-        let unused = self.unused_to_state(round);
+        self.take_new_credits(view);
+    }
+
+    /// States "nothing held" for the keys never used here that are due.
+    fn state_unused(&mut self, due: &Due<'_>, batches: &mut Batches) {
+        let unused = self.unused_to_state(due.round);
         for &i in &unused {
             // Never used here: nothing held, nothing to renew. Stated as such to
             // a new owner (its rebuilt line waits to hear from every live
             // holder; on a graceful stop too), and to Redis on a graceful stop
             // if it keeps a reservation for this node.
-            let Some(owner) = self.owner_of(&view, &self.node.bindings[i as usize].key) else {
+            let key = &self.node.bindings[i as usize].key;
+            let Some(owner) = self.owners.owner_of(due.view, key) else {
                 continue;
             };
-            if self.retried_next_round(owner, round) {
+            if self.retried_next_round(owner, due.round) {
                 continue;
             }
-            add_to_batch(
-                &mut batches,
-                owner,
-                (i as usize, nothing_held(nothing_held_seq, now_ms)),
-            );
+            let snapshot = nothing_held(due.nothing_held_seq, due.now_ms);
+            add_to_batch(batches, owner, (i as usize, snapshot));
         }
         if !unused.is_empty() {
-            self.nothing_held_seq = nothing_held_seq;
+            self.nothing_held_seq = due.nothing_held_seq;
         }
+    }
+
+    /// States every key used here that is due; drops the credits at rest.
+    fn state_active(&mut self, due: &Due<'_>, batches: &mut Batches) {
         // Out of `self` for the loop, which also reads `self`; put back after it.
         let mut active = std::mem::take(&mut self.active);
         // Idle keys with nothing due: their credits may be at rest.
         let mut resting = Vec::new();
         for (&i, key) in active.iter_mut() {
             let binding = &self.node.bindings[i as usize];
-            let Some(owner) = self.owner_of(&view, &binding.key) else {
+            let Some(owner) = self.owners.owner_of(due.view, &binding.key) else {
                 continue;
             };
             // Before anything is taken from the key (its ask stays for that round).
-            if self.retried_next_round(owner, round)
-                || asked_in_vain_this_interval(key, owner, round)
+            if self.retried_next_round(owner, due.round)
+                || asked_in_vain_this_interval(key, owner, due.round)
             {
                 continue;
             }
-            let credit = &key.credit;
-            let moved = key.owner.as_deref() != Some(owner.id.as_str());
-            let (wanted, wanted_cost) = credit.take_wanted();
-            key.asked = wanted.then_some(wanted_cost);
-            if moved && matches!(self.owners, Owners::Peers(_)) {
-                // What the previous owner kept for this node went with it.
-                credit.with(|b| b.owner_changed());
-            }
-            let (idle, held, used) =
-                credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms), b.used(now_ms)));
-            let last = key.stated_ms;
-            let heartbeat = now_ms.saturating_sub(last) >= self.ttl_ms() / 3;
-            // Read under one lock:
-            // - a key still cut off is stated every round (every interval's round
-            //   once its owner failed twice in a row): when its owner answers
-            //   again it must leave the cut-off (and report its spending) at once;
-            // - a key gone idle still holding a told cut-off share states once
-            //   more, giving it back: the owner charges that figure until it hears
-            //   so (without this, an idle holder leaves it charged for good);
-            // - a reply that lowered the told figure is confirmed by one more
-            //   statement, or the owner keeps charging the old one for good.
-            let (cut_off, holds_figure, owes) =
-                credit.with(|b| (b.is_cut_off(), b.told_share() > 0, b.owes_statement()));
-            // A graceful stop gives back credit, a figure it holds (the owner
-            // charges it until told), and a `redis-lease` reservation (peers
-            // would otherwise keep it for this node until it is collected).
-            let returning = round == Round::ReturnAll
-                && (held > 0 || holds_figure || self.reservation(&binding.key) > 0);
-            // Its owner asked for a statement (a rebuilt line waits for it, or
-            // room came back for an ask it refused).
-            let restate_due = std::mem::take(&mut key.restate_due);
-            if !(moved
-                || restate_due
-                || wanted
-                || returning
-                || cut_off
-                || owes
-                || ((!idle || holds_figure) && heartbeat))
-            {
-                if round != Round::ReturnAll && idle {
-                    resting.push(i);
+            match self.statement(i, key, owner, due) {
+                Statement::Send(snapshot) => add_to_batch(batches, owner, (i as usize, snapshot)),
+                Statement::Nothing { idle } => {
+                    if due.round != Round::ReturnAll && idle {
+                        resting.push(i);
+                    }
                 }
-                continue;
             }
-            // Nothing spent since the last statement: give unused credit back, so
-            // nodes whose demand moved on do not hold capacity others need.
-            let unused = (heartbeat || restate_due) && !wanted && key.used == Some(used);
-            if returning || (unused && held > 0) {
-                credit.with(|b| b.return_credit(now_ms));
-            }
-            let spent_since = key.used.map_or(0, |before| used.saturating_sub(before));
-            key.used = Some(used);
-            let max = max_credit(binding.capacity, self.settings.max_credit);
-            // What this holder aims to hold: slots up to max_credit while in use;
-            // windowed credit for about four sync intervals at the recent rate.
-            let target = match binding.dimension {
-                _ if round == Round::ReturnAll || (unused && !moved) => 0,
-                Dimension::Concurrency if wanted || !idle => max,
-                Dimension::Concurrency => 0,
-                _ => credit_target(&TargetInputs {
-                    demand: view.demand.get(&*binding.key).copied().unwrap_or(0),
-                    window_ms: self.settings.window_ms,
-                    horizon_ms: horizon_ms(self.settings.sync_interval, self.settings.window_ms),
-                    spent_since,
-                    elapsed_ms: (last > 0).then(|| now_ms.saturating_sub(last)),
-                    wanted,
-                    wanted_cost,
-                    last_target: key.target,
-                    // At most max_credit, or the one request that costs more.
-                    cap: max.max(wanted_cost).min(binding.capacity),
-                }),
-            };
-            key.target = target;
-            let want = match binding.dimension {
-                Dimension::Concurrency => target,
-                _ => target.saturating_sub(held),
-            };
-            // Woken again once the credit falls below half of the target, so the
-            // refill is a round away long before it runs out. (Half of `want` is
-            // near 0 whenever a round finds the credit nearly full: the actor
-            // would then run dry and its requests queue for the next round.)
-            credit.set_low_water(target / 2);
-            // After any statement of nothing held made before the credit was. A
-            // stopping node gives its figures back too; a serving one keeps those
-            // of keys in use (`Budget::snapshot`).
-            let snapshot = credit.with(|b| {
-                b.keep_seq_above(nothing_held_seq);
-                match round {
-                    Round::ReturnAll => b.final_snapshot(now_ms),
-                    _ => b.snapshot(want, now_ms),
-                }
-            });
-            key.stated_ms = now_ms;
-            add_to_batch(&mut batches, owner, (i as usize, snapshot));
         }
         self.active = active;
         for i in resting {
-            self.drop_at_rest(i, now_ms);
+            self.drop_at_rest(i, due.now_ms);
         }
-        self.count_held(now_ms);
-        if batches.is_empty() {
-            return;
+    }
+
+    /// Key `i`'s statement this round, if one is due.
+    fn statement(
+        &self,
+        i: u32,
+        key: &mut ActiveKey,
+        owner: &MemberAddr,
+        due: &Due<'_>,
+    ) -> Statement {
+        let (round, now_ms) = (due.round, due.now_ms);
+        let binding = &self.node.bindings[i as usize];
+        let credit = &key.credit;
+        let moved = key.owner.as_deref() != Some(owner.id.as_str());
+        let (wanted, wanted_cost) = credit.take_wanted();
+        key.asked = wanted.then_some(wanted_cost);
+        if moved && self.owners.are_members() {
+            // What the previous owner kept for this node went with it.
+            credit.with(|b| b.owner_changed());
         }
-        let this = &*self;
-        let sends = batches.into_values().map(|(owner, items)| {
-            let view = &view;
-            async move {
-                let parts = this.send(&owner, items, view, round).await;
-                (owner, parts)
+        let (idle, held, used) =
+            credit.with(|b| (b.is_idle(now_ms), b.credit(now_ms), b.used(now_ms)));
+        let last = key.stated_ms;
+        let heartbeat = now_ms.saturating_sub(last) >= self.ttl_ms() / 3;
+        // Read under one lock:
+        // - a key still cut off is stated every round (every interval's round
+        //   once its owner failed twice in a row): when its owner answers
+        //   again it must leave the cut-off (and report its spending) at once;
+        // - a key gone idle still holding a told cut-off share states once
+        //   more, giving it back: the owner charges that figure until it hears
+        //   so (without this, an idle holder leaves it charged for good);
+        // - a reply that lowered the told figure is confirmed by one more
+        //   statement, or the owner keeps charging the old one for good.
+        let (cut_off, holds_figure, owes) =
+            credit.with(|b| (b.is_cut_off(), b.told_share() > 0, b.owes_statement()));
+        // A graceful stop gives back credit, a figure it holds (the owner
+        // charges it until told), and a `redis-lease` reservation (peers
+        // would otherwise keep it for this node until it is collected).
+        let returning = round == Round::ReturnAll
+            && (held > 0 || holds_figure || self.owners.reservation(&binding.key, now_ms) > 0);
+        // Its owner asked for a statement (a rebuilt line waits for it, or
+        // room came back for an ask it refused).
+        let restate_due = std::mem::take(&mut key.restate_due);
+        if !(moved
+            || restate_due
+            || wanted
+            || returning
+            || cut_off
+            || owes
+            || ((!idle || holds_figure) && heartbeat))
+        {
+            return Statement::Nothing { idle };
+        }
+        // Nothing spent since the last statement: give unused credit back, so
+        // nodes whose demand moved on do not hold capacity others need.
+        let unused = (heartbeat || restate_due) && !wanted && key.used == Some(used);
+        if returning || (unused && held > 0) {
+            credit.with(|b| b.return_credit(now_ms));
+        }
+        let spent_since = key.used.map_or(0, |before| used.saturating_sub(before));
+        key.used = Some(used);
+        let target = match binding.dimension {
+            _ if round == Round::ReturnAll || (unused && !moved) => 0,
+            _ => self.target(binding, key, due, idle, (wanted, wanted_cost), spent_since),
+        };
+        key.target = target;
+        let want = match binding.dimension {
+            Dimension::Concurrency => target,
+            _ => target.saturating_sub(held),
+        };
+        // Woken again once the credit falls below half of the target, so the
+        // refill is a round away long before it runs out. (Half of `want` is
+        // near 0 whenever a round finds the credit nearly full: the actor
+        // would then run dry and its requests queue for the next round.)
+        credit.set_low_water(target / 2);
+        // After any statement of nothing held made before the credit was. A
+        // stopping node gives its figures back too; a serving one keeps those
+        // of keys in use (`Budget::snapshot`).
+        let snapshot = credit.with(|b| {
+            b.keep_seq_above(due.nothing_held_seq);
+            match round {
+                Round::ReturnAll => b.final_snapshot(now_ms),
+                _ => b.snapshot(want, now_ms),
             }
+        });
+        key.stated_ms = now_ms;
+        Statement::Send(snapshot)
+    }
+
+    /// What a key in use aims to hold: slots up to max_credit while in use;
+    /// windowed credit for about four sync intervals at the recent rate.
+    fn target(
+        &self,
+        binding: &Binding,
+        key: &ActiveKey,
+        due: &Due<'_>,
+        idle: bool,
+        (wanted, wanted_cost): (bool, u64),
+        spent_since: u64,
+    ) -> u64 {
+        let max = max_credit(binding.capacity, self.settings.max_credit);
+        let last = key.stated_ms;
+        match binding.dimension {
+            Dimension::Concurrency if wanted || !idle => max,
+            Dimension::Concurrency => 0,
+            _ => credit_target(&TargetInputs {
+                demand: due.view.demand.get(&*binding.key).copied().unwrap_or(0),
+                window_ms: self.settings.window_ms,
+                horizon_ms: horizon_ms(self.settings.sync_interval, self.settings.window_ms),
+                spent_since,
+                elapsed_ms: (last > 0).then(|| due.now_ms.saturating_sub(last)),
+                wanted,
+                wanted_cost,
+                last_target: key.target,
+                // At most max_credit, or the one request that costs more.
+                cap: max.max(wanted_cost).min(binding.capacity),
+            }),
+        }
+    }
+
+    /// Sends every owner's batch at once and adopts the answers.
+    async fn send_batches(&mut self, batches: Batches, view: &View, round: Round) {
+        let this = &*self;
+        let sends = batches.into_values().map(|(owner, items)| async move {
+            let sender = Sender {
+                node: &this.node,
+                client: &this.client,
+                settings: &this.settings,
+            };
+            let parts = this.owners.send(sender, &owner, items, view, round).await;
+            (owner, parts)
         });
         let results = futures_util::future::join_all(sends).await;
         for (owner, parts) in results {
@@ -443,21 +471,12 @@ impl Holder {
                 self.adopt(&owner, items, answered);
             }
         }
-        self.publish_cut_off();
-    }
-
-    /// `key`'s owner in `view` (Redis for every key in `redis-lease`).
-    fn owner_of<'v>(&self, view: &'v View, key: &str) -> Option<&'v MemberAddr> {
-        match &self.owners {
-            Owners::Peers(_) => view.owner(key),
-            Owners::Redis { .. } => Some(&REDIS),
-        }
     }
 
     /// When the members changed since the last round, marks every key never used
     /// here whose owner moved with them (the new owner hears "nothing held").
     fn mark_moved(&mut self, view: &View) {
-        if !matches!(self.owners, Owners::Peers(_))
+        if !self.owners.are_members()
             || (view.members.iter().map(|m| &m.id)).eq(self.members.iter())
         {
             return;
@@ -490,7 +509,7 @@ impl Holder {
             let settled = !self.unsettled.contains(i);
             self.unsettled.set(i, false);
             let owner = settled
-                .then(|| self.owner_of(view, &self.node.bindings[i as usize].key))
+                .then(|| (self.owners).owner_of(view, &self.node.bindings[i as usize].key))
                 .flatten()
                 .map(|m| Arc::from(m.id.as_str()));
             (self.active).insert(
@@ -533,10 +552,9 @@ impl Holder {
     /// `redis-lease` reservations are dropped first: with no statement going
     /// out (every key idle), one would otherwise stay until the next statement.
     fn count_held(&self, now_ms: u64) {
-        let mut reserved = self.reserved.lock();
-        reserved.drop_lapsed(now_ms);
+        let reservations = self.owners.reservations_kept(now_ms);
         (self.held.active).store(self.active.len(), Ordering::Relaxed);
-        (self.held.reservations).store(reserved.len(), Ordering::Relaxed);
+        (self.held.reservations).store(reservations, Ordering::Relaxed);
     }
 
     /// The keys never used here to state "nothing held" for this round: those
@@ -544,13 +562,13 @@ impl Holder {
     /// reservation for.
     fn unused_to_state(&self, round: Round) -> Vec<u32> {
         let mut unused: Vec<u32> = self.unsettled.ids().collect();
-        if round == Round::ReturnAll && matches!(self.owners, Owners::Redis { .. }) {
+        if round == Round::ReturnAll && !self.owners.are_members() {
             let bindings = self.node.bindings.iter().enumerate();
             let reserved = bindings.filter(|(i, b)| {
                 b.leased
                     && !self.unsettled.contains(*i as u32)
                     && !self.active.contains_key(&(*i as u32))
-                    && self.reservation(&b.key) > 0
+                    && self.owners.reservation(&b.key, self.now_ms()) > 0
             });
             unused.extend(reserved.map(|(i, _)| i as u32));
             unused.sort_unstable();
@@ -567,29 +585,39 @@ impl Holder {
     fn ttl_ms(&self) -> u64 {
         self.settings.ttl.as_millis() as u64
     }
-
-    /// Marks `key` cut off from its owner. What it may then use per window, credit
-    /// included (policy `share`): with peer owners, the share the owner told it
-    /// with the last reply it adopted (the owner charges it until a statement says
-    /// a later reply was adopted, whatever either side's view of demand); in
-    /// `redis-lease`, the reservation Redis still keeps for it (none once lapsed).
-    fn cut_off(&self, credit: &Credit, key: &str) {
-        match &self.owners {
-            Owners::Peers(_) => credit.with(|b| b.cut_off_by_owner()),
-            Owners::Redis { .. } => {
-                let share = self.reservation(key);
-                credit.with(|b| b.set_cut_off(Some(share)));
-            }
-        }
-    }
 }
 
+/// This round's batches: per owner id, the owner and its statements.
+type Batches = BTreeMap<String, (MemberAddr, Items)>;
+
+/// What decides which statements are due this round.
+struct Due<'a> {
+    view: &'a View,
+    round: Round,
+    /// The seq of this round's statements of nothing held.
+    nothing_held_seq: u64,
+    now_ms: u64,
+}
+
+/// Whether a key used here is stated this round.
+enum Statement {
+    /// Nothing due; `idle`: its credit may be at rest.
+    Nothing { idle: bool },
+    /// This statement.
+    Send(Snapshot),
+}
+
+mod answers;
+mod owners;
 mod peers;
 mod plan;
 mod redis_owner;
 #[cfg(test)]
 mod tests;
 
+pub use owners::Owners;
+use owners::Sender;
+pub use peers::PeerOwners;
 pub use plan::max_credit;
 use plan::*;
-use redis_owner::REDIS;
+pub use redis_owner::RedisOwner;

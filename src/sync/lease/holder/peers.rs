@@ -1,168 +1,95 @@
-//! Stating to peer owners (`lease`): this node's own book directly, the others
-//! in batches over the internal RPC, and adopting their answers.
+//! Peers as the keys' owners (`lease`): each key's owner among the live
+//! members (rendezvous hashing), this node's own book directly, the others in
+//! batches over the internal RPC.
 
-use super::*;
+use super::owners::{Owners, Sender};
+use super::{Items, Round};
+use crate::actor::credit::Credit;
+use crate::sync::lease::owner::OwnerBook;
+use crate::sync::lease::rpc;
+use crate::sync::lease::wire::{self, Entry};
+use crate::sync::lease::{MemberAddr, View};
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
 
-impl Holder {
-    /// Records how `owner` answered this round's batches: `failed`, the first
-    /// failure, if any.
-    pub(super) fn note_batches(&mut self, owner: &MemberAddr, failed: Option<&CallError>) {
-        match failed {
-            Some(e) => {
-                let failures = self.unreachable.entry(owner.id.clone()).or_insert(0);
-                *failures += 1;
-                if *failures == 1 {
-                    tracing::warn!(owner = %owner.id, error = %e, "lease owner unreachable: spending the credit held, then the cut-off policy");
-                }
-            }
-            None => {
-                if self.unreachable.remove(&owner.id).is_some() {
-                    tracing::info!(owner = %owner.id, "lease owner reachable again");
-                }
-            }
-        }
+/// `lease`: the members own the keys; this node's share of them is its book.
+pub struct PeerOwners {
+    book: Arc<OwnerBook>,
+}
+
+impl PeerOwners {
+    /// Owners over this node's book.
+    pub fn new(book: Arc<OwnerBook>) -> PeerOwners {
+        PeerOwners { book }
+    }
+}
+
+impl Owners for PeerOwners {
+    fn owner_of<'v>(&self, view: &'v View, key: &str) -> Option<&'v MemberAddr> {
+        view.owner(key)
     }
 
-    /// Whether statements to `owner` wait for the next `Normal` round: in a
-    /// `Woken` round, an owner that failed its last [`FAILURES_BEFORE_BACKOFF`]
-    /// batches. The skipped key keeps its ask (`take_wanted` is not called), so
-    /// that round takes it; meanwhile its actor does not wake the loop again
-    /// (`Credit::want` notifies once per ask), which also means a key whose
-    /// owner moves meanwhile is stated to the new one at that round, up to an
-    /// interval later.
-    pub(super) fn retried_next_round(&self, owner: &MemberAddr, round: Round) -> bool {
-        round == Round::Woken
-            && (self.unreachable.get(&owner.id)).is_some_and(|n| *n >= FAILURES_BEFORE_BACKOFF)
+    fn are_members(&self) -> bool {
+        true
     }
 
-    /// States `items` to `owner`: each part with its answers (one part, unless
-    /// a peer's statements fill more than one batch).
-    pub(super) async fn send(
-        &self,
-        owner: &MemberAddr,
+    fn take_restates(&self) -> Vec<usize> {
+        self.book.take_restates()
+    }
+
+    /// The share the owner told it with the last reply it adopted (the owner
+    /// charges it until a statement says a later reply was adopted, whatever
+    /// either side's view of demand).
+    fn cut_off(&self, credit: &Credit, _key: &str, _now_ms: u64) {
+        credit.with(|b| b.cut_off_by_owner());
+    }
+
+    fn send<'a>(
+        &'a self,
+        sender: Sender<'a>,
+        owner: &'a MemberAddr,
         items: Items,
-        view: &View,
-        round: Round,
-    ) -> Vec<(Items, Answered)> {
-        let bindings = &self.node.bindings;
-        let book = match &self.owners {
-            Owners::Peers(book) => book,
-            Owners::Redis {
-                store,
-                prefix,
-                bucket_ms,
-            } => {
-                let answered =
-                    (self.send_redis(store, prefix, *bucket_ms, &items, view, round)).await;
-                return vec![(items, answered)];
+        view: &'a View,
+        _round: Round,
+    ) -> BoxFuture<'a, Vec<(Items, super::Answered)>> {
+        Box::pin(async move {
+            let bindings = &sender.node.bindings;
+            let book = &self.book;
+            if owner.id == view.self_id {
+                let answers = (items.iter())
+                    .map(|(i, s)| {
+                        let key = &bindings[*i].key;
+                        (book.sync(&view.self_id, key, &s.request))
+                            .map_err(|e| wire::refusal_code(&e).to_owned())
+                    })
+                    .collect();
+                book.send_asks_again();
+                return vec![(items, Ok(answers))];
             }
-        };
-        if owner.id == view.self_id {
-            let answers = (items.iter())
+            let entries = (items.iter())
                 .map(|(i, s)| {
-                    let key = &bindings[*i].key;
-                    (book.sync(&view.self_id, key, &s.request))
-                        .map_err(|e| super::wire::refusal_code(&e).to_owned())
+                    Entry::new(&bindings[*i].key, &s.request).readable_by(owner.rpc_version)
                 })
                 .collect();
-            book.send_asks_again();
-            return vec![(items, Ok(answers))];
-        }
-        let entries = (items.iter())
-            .map(|(i, s)| Entry::new(&bindings[*i].key, &s.request).readable_by(owner.rpc_version))
-            .collect();
-        let batches = wire::batches(
-            &self.settings.cluster_id,
-            &view.self_id,
-            entries,
-            wire::SEND_BODY_BYTES,
-        );
-        // Usually one; all at once when more, each answered in order.
-        let calls = (batches.iter())
-            .map(|batch| rpc::call(&self.client, &owner.rpc, &self.settings.secret, batch));
-        let answered = futures_util::future::join_all(calls).await;
-        let mut rest = items;
-        let mut parts = Vec::with_capacity(batches.len());
-        for (batch, answers) in batches.iter().zip(answered) {
-            let after = rest.split_off(batch.entries.len().min(rest.len()));
-            let part = std::mem::replace(&mut rest, after);
-            let answers = answers.map(|a| a.into_iter().map(|a| a.into_result()).collect());
-            parts.push((part, answers));
-        }
-        parts
-    }
-
-    pub(super) fn adopt(&mut self, owner: &MemberAddr, items: Items, answered: Answered) {
-        let now_ms = self.now_ms();
-        let metrics = &self.node.metrics;
-        let answers = match answered {
-            Ok(answers) => answers,
-            Err(_) => {
-                // Policy `share`: the told share per window once the credit ends.
-                // (A key never used here holds nothing, and stays unsettled.)
-                for (i, _) in &items {
-                    let binding = &self.node.bindings[*i];
-                    if let Some(key) = self.active.get(&(*i as u32)) {
-                        self.cut_off(&key.credit, &binding.key);
-                    }
-                    self.node.registry.wake(&binding.scope);
-                    metrics.lease_statement("holder", "unreachable");
-                }
-                return;
+            let batches = wire::batches(
+                &sender.settings.cluster_id,
+                &view.self_id,
+                entries,
+                wire::SEND_BODY_BYTES,
+            );
+            // Usually one; all at once when more, each answered in order.
+            let calls = (batches.iter())
+                .map(|batch| rpc::call(sender.client, &owner.rpc, &sender.settings.secret, batch));
+            let answered = futures_util::future::join_all(calls).await;
+            let mut rest = items;
+            let mut parts = Vec::with_capacity(batches.len());
+            for (batch, answers) in batches.iter().zip(answered) {
+                let after = rest.split_off(batch.entries.len().min(rest.len()));
+                let part = std::mem::replace(&mut rest, after);
+                let answers = answers.map(|a| a.into_iter().map(|a| a.into_result()).collect());
+                parts.push((part, answers));
             }
-        };
-        // One shared name for every key this owner answered.
-        let owner_id: Arc<str> = owner.id.as_str().into();
-        for ((i, snapshot), answer) in items.into_iter().zip(answers) {
-            let binding = &self.node.bindings[i];
-            let key = self.active.get_mut(&(i as u32));
-            match answer {
-                Ok(reply) => {
-                    match key {
-                        Some(key) => {
-                            key.credit.with(|b| {
-                                b.apply(&snapshot, &reply, now_ms);
-                                b.set_cut_off(None);
-                            });
-                            key.owner = Some(owner_id.clone());
-                            key.asked_in_vain = key.asked.is_some()
-                                && snapshot.request.want > 0
-                                && reply.granted == 0;
-                        }
-                        // Its owner heard "nothing held" (a credit made since
-                        // starts from this owner: `take_new_credits`).
-                        None => self.unsettled.set(i as u32, false),
-                    }
-                    let outcome = if reply.granted > 0 {
-                        "granted"
-                    } else {
-                        "nothing_granted"
-                    };
-                    metrics.lease_statement("holder", outcome);
-                    if reply.credit > 0 {
-                        self.node.registry.wake(&binding.scope);
-                    }
-                }
-                Err(code) => {
-                    if code != "not_owner" && code != "stale" {
-                        tracing::warn!(key = %binding.key, owner = %owner.id, %code, "lease statement refused");
-                    }
-                    metrics.lease_statement("holder", "refused");
-                    // Stated again next round (views of the membership may differ
-                    // for a moment).
-                    match key {
-                        Some(key) => {
-                            key.owner = None;
-                            key.asked_in_vain = true;
-                            if code == "not_owner" && matches!(self.owners, Owners::Peers(_)) {
-                                // It no longer keeps anything for this node.
-                                key.credit.with(|b| b.owner_changed());
-                            }
-                        }
-                        None => self.unsettled.set(i as u32, true),
-                    }
-                }
-            }
-        }
+            parts
+        })
     }
 }

@@ -2,7 +2,18 @@
 //! with this node's reservation, so a node that loses Redis spends what Redis
 //! keeps charging it.
 
-use super::*;
+use super::owners::{Owners, Sender};
+use super::plan::max_credit;
+use super::{Answered, Items, REDIS_OWNER, Round};
+use crate::actor::Dimension;
+use crate::actor::credit::Credit;
+use crate::redis::{LeaseAsk, LeaseLine, RedisStore, Reserve, ScopeKeys};
+use crate::sync::lease::reservations::Reservations;
+use crate::sync::lease::rpc::CallError;
+use crate::sync::lease::{MemberAddr, View};
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use tollgate_cluster::membership::RPC_VERSION;
 
 /// Redis as every key's owner (`redis-lease`; no RPC address).
 pub(super) static REDIS: std::sync::LazyLock<MemberAddr> =
@@ -13,83 +24,76 @@ pub(super) static REDIS: std::sync::LazyLock<MemberAddr> =
     });
 
 /// One key's `redis-lease` ask: its reservation, and the held members with floors.
-pub(super) type RedisAsk = (Option<Reserve>, Vec<(String, u64)>);
+type RedisAsk = (Option<Reserve>, Vec<(String, u64)>);
 
-impl Holder {
-    /// `redis-lease`: one `lease.lua` call per key, all concurrently on the
-    /// multiplexed connection. Each asks Redis to reserve this node's share of L
-    /// (by gossiped demand) and to keep the reservations of members that lost
-    /// Redis or gossip; the reservation confirmed is what this node spends per
-    /// window if Redis is lost, and Redis keeps every holder's charge at least its
+/// `redis-lease`: Redis owns every key (`lease.lua`).
+pub struct RedisOwner {
+    store: RedisStore,
+    /// Key prefix.
+    prefix: String,
+    /// Bucket width of the shared window.
+    bucket_ms: u64,
+    /// The reservation Redis last confirmed per key: the cut-off share.
+    reserved: Mutex<Reservations>,
+}
+
+impl RedisOwner {
+    /// Redis as the owner, through `store`, under `prefix`.
+    pub fn new(store: RedisStore, prefix: String, bucket_ms: u64) -> RedisOwner {
+        RedisOwner {
+            store,
+            prefix,
+            bucket_ms,
+            reserved: Mutex::default(),
+        }
+    }
+
+    /// One `lease.lua` call per key, all concurrently on the multiplexed
+    /// connection. Each asks Redis to reserve this node's share of L (by
+    /// gossiped demand) and to keep the reservations of members that lost Redis
+    /// or gossip; the reservation confirmed is what this node spends per window
+    /// if Redis is lost, and Redis keeps every holder's charge at least its
     /// reservation, so the cluster stays within L (docs/design/redis.md).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one lease.lua exchange per key, built and read in one place"
-    )]
-    pub(super) async fn send_redis(
+    async fn state(
         &self,
-        store: &RedisStore,
-        prefix: &str,
-        bucket_ms: u64,
+        sender: Sender<'_>,
         items: &Items,
         view: &View,
         round: Round,
     ) -> Answered {
-        let sent_ms = self.now_ms();
-        let asks: Vec<RedisAsk> = (items.iter())
-            .map(|(i, _)| {
-                let binding = &self.node.bindings[*i];
-                let terms = view.terms_for(&binding.key, binding.capacity);
-                let reserve = terms.map(|t| match round {
-                    Round::ReturnAll => Reserve {
-                        share: 0,
-                        borrow: 0,
-                    },
-                    Round::Normal | Round::Woken => Reserve {
-                        share: t.shares.get(&view.self_id).copied().unwrap_or(0),
-                        borrow: t.borrow,
-                    },
-                });
-                // Held members, each with the floor Redis charges it if it has no
-                // account of it: its share (or frozen floor) in this view.
-                let held = (view.redis_held.iter())
-                    .filter(|m| **m != view.self_id)
-                    .map(|m| {
-                        let floor = terms.and_then(|t| t.floors.get(m).or(t.shares.get(m)));
-                        (m.clone(), floor.copied().unwrap_or(0))
-                    })
-                    .collect();
-                (reserve, held)
-            })
-            .collect();
+        let ttl_ms = sender.settings.ttl.as_millis() as u64;
+        let asks = asks(&sender, items, view, round);
+        let sent_ms = sender.now_ms();
         {
             // Until Redis confirms, the cut-off share is at most what this statement
             // asks: if the answer is lost, Redis may already hold the smaller figure.
             let mut reserved = self.reserved.lock();
             for ((i, _), (reserve, _)) in items.iter().zip(&asks) {
                 let ask = reserve.map_or(0, |r| r.share);
-                reserved.lower_to(&self.node.bindings[*i].key, ask);
+                reserved.lower_to(&sender.node.bindings[*i].key, ask);
             }
         }
         let calls = items
             .iter()
             .zip(&asks)
             .map(|((i, snapshot), (reserve, held))| {
-                let binding = &self.node.bindings[*i];
+                let binding = &sender.node.bindings[*i];
                 let dimension = binding.dimension;
                 let line = LeaseLine {
                     windowed: dimension != Dimension::Concurrency,
                     capacity: binding.capacity,
-                    window_ms: self.settings.window_ms,
-                    bucket_ms,
-                    max_credit: max_credit(binding.capacity, self.settings.max_credit),
-                    ttl_ms: self.ttl_ms(),
+                    window_ms: sender.settings.window_ms,
+                    bucket_ms: self.bucket_ms,
+                    max_credit: max_credit(binding.capacity, sender.settings.max_credit),
+                    ttl_ms,
                 };
-                let key = ScopeKeys::lease(prefix, &binding.scope.to_string(), dimension.as_str());
+                let key =
+                    ScopeKeys::lease(&self.prefix, &binding.scope.to_string(), dimension.as_str());
                 let reserve = *reserve;
                 async move {
                     let ask = LeaseAsk { reserve, held };
-                    let leased = store
+                    let leased = self
+                        .store
                         .lease(&key, &view.self_id, &line, &snapshot.request, &ask)
                         .await;
                     if crate::audit::enabled()
@@ -100,7 +104,7 @@ impl Holder {
                             key: &binding.key,
                             seq: r.seq,
                             sent_ms,
-                            answered_ms: self.now_ms(),
+                            answered_ms: sender.now_ms(),
                             redis_ms: leased.redis_ms,
                             usage: &r.usage,
                             remaining: r.remaining,
@@ -117,13 +121,13 @@ impl Holder {
         let mut out = Vec::with_capacity(items.len());
         let mut unreachable = None;
         let mut reserved = self.reserved.lock();
-        reserved.drop_lapsed(self.now_ms());
+        reserved.drop_lapsed(sender.now_ms());
         // Every confirmed reservation is recorded, even when another key's call
         // failed (its figure may be smaller than the one held here).
         for (key, result) in results {
             match result {
                 Ok(Ok(leased)) => {
-                    let until = sent_ms.saturating_add(self.ttl_ms());
+                    let until = sent_ms.saturating_add(ttl_ms);
                     reserved.confirm(&key, leased.reserved, until);
                     out.push(Ok(leased.reply));
                 }
@@ -136,10 +140,74 @@ impl Holder {
             None => Ok(out),
         }
     }
+}
 
-    /// The reservation Redis keeps for this node on `key` now (`redis-lease`).
-    pub(super) fn reservation(&self, key: &str) -> u64 {
-        let reserved = self.reserved.lock();
-        reserved.at(key, self.now_ms())
+/// Each key's ask: this node's share of L (nothing on a graceful stop), and
+/// the held members, each with the floor Redis charges it if it has no
+/// account of it: its share (or frozen floor) in this view.
+fn asks(sender: &Sender<'_>, items: &Items, view: &View, round: Round) -> Vec<RedisAsk> {
+    (items.iter())
+        .map(|(i, _)| {
+            let binding = &sender.node.bindings[*i];
+            let terms = view.terms_for(&binding.key, binding.capacity);
+            let reserve = terms.map(|t| match round {
+                Round::ReturnAll => Reserve {
+                    share: 0,
+                    borrow: 0,
+                },
+                Round::Normal | Round::Woken => Reserve {
+                    share: t.shares.get(&view.self_id).copied().unwrap_or(0),
+                    borrow: t.borrow,
+                },
+            });
+            let held = (view.redis_held.iter())
+                .filter(|m| **m != view.self_id)
+                .map(|m| {
+                    let floor = terms.and_then(|t| t.floors.get(m).or(t.shares.get(m)));
+                    (m.clone(), floor.copied().unwrap_or(0))
+                })
+                .collect();
+            (reserve, held)
+        })
+        .collect()
+}
+
+impl Owners for RedisOwner {
+    fn owner_of<'v>(&self, _view: &'v View, _key: &str) -> Option<&'v MemberAddr> {
+        Some(&REDIS)
+    }
+
+    fn are_members(&self) -> bool {
+        false
+    }
+
+    fn reservation(&self, key: &str, now_ms: u64) -> u64 {
+        self.reserved.lock().at(key, now_ms)
+    }
+
+    fn reservations_kept(&self, now_ms: u64) -> usize {
+        let mut reserved = self.reserved.lock();
+        reserved.drop_lapsed(now_ms);
+        reserved.len()
+    }
+
+    /// The reservation Redis still keeps for it (none once lapsed).
+    fn cut_off(&self, credit: &Credit, key: &str, now_ms: u64) {
+        let share = self.reservation(key, now_ms);
+        credit.with(|b| b.set_cut_off(Some(share)));
+    }
+
+    fn send<'a>(
+        &'a self,
+        sender: Sender<'a>,
+        _owner: &'a MemberAddr,
+        items: Items,
+        view: &'a View,
+        round: Round,
+    ) -> BoxFuture<'a, Vec<(Items, Answered)>> {
+        Box::pin(async move {
+            let answered = self.state(sender, &items, view, round).await;
+            vec![(items, answered)]
+        })
     }
 }

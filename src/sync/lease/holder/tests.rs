@@ -1,4 +1,7 @@
 use super::*;
+use crate::sync::lease::owner::OwnerBook;
+use parking_lot::Mutex;
+use tollgate_cluster::membership::RPC_VERSION;
 
 /// A lease node "a" whose view is `members`, with `tenants` tenants of two
 /// leased keys each (requests, tokens), and a holder over them.
@@ -56,7 +59,12 @@ upstreams = ["u"]
         max_credit: 0.25,
         rpc_timeout: Duration::from_millis(100),
     };
-    Holder::new(state, Owners::Peers(Arc::new(book)), view, settings)
+    Holder::new(
+        state,
+        Box::new(PeerOwners::new(Arc::new(book))),
+        view,
+        settings,
+    )
 }
 
 fn view(members: &[&str]) -> Arc<View> {

@@ -179,45 +179,51 @@ impl CutKnowledge {
     }
 }
 
-/// `local split`'s budget during a cut: [`side_budget`] by the members at the
-/// cut as this node froze them (`own`), or, where it froze none (it did not see
-/// the cut begin, or never saw an unreachable member live), by the members
-/// peers that saw it tell (`told`; the least budget of theirs), and 0 while
-/// none has told anything: the safe side. Returns the members used, for this
-/// node to publish in turn.
+/// The members `local split` divides L by during a cut ([`side_budget`]): those
+/// at the cut as this node froze them (`own`), or, where it froze none (it did
+/// not see the cut begin, or never saw an unreachable member live), the list of
+/// the peers that saw it (`told`) that leaves this side the least, and none
+/// while nobody has told anything: a budget of 0, the safe side. This node
+/// publishes the members used in turn. The choice does not depend on L: a
+/// side's budget is L times the same fraction for every key.
 ///
 /// An empty freeze is not read as "no members", which would give 0: a node that
 /// saw an unreachable member live only with a round it already held freezes
 /// nothing, and would refuse everything on its side of the cut
 /// (`super::sightings`).
-pub fn split_budget<'a>(
-    capacity: u64,
+pub fn split_members<'a>(
     own: &[String],
     told: impl Iterator<Item = &'a [String]>,
     dead: &[String],
-) -> (u64, Vec<String>) {
+) -> Vec<String> {
     if !own.is_empty() {
-        return (side_budget(capacity, own, dead), own.to_vec());
+        return own.to_vec();
     }
     // A list naming none of the unreachable describes another cut (a stale
     // marker whose deletion has not arrived, or a peer's other view): it would
     // read as all of L.
+    let here = |at_cut: &[String]| at_cut.iter().filter(|m| !dead.contains(m)).count() as u64;
     told.filter(|at_cut| at_cut.iter().any(|m| dead.contains(m)))
-        .map(|at_cut| (side_budget(capacity, at_cut, dead), at_cut))
-        .min_by_key(|(budget, _)| *budget)
-        .map_or((0, Vec::new()), |(budget, at_cut)| {
-            (budget, at_cut.to_vec())
-        })
+        // The least fraction here/len, compared without division.
+        .min_by(|a, b| (here(a) * b.len() as u64).cmp(&(here(b) * a.len() as u64)))
+        .map_or_else(Vec::new, <[String]>::to_vec)
 }
 
 /// `local split`'s part of `capacity` for the members on this side of a cut:
-/// `capacity x (at-cut members not unreachable) / (at-cut members)`, rounded down.
+/// the equal shares of `capacity` the at-cut members held before it (largest
+/// remainder, as the healthy split gives them), summed over those not
+/// unreachable. The two sides' parts sum to exactly L, and a member on a side
+/// whose members are those at the cut keeps the unit its share was rounded up
+/// by: with `L x here / members` rounded down, a member that had spent its
+/// rounded-up share before the cut was given the same unit's room again on its
+/// side, one unit over L per such member (the in-process conformance suite,
+/// `sync::mode`, finds it at L = 802 over four members).
 pub fn side_budget(capacity: u64, at_cut: &[String], dead: &[String]) -> u64 {
-    if at_cut.is_empty() {
-        return 0;
-    }
-    let here = at_cut.iter().filter(|m| !dead.contains(m)).count() as u128;
-    (u128::from(capacity) * here / at_cut.len() as u128) as u64
+    let equal: Vec<(&String, u64)> = at_cut.iter().map(|m| (m, 1)).collect();
+    (tollgate_cluster::share::shares(capacity, &equal).into_iter())
+        .filter(|(m, _)| !dead.contains(m))
+        .map(|(_, share)| share)
+        .sum()
 }
 
 #[cfg(test)]
@@ -229,25 +235,26 @@ mod tests {
     }
 
     #[test]
-    fn a_split_budget_comes_from_the_own_freeze_else_the_least_a_peer_tells_else_nothing() {
+    fn split_members_come_from_the_own_freeze_else_the_least_a_peer_tells_else_none() {
         let dead = names(&["c"]);
         let three = names(&["a", "b", "c"]);
         let four = names(&["a", "b", "c", "d"]);
-        let told = [three.as_slice(), four.as_slice()];
+        let told = [four.as_slice(), three.as_slice()];
+        let budget = |members: &[String]| side_budget(30, members, &dead);
         // Its own freeze wins: 30 x 2/3.
-        let (budget, used) = split_budget(30, &three, told.iter().copied(), &dead);
-        assert_eq!((budget, used), (20, three.clone()));
+        let used = split_members(&three, told.iter().copied(), &dead);
+        assert_eq!((budget(&used), &used), (20, &three));
         // Nothing frozen here (read as 0, it would leave this side nothing): the
         // least a peer gives, 30 x 2/3 rather than 30 x 3/4.
-        let (budget, used) = split_budget(30, &[], told.iter().copied(), &dead);
-        assert_eq!((budget, used), (20, three.clone()));
+        let used = split_members(&[], told.iter().copied(), &dead);
+        assert_eq!((budget(&used), &used), (20, &three));
         // Nobody told anything: nothing.
-        let (budget, used) = split_budget(30, &[], std::iter::empty(), &dead);
-        assert_eq!((budget, used), (0, Vec::new()));
+        let used = split_members(&[], std::iter::empty(), &dead);
+        assert_eq!((budget(&used), used), (0, Vec::new()));
         // A list naming none of the unreachable is another cut's: not all of L.
         let other = names(&["a", "b", "e"]);
-        let (budget, used) = split_budget(30, &[], [other.as_slice()].into_iter(), &dead);
-        assert_eq!((budget, used), (0, Vec::new()));
+        let used = split_members(&[], [other.as_slice()].into_iter(), &dead);
+        assert_eq!((budget(&used), used), (0, Vec::new()));
     }
 
     #[test]
@@ -322,18 +329,19 @@ mod tests {
     }
 
     #[test]
-    fn a_side_gets_its_at_cut_members_part_rounded_down() {
+    fn a_side_gets_the_shares_its_at_cut_members_held() {
         let at_cut = names(&["a", "b", "c"]);
         assert_eq!(side_budget(120, &at_cut, &names(&["c"])), 80);
-        assert_eq!(side_budget(40, &at_cut, &names(&["c"])), 26);
+        // 40 = 14 + 13 + 13: a holds the unit left over.
+        assert_eq!(side_budget(40, &at_cut, &names(&["c"])), 27);
         assert_eq!(side_budget(40, &at_cut, &names(&["a", "b"])), 13);
         assert_eq!(side_budget(40, &at_cut, &[]), 40);
         assert_eq!(side_budget(40, &[], &[]), 0);
-        // Two sides' parts never sum above L.
+        // Two sides' parts sum to L exactly.
         for l in 1..200 {
             let a = side_budget(l, &at_cut, &names(&["c"]));
             let b = side_budget(l, &at_cut, &names(&["a", "b"]));
-            assert!(a + b <= l);
+            assert_eq!(a + b, l);
         }
     }
 }
