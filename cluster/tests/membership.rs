@@ -3,6 +3,11 @@
 //! untrusted metadata. Every wait polls with a deadline; measured times are printed
 //! (`cargo test --test membership -- --nocapture`).
 //!
+//! Tests over the in-memory transport run on paused time (tokio's clock, which
+//! chitchat's failure detector and gossip ticks read, advances whenever every
+//! task waits): deterministic and fast, with the same measured intervals. Those
+//! over UDP need real sockets and run on the real clock.
+//!
 //! Each test runs its own cluster id (its name): ports found free here are released
 //! before chitchat binds them, so a parallel test may later bind a port a node of this
 //! test used; distinct cluster ids keep such strays out (chitchat answers `BadCluster`).
@@ -179,7 +184,7 @@ async fn udp_three_nodes_form_one_cluster_from_one_seed() {
     three_nodes_form_one_cluster(CL, &UdpTransport, addrs, seed_name).await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn channel_three_nodes_form_one_cluster_from_one_seed() {
     const CL: &str = "channel_three_nodes_form_one_cluster_from_one_seed";
     let addrs = [mem_addr(1), mem_addr(2), mem_addr(3)];
@@ -192,7 +197,7 @@ async fn channel_three_nodes_form_one_cluster_from_one_seed() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn channel_partition_marks_other_side_dead_then_heals() {
     const CL: &str = "channel_partition_marks_other_side_dead_then_heals";
     let transport = ChannelTransport::default();
@@ -380,7 +385,7 @@ async fn restarted_node_with_higher_generation_rejoins_cleanly() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn newer_generation_supersedes_a_live_incarnation_at_once() {
     const CL: &str = "newer_generation_supersedes_a_live_incarnation_at_once";
     let transport = ChannelTransport::default();
@@ -480,7 +485,7 @@ async fn different_cluster_id_never_joins() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn duplicate_node_id_is_refused_and_counted() {
     const CL: &str = "duplicate_node_id_is_refused_and_counted";
     let transport = ChannelTransport::default();
@@ -521,7 +526,7 @@ async fn duplicate_node_id_is_refused_and_counted() {
     assert!(b.duplicate_ids_seen() >= 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_state_many_datagrams_large_reaches_a_peer_over_several_exchanges() {
     // 600 KB of keys (about ten datagrams): the gateway's counters for a few hundred
     // busy tenants. chitchat cuts each delta to the datagram and the peer catches up
@@ -566,7 +571,7 @@ async fn a_state_many_datagrams_large_reaches_a_peer_over_several_exchanges() {
     assert_eq!(got, want);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn oversize_or_reserved_set_many_is_refused_and_changes_nothing() {
     const CL: &str = "oversize_or_reserved_set_many_is_refused_and_changes_nothing";
     let transport = ChannelTransport::default();
@@ -605,7 +610,7 @@ async fn oversize_or_reserved_set_many_is_refused_and_changes_nothing() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deleted_keys_free_the_cap_and_vanish_at_peers() {
     const CL: &str = "deleted_keys_free_the_cap_and_vanish_at_peers";
     let transport = ChannelTransport::default();

@@ -65,6 +65,28 @@ pub struct Blocked {
     pub never: bool,
 }
 
+/// The block that one check reports of all it meets: one waiting cannot help
+/// beats any other, else the longest retry.
+#[derive(Default)]
+struct Worst(Option<Blocked>);
+
+impl Worst {
+    fn note(&mut self, b: Blocked) {
+        self.0 = Some(match self.0 {
+            Some(w) if w.never || (!b.never && w.retry_after_ns >= b.retry_after_ns) => w,
+            _ => b,
+        });
+    }
+
+    fn retry(&mut self, dimension: Dimension, retry_after_ns: Nanos) {
+        self.note(Blocked {
+            dimension,
+            retry_after_ns,
+            never: false,
+        });
+    }
+}
+
 /// What admission charged, needed to settle.
 #[derive(Debug)]
 pub struct Charge {
@@ -221,11 +243,8 @@ impl ScopeLimits {
 
     /// Would `tokens` be admitted now in `lane`? With `busy_above`, also refuse when
     /// any dimension is already at or above that fraction (routing skips busy
-    /// upstreams while a fallback exists).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "all-or-nothing admission across every dimension in one pass"
-    )]
+    /// upstreams while a fallback exists). All or nothing: every dimension is
+    /// checked, and the one that blocks longest is reported.
     pub fn check(
         &self,
         now: Nanos,
@@ -233,20 +252,26 @@ impl ScopeLimits {
         lane: Lane,
         busy_above: Option<Ceiling>,
     ) -> Result<(), Blocked> {
-        let mut worst: Option<Blocked> = None;
-        let mut note = |b: Blocked| {
-            worst = Some(match worst {
-                Some(w) if w.never || (!b.never && w.retry_after_ns >= b.retry_after_ns) => w,
-                _ => b,
-            })
-        };
+        let mut worst = Worst::default();
         if self.cooling_until_ns > now {
-            note(Blocked {
-                dimension: Dimension::Cooldown,
-                retry_after_ns: self.cooling_until_ns - now,
-                never: false,
-            });
+            worst.retry(Dimension::Cooldown, self.cooling_until_ns - now);
         }
+        self.check_windows(now, tokens, lane, busy_above, &mut worst);
+        self.check_cluster_bounds(now, tokens, &mut worst);
+        self.check_slots(lane, busy_above, &mut worst);
+        worst.0.map_or(Ok(()), Err)
+    }
+
+    /// The local windows (requests, tokens) under the lane's ceiling, and how
+    /// busy they are.
+    fn check_windows(
+        &self,
+        now: Nanos,
+        tokens: u64,
+        lane: Lane,
+        busy_above: Option<Ceiling>,
+        worst: &mut Worst,
+    ) {
         let ceiling = self.ceiling(lane);
         for (limiter, cost, dimension) in [
             (&self.requests, 1, Dimension::Requests),
@@ -256,27 +281,24 @@ impl ScopeLimits {
             if let Some(busy) = busy_above {
                 let snapshot = limiter.snapshot(now);
                 if snapshot.used >= busy.of(snapshot.capacity) {
-                    note(Blocked {
-                        dimension,
-                        retry_after_ns: snapshot.reset_after_ns.max(1),
-                        never: false,
-                    });
+                    worst.retry(dimension, snapshot.reset_after_ns.max(1));
                 }
             }
             match limiter.check(now, cost, ceiling) {
                 Ok(()) => {}
-                Err(Denial::RetryAfter(ns)) => note(Blocked {
-                    dimension,
-                    retry_after_ns: ns,
-                    never: false,
-                }),
-                Err(Denial::Never) => note(Blocked {
+                Err(Denial::RetryAfter(ns)) => worst.retry(dimension, ns),
+                Err(Denial::Never) => worst.note(Blocked {
                     dimension,
                     retry_after_ns: 0,
                     never: true,
                 }),
             }
         }
+    }
+
+    /// The cluster's bounds on the windows: allowances (`local split`,
+    /// `gossip`) and credit (`lease`, `redis-lease`).
+    fn check_cluster_bounds(&self, now: Nanos, tokens: u64, worst: &mut Worst) {
         for (limiter, allowance, cost, dimension) in [
             (
                 &self.requests,
@@ -294,11 +316,7 @@ impl ScopeLimits {
             if let (Some(limiter), Some(allowance)) = (limiter, allowance)
                 && limiter.snapshot(now).used.saturating_add(cost) > allowance.get()
             {
-                note(Blocked {
-                    dimension,
-                    retry_after_ns: ALLOWANCE_RETRY_HINT_NS,
-                    never: false,
-                });
+                worst.retry(dimension, ALLOWANCE_RETRY_HINT_NS);
             }
         }
         let now_ms = now / 1_000_000;
@@ -312,35 +330,26 @@ impl ScopeLimits {
                 && !credit.can_spend(cost, now_ms)
             {
                 // The engine is woken to renew; the actor is woken when credit comes.
-                note(Blocked {
-                    dimension,
-                    retry_after_ns: ALLOWANCE_RETRY_HINT_NS,
-                    never: false,
-                });
+                worst.retry(dimension, ALLOWANCE_RETRY_HINT_NS);
             }
         }
+    }
+
+    /// Concurrency: the cluster's allowance of slots, and the lane's cap.
+    fn check_slots(&self, lane: Lane, busy_above: Option<Ceiling>, worst: &mut Worst) {
         if let Some(allowance) = &self.allowances.concurrency
             && self.in_flight + 1 > allowance.get()
         {
             // The allowance can grow without any local release (another node's
             // stream ended), so this one is retried on the sync interval.
-            note(Blocked {
-                dimension: Dimension::Concurrency,
-                retry_after_ns: ALLOWANCE_RETRY_HINT_NS,
-                never: false,
-            });
+            worst.retry(Dimension::Concurrency, ALLOWANCE_RETRY_HINT_NS);
         }
         if let Some(cap) = self.concurrency_cap(lane) {
             let busy = busy_above.is_some_and(|b| self.in_flight >= b.of(cap).max(1));
             if self.in_flight + 1 > cap || busy {
-                note(Blocked {
-                    dimension: Dimension::Concurrency,
-                    retry_after_ns: CONCURRENCY_RETRY_HINT_NS,
-                    never: false,
-                });
+                worst.retry(Dimension::Concurrency, CONCURRENCY_RETRY_HINT_NS);
             }
         }
-        worst.map_or(Ok(()), Err)
     }
 
     /// Whether one more request would find no slot here now (the local cap, the

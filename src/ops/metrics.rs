@@ -119,7 +119,6 @@ impl Metrics {
     }
 
     /// A fresh registry; `tenant_labels` adds `tollgate_tenant_requests_total`.
-    #[expect(clippy::too_many_lines, reason = "one registration per metric family")]
     pub fn new(tenant_labels: bool) -> Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("tollgate"),
@@ -154,131 +153,148 @@ impl Metrics {
         m.ok_requests = Api::ALL.map(|api| {
             (m.requests).get_or_create_owned(&([("api", api.as_str())], [("status", 200)]))
         });
-        let r = &mut m.registry;
-        m.actors.register(r);
+        m.register_request_path();
+        m.register_sync();
+        m.register_lease_redis_spill();
+        m
+    }
+
+    /// The request path's families: the actors', upstreams', requests'.
+    fn register_request_path(&mut self) {
+        let r = &mut self.registry;
+        self.actors.register(r);
         r.register(
             "upstream_latency_seconds",
             "Upstream time to response headers",
-            m.upstream_latency.clone(),
+            self.upstream_latency.clone(),
         );
         r.register(
             "upstream_responses",
             "Upstream responses by upstream and status class",
-            m.upstream_responses.clone(),
+            self.upstream_responses.clone(),
         );
         r.register(
             "requests",
             "Client requests by API and final status",
-            m.requests.clone(),
+            self.requests.clone(),
         );
-        if tenant_labels {
+        if self.tenant_labels {
             r.register(
                 "tenant_requests",
                 "Client requests by tenant and final status",
-                m.tenant_requests.clone(),
+                self.tenant_requests.clone(),
             );
         }
         r.register(
             "in_flight_requests",
             "Client requests being served",
-            m.in_flight.clone(),
+            self.in_flight.clone(),
         );
         r.register(
             "runtime_worker_threads",
             "Tokio worker threads serving this node (server.worker_threads)",
-            m.runtime_workers.clone(),
+            self.runtime_workers.clone(),
         );
+    }
+
+    /// Cluster sync's families: what a round publishes, reads and takes.
+    fn register_sync(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "sync_published_bytes",
             "Usage bytes this node published to the cluster",
-            m.sync_bytes.clone(),
+            self.sync_bytes.clone(),
         );
         r.register(
             "sync_round_seconds",
             "Time one sync round took (publish, read the cluster, recompute); above the sync interval, rounds fall behind",
-            m.sync_round.clone(),
+            self.sync_round.clone(),
         );
         r.register(
             "gossip_values_refused",
             "Gossip values from peers that did not decode",
-            m.gossip_refused.clone(),
+            self.gossip_refused.clone(),
         );
         r.register(
             "cluster_live_members",
             "Live cluster members, this node included",
-            m.members.clone(),
+            self.members.clone(),
         );
         r.register(
             "degraded",
             "1 while this node runs degraded, by scope and reason",
-            m.degraded.clone(),
+            self.degraded.clone(),
         );
         r.register(
             "sync_state_bytes",
             "Weight of this node's published cluster state against its cap (8 MiB, or the key cap); at the cap publishes are refused",
-            m.state_bytes.clone(),
+            self.state_bytes.clone(),
         );
         r.register(
             "sync_received_bytes",
             "Usage bytes this node read from live members' gossiped state",
-            m.sync_received.clone(),
+            self.sync_received.clone(),
         );
         r.register(
             "sync_convergence_lag_ms",
             "Age of the stalest live member's last published round, as seen here (ms)",
-            m.convergence_lag_ms.clone(),
+            self.convergence_lag_ms.clone(),
         );
+    }
+
+    /// Lease, Redis, the internal RPC, spillover and the count memo.
+    fn register_lease_redis_spill(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "lease_statements",
             "Lease statements by side (holder: sent, owner: received) and outcome",
-            m.lease_statements.clone(),
+            self.lease_statements.clone(),
         );
         r.register(
             "lease_granted_units",
             "Credit (requests, tokens or slots) this node granted as a key owner",
-            m.lease_granted.clone(),
+            self.lease_granted.clone(),
         );
         r.register(
             "lease_expiries",
             "Credits that ended at this owner without a new statement (silent holders)",
-            m.lease_expired.clone(),
+            self.lease_expired.clone(),
         );
         r.register(
             "redis_script_seconds",
             "Latency of Redis script calls, by script",
-            m.redis_latency.clone(),
+            self.redis_latency.clone(),
         );
         r.register(
             "redis_errors",
             "Redis script calls without an answer, by script and kind (timeout, error)",
-            m.redis_errors.clone(),
+            self.redis_errors.clone(),
         );
         r.register(
             "redis_orphaned_slots_released",
             "Concurrency slots in Redis that calls without an answer had taken or left held, released once Redis answered",
-            m.redis_orphans_released.clone(),
+            self.redis_orphans_released.clone(),
         );
         r.register(
             "internal_rpc_refused",
             "Internal RPCs refused, by reason (wrong secret, other cluster, bad input)",
-            m.rpc_refused.clone(),
+            self.rpc_refused.clone(),
         );
         r.register(
             "spilled",
             "Requests this node would have refused and sent to a peer instead (spillover), by outcome: served (the peer answered other than 429), refused (the peer's 429), failed (no answer: the client got this node's own 429), no_peer (no peer had room by the gossiped figures)",
-            m.spilled.clone(),
+            self.spilled.clone(),
         );
         r.register(
             "spill_received",
             "Requests a peer spilled to this node, by API and status (counted here instead of tollgate_requests_total, which the sending node counts)",
-            m.spill_received.clone(),
+            self.spill_received.clone(),
         );
         r.register(
             "prompt_count_memo",
             "Texts of an estimate the node's count memo takes (256 bytes and up, under a BPE encoding), by outcome: hit (counted lately for the same tenant, answered from the memo) or miss (counted)",
-            m.prompt_count_memo.clone(),
+            self.prompt_count_memo.clone(),
         );
-        m
     }
 
     /// The counters of the node's token count memo: hits, misses.

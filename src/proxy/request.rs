@@ -155,10 +155,6 @@ fn check_n(n: Option<i64>) -> Result<u64, ApiError> {
 /// Parses `body` for `api`. `counter_for(model)` picks how its texts are counted
 /// (it knows the route's encoding, the node's memo and the tenant); it may refuse
 /// an unknown model with the 404 the caller should see.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one pass over the body, field by field for the four APIs"
-)]
 pub fn parse<'c>(
     api: Api,
     body: Bytes,
@@ -166,86 +162,115 @@ pub fn parse<'c>(
     counter_for: impl Fn(&str) -> Result<TokenCounter<'c>, ApiError>,
 ) -> Result<Parsed, ApiError> {
     let default = settings.default_max_tokens;
-    let (model, prompt_tokens, max_completion, stream, client_wants_usage) = match api {
-        Api::Chat => {
-            let b: ChatBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let counter = counter_for(&b.model)?;
-            let max = match b.max_completion_tokens {
-                Some(_) => {
-                    check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?
-                }
-                None => check_max_tokens(b.max_tokens, "max_tokens", default)?,
-            };
-            let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
-            let prompt = count_chat_prompt(counter, &b.messages);
-            (
-                Arc::from(b.model),
-                prompt,
-                max * check_n(b.n)?,
-                b.stream.unwrap_or(false),
-                usage,
-            )
-        }
-        Api::Completions => {
-            let b: CompletionsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let counter = counter_for(&b.model)?;
-            let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
-            let usage = b.stream_options.as_ref().is_some_and(|o| o.include_usage);
-            (
-                Arc::from(b.model),
-                b.prompt.count(counter),
-                max,
-                b.stream.unwrap_or(false),
-                usage,
-            )
-        }
+    let fields = match api {
+        Api::Chat => chat_fields(&body, default, &counter_for)?,
+        Api::Completions => completions_fields(&body, default, &counter_for)?,
         Api::Embeddings => {
             let b: EmbeddingsBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
             let counter = counter_for(&b.model)?;
-            (Arc::from(b.model), b.input.count(counter), 0, false, false)
-        }
-        Api::Messages => {
-            let b: MessagesBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
-            let counter = counter_for(&b.model)?;
-            if b.max_tokens.is_none() {
-                return Err(ApiError::bad_request(
-                    "`max_tokens` is required",
-                    Some("max_tokens"),
-                ));
+            Fields {
+                prompt_tokens: b.input.count(counter),
+                model: Arc::from(b.model),
+                max_completion: 0,
+                stream: false,
+                wants_usage: false,
             }
-            let max = check_max_tokens(b.max_tokens, "max_tokens", default)?;
-            let system = b.system.map(|content| ChatMessage {
-                role: "system".into(),
-                content: Some(content),
-                name: None,
-            });
-            let prompt = count_chat_prompt(
-                counter,
-                &system.into_iter().chain(b.messages).collect::<Vec<_>>(),
-            );
-            (
-                Arc::from(b.model),
-                prompt,
-                max,
-                b.stream.unwrap_or(false),
-                true,
-            )
         }
+        Api::Messages => messages_fields(&body, default, &counter_for)?,
     };
-    let openai_stream = stream && matches!(api, Api::Chat | Api::Completions);
-    let strip_usage_chunk = openai_stream && !client_wants_usage;
+    let openai_stream = fields.stream && matches!(api, Api::Chat | Api::Completions);
+    let strip_usage_chunk = openai_stream && !fields.wants_usage;
     let body = if strip_usage_chunk {
         with_usage_requested(&body)?
     } else {
         body
     };
     Ok(Parsed {
-        model,
-        prompt_tokens,
-        max_completion_tokens: max_completion,
-        stream,
+        model: fields.model,
+        prompt_tokens: fields.prompt_tokens,
+        max_completion_tokens: fields.max_completion,
+        stream: fields.stream,
         body,
         strip_usage_chunk,
+    })
+}
+
+/// What a request's body says, whatever its API.
+struct Fields {
+    model: Arc<str>,
+    prompt_tokens: u64,
+    /// The completion bound, for every choice asked.
+    max_completion: u64,
+    stream: bool,
+    /// The client asked for the stream's usage chunk itself (or the API always
+    /// sends usage).
+    wants_usage: bool,
+}
+
+fn chat_fields<'c>(
+    body: &[u8],
+    default: u64,
+    counter_for: &impl Fn(&str) -> Result<TokenCounter<'c>, ApiError>,
+) -> Result<Fields, ApiError> {
+    let b: ChatBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
+    let counter = counter_for(&b.model)?;
+    let max = match b.max_completion_tokens {
+        Some(_) => check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?,
+        None => check_max_tokens(b.max_tokens, "max_tokens", default)?,
+    };
+    Ok(Fields {
+        wants_usage: b.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        prompt_tokens: count_chat_prompt(counter, &b.messages),
+        max_completion: max * check_n(b.n)?,
+        stream: b.stream.unwrap_or(false),
+        model: Arc::from(b.model),
+    })
+}
+
+fn completions_fields<'c>(
+    body: &[u8],
+    default: u64,
+    counter_for: &impl Fn(&str) -> Result<TokenCounter<'c>, ApiError>,
+) -> Result<Fields, ApiError> {
+    let b: CompletionsBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
+    let counter = counter_for(&b.model)?;
+    let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
+    Ok(Fields {
+        wants_usage: b.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        prompt_tokens: b.prompt.count(counter),
+        max_completion: max,
+        stream: b.stream.unwrap_or(false),
+        model: Arc::from(b.model),
+    })
+}
+
+fn messages_fields<'c>(
+    body: &[u8],
+    default: u64,
+    counter_for: &impl Fn(&str) -> Result<TokenCounter<'c>, ApiError>,
+) -> Result<Fields, ApiError> {
+    let b: MessagesBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
+    let counter = counter_for(&b.model)?;
+    if b.max_tokens.is_none() {
+        return Err(ApiError::bad_request(
+            "`max_tokens` is required",
+            Some("max_tokens"),
+        ));
+    }
+    let max = check_max_tokens(b.max_tokens, "max_tokens", default)?;
+    let system = b.system.map(|content| ChatMessage {
+        role: "system".into(),
+        content: Some(content),
+        name: None,
+    });
+    let messages: Vec<_> = system.into_iter().chain(b.messages).collect();
+    Ok(Fields {
+        prompt_tokens: count_chat_prompt(counter, &messages),
+        max_completion: max,
+        stream: b.stream.unwrap_or(false),
+        // Anthropic streams always carry usage.
+        wants_usage: true,
+        model: Arc::from(b.model),
     })
 }
 

@@ -166,7 +166,7 @@ pub struct AppState {
     /// Token counts of long texts counted lately, per tenant (`tokens::CountMemo`).
     pub count_memo: CountMemo,
     /// Set when shutdown starts (readyz turns 503).
-    pub draining: AtomicBool,
+    pub draining: Arc<AtomicBool>,
     /// Set for good once a newer process runs under this node's `node_id`
     /// (`sync::engine`): peers follow that one, so this one admits nothing more.
     pub superseded: Arc<AtomicBool>,

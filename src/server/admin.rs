@@ -9,29 +9,74 @@
 //! - `GET /admin/keys/{key}`: a key's figures (`tenant:acme:tokens`, or a whole
 //!   scope `upstream:openai-main`), behind `Authorization: Bearer <admin_token>`.
 
-use crate::actor::{ScopeId, ScopeKind};
+use crate::actor::credit::CreditTable;
+use crate::actor::{Binding, Registry, ScopeId, ScopeKind};
+use crate::ops::metrics::Metrics;
 use crate::proxy::AppState;
 use crate::proxy::error::ApiError;
+use crate::sync::lease::owner::OwnerBook;
+use crate::sync::status::ClusterStatus;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// What the operations routes read of the node: its flags, metrics, actors
+/// and cluster figures, not the request path's state.
+pub struct AdminParts {
+    /// `server.admin_token`: the bearer token of `/admin/*` (none: refused).
+    pub admin_token: Option<String>,
+    /// Set when shutdown starts.
+    pub draining: Arc<AtomicBool>,
+    /// Set once a newer process runs under this node's id.
+    pub superseded: Arc<AtomicBool>,
+    /// The node's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The limiter actors.
+    pub registry: Arc<Registry>,
+    /// `lease` modes: the credits of the keys used here.
+    pub credits: Option<Arc<CreditTable>>,
+    /// The cluster as this node sees it (`[cluster]` configured only).
+    pub cluster_status: Option<Arc<parking_lot::Mutex<ClusterStatus>>>,
+    /// `lease`: the lines this node owns (set when the cluster starts).
+    pub lease_book: Arc<OnceLock<Arc<OwnerBook>>>,
+    /// The keys the cluster bounds.
+    pub bindings: Arc<[Binding]>,
+}
+
+impl AdminParts {
+    /// The handles of `state` the operations routes read.
+    pub fn of(state: &AppState) -> AdminParts {
+        AdminParts {
+            admin_token: state.config.server.admin_token.clone(),
+            draining: Arc::clone(&state.draining),
+            superseded: Arc::clone(&state.superseded),
+            metrics: Arc::clone(&state.metrics),
+            registry: Arc::clone(&state.registry),
+            credits: state.credits.clone(),
+            cluster_status: state.cluster_status.clone(),
+            lease_book: Arc::clone(&state.lease_book),
+            bindings: Arc::clone(&state.bindings),
+        }
+    }
+}
 
 /// Operations routes, merged into the proxy app.
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes(parts: Arc<AdminParts>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/keys/{key}", get(key_status))
         .route("/admin/cluster", get(cluster_status))
+        .with_state(parts)
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+async fn readyz(State(state): State<Arc<AdminParts>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
     } else if state.superseded.load(Ordering::Relaxed) {
@@ -41,7 +86,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+async fn metrics(State(state): State<Arc<AdminParts>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
@@ -52,8 +97,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-fn admin_authorized(state: &AppState, headers: &HeaderMap) -> bool {
-    let Some(token) = state.config.server.admin_token.as_deref() else {
+fn admin_authorized(state: &AdminParts, headers: &HeaderMap) -> bool {
+    let Some(token) = state.admin_token.as_deref() else {
         return false;
     };
     let given = headers
@@ -87,7 +132,7 @@ fn parse_key(key: &str) -> Option<(ScopeId, Option<&str>)> {
 }
 
 async fn key_status(
-    State(state): State<Arc<AppState>>,
+    State(state): State<Arc<AdminParts>>,
     headers: HeaderMap,
     Path(key): Path<String>,
 ) -> Response {
@@ -142,7 +187,7 @@ async fn key_status(
 }
 
 async fn cluster_status(
-    State(state): State<Arc<AppState>>,
+    State(state): State<Arc<AdminParts>>,
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Response {

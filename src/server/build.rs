@@ -152,55 +152,24 @@ fn endpoints(http: &UpstreamHttp, base_url: &str) -> Result<[Endpoint; 4], ApiEr
     ])
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// Builds the node's state from a validated config: tenants by key hash,
-/// upstreams and routes, the actors and their limits, the cluster bounds
-/// (allowances or leased credit), the spill board, the metrics.
-#[expect(clippy::too_many_lines, reason = "the node's assembly, in build order")]
-pub fn node_state(mut config: Config) -> Result<AppState, ApiError> {
-    let metrics = Arc::new(Metrics::new(config.server.metrics_tenant_labels));
-    let adaptive =
-        (config.estimation.completion == CompletionPolicy::Adaptive).then_some(AdaptivePolicy {
-            headroom: config.estimation.adaptive_headroom,
-            min_samples: config.estimation.adaptive_min_samples,
-        });
-    let mut specs = HashMap::new();
-    let mut tenants = HashMap::new();
-    // Moved out of the config the state keeps: after this loop the tenant
-    // table is the only reader, and the parsed list (~280 B per tenant with its
-    // key hashes) would be kept for nothing (see `AppState::config`).
-    let tenant_configs = std::mem::take(&mut config.tenants);
-    for t in &tenant_configs {
-        let scope = ScopeId::tenant(&t.id);
-        specs.insert(scope.clone(), scope_spec(&t.quota, &config, adaptive));
-        let tenant = Arc::new(Tenant {
-            id: scope.id.clone(),
-            scope,
-            max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
-        });
-        for hash in &t.api_key_hashes {
-            // validate() proved each is 64 hex digits.
-            let mut digest = [0u8; 32];
-            if hex::decode_to_slice(normalize_key_hash(hash), &mut digest).is_ok() {
-                tenants.insert(digest, tenant.clone());
-            }
-        }
-    }
-    let upstream_http =
-        UpstreamHttp::new(config.server.upstream_idle_timeout).map_err(ApiError::bad_gateway)?;
+/// The upstreams (each one's limits added to `specs`) and the routes over
+/// them, in config order.
+fn routes(
+    config: &Config,
+    specs: &mut HashMap<ScopeId, ScopeSpec>,
+    upstream_http: &UpstreamHttp,
+    metrics: &Metrics,
+) -> Result<Vec<Route>, ApiError> {
     let mut upstreams = HashMap::new();
     for u in &config.upstreams {
         let scope = ScopeId::upstream(&u.id);
-        specs.insert(scope.clone(), scope_spec(&u.quota, &config, None));
+        specs.insert(scope.clone(), scope_spec(&u.quota, config, None));
         upstreams.insert(
             u.id.clone(),
             Arc::new(Upstream {
                 id: scope.id.clone(),
                 kind: u.kind,
-                endpoints: endpoints(&upstream_http, &u.base_url)?,
+                endpoints: endpoints(upstream_http, &u.base_url)?,
                 credentials: u.api_key.as_deref().map(Credentials::new).transpose()?,
                 timeout: u.timeout,
                 stream_idle_timeout: u.stream_idle_timeout,
@@ -223,6 +192,57 @@ pub fn node_state(mut config: Config) -> Result<AppState, ApiError> {
             Route::new(r.models.clone(), chosen, encoding)
         })
         .collect();
+    Ok(routes)
+}
+
+/// The tenants by API key hash, each tenant's limits added to `specs`. The
+/// tenant list is moved out of the config the state keeps: after this the
+/// table is its only reader, and the parsed list (~280 B per tenant with its
+/// key hashes) would be kept for nothing (see `AppState::config`).
+fn tenant_table(
+    config: &mut Config,
+    specs: &mut HashMap<ScopeId, ScopeSpec>,
+) -> HashMap<[u8; 32], Arc<Tenant>> {
+    let adaptive =
+        (config.estimation.completion == CompletionPolicy::Adaptive).then_some(AdaptivePolicy {
+            headroom: config.estimation.adaptive_headroom,
+            min_samples: config.estimation.adaptive_min_samples,
+        });
+    let mut tenants = HashMap::new();
+    let tenant_configs = std::mem::take(&mut config.tenants);
+    for t in &tenant_configs {
+        let scope = ScopeId::tenant(&t.id);
+        specs.insert(scope.clone(), scope_spec(&t.quota, config, adaptive));
+        let tenant = Arc::new(Tenant {
+            id: scope.id.clone(),
+            scope,
+            max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
+        });
+        for hash in &t.api_key_hashes {
+            // validate() proved each is 64 hex digits.
+            let mut digest = [0u8; 32];
+            if hex::decode_to_slice(normalize_key_hash(hash), &mut digest).is_ok() {
+                tenants.insert(digest, tenant.clone());
+            }
+        }
+    }
+    tenants
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Builds the node's state from a validated config: tenants by key hash,
+/// upstreams and routes, the actors and their limits, the cluster bounds
+/// (allowances or leased credit), the spill board, the metrics.
+pub fn node_state(mut config: Config) -> Result<AppState, ApiError> {
+    let metrics = Arc::new(Metrics::new(config.server.metrics_tenant_labels));
+    let mut specs = HashMap::new();
+    let tenants = tenant_table(&mut config, &mut specs);
+    let upstream_http =
+        UpstreamHttp::new(config.server.upstream_idle_timeout).map_err(ApiError::bad_gateway)?;
+    let routes = routes(&config, &mut specs, &upstream_http, &metrics)?;
     let credit_wake = Arc::new(tokio::sync::Notify::new());
     let (bindings, credits) = bind_allowances(&config, &mut specs, &credit_wake);
     let spill = (config.cluster.as_ref())
@@ -272,7 +292,7 @@ pub fn node_state(mut config: Config) -> Result<AppState, ApiError> {
         metrics,
         default_encoding,
         count_memo,
-        draining: AtomicBool::new(false),
+        draining: Arc::new(AtomicBool::new(false)),
         superseded: Arc::new(AtomicBool::new(false)),
         rng_counter: AtomicU64::new(0),
         bindings,

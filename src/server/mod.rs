@@ -10,6 +10,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate_cluster::chitchat::transport::{Transport, UdpTransport};
@@ -20,11 +21,12 @@ pub mod build;
 /// The whole HTTP surface of a node: the proxy's routes and the operations
 /// routes, with every other path answered in the caller's error shape.
 pub fn app(state: Arc<AppState>) -> axum::Router {
+    let admin = Arc::new(admin::AdminParts::of(&state));
     proxy::routes()
-        .merge(admin::routes())
+        .with_state(state)
+        .merge(admin::routes(admin))
         .fallback(proxy::not_found)
         .method_not_allowed_fallback(proxy::method_not_allowed)
-        .with_state(state)
 }
 
 /// The handles cluster sync works on, with requests peers spill here served by
@@ -125,11 +127,8 @@ async fn spilled_requests_ended(state: &AppState, deadline: tokio::time::Instant
 }
 
 /// As [`run`], gossiping over `transport` (tests use chitchat's in-memory
-/// `ChannelTransport`, which can cut links to make partitions).
-#[expect(
-    clippy::too_many_lines,
-    reason = "the node's life in order: start, serve, drain, stop"
-)]
+/// `ChannelTransport`, which can cut links to make partitions). The node's
+/// life in order: start, serve, drain, stop.
 pub async fn run_with_transport(
     config: Config,
     listener: TcpListener,
@@ -139,30 +138,12 @@ pub async fn run_with_transport(
     transport: Arc<dyn Transport>,
 ) -> Result<(), ServeError> {
     let grace = config.server.shutdown_grace;
-    // `stop` fires when shutdown starts; `mock_stop` once the proxy has drained, so
-    // requests still in flight can reach the built-in mock.
-    let (stop_tx, stop_rx) = watch::channel(false);
+    // `mock_stop` fires once the proxy has drained, so requests still in flight
+    // can reach the built-in mock.
     let (mock_stop_tx, mock_stop_rx) = watch::channel(false);
     let mock = match (mock_listener, &config.builtin_mock) {
-        (Some(mock_listener), Some(mock_config)) => {
-            let addr = mock_listener.local_addr()?;
-            let mock_config = crate::mock::MockConfig {
-                rpm: mock_config.rpm.unwrap_or(0),
-                tpm: mock_config.tpm.unwrap_or(0),
-                concurrency: mock_config.concurrency.unwrap_or(0),
-                latency_ms: mock_config.latency_ms,
-                ..crate::mock::MockConfig::default()
-            };
-            let mut rx = mock_stop_rx;
-            let stopped = async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            };
-            tokio::spawn(async move {
-                if let Err(e) = crate::mock::serve(mock_listener, mock_config, stopped).await {
-                    tracing::error!(error = %e, "built-in mock upstream failed");
-                }
-            });
-            Some(addr)
+        (Some(listener), Some(mock_config)) => {
+            Some(serve_builtin_mock(listener, mock_config, mock_stop_rx)?)
         }
         _ => None,
     };
@@ -182,14 +163,57 @@ pub async fn run_with_transport(
         None => None,
     };
     on_ready(Bound { proxy, mock });
+    let drained = serve_until_drained(listener, state, shutdown, grace).await?;
+    if let Some(sync) = sync {
+        sync.shutdown(drained).await;
+    }
+    let _ = mock_stop_tx.send(true);
+    Ok(())
+}
+
+/// The built-in mock upstream on `listener`, until `stop`; returns its address.
+fn serve_builtin_mock(
+    listener: TcpListener,
+    config: &crate::config::BuiltinMockConfig,
+    mut stop: watch::Receiver<bool>,
+) -> Result<SocketAddr, ServeError> {
+    let addr = listener.local_addr()?;
+    let mock_config = crate::mock::MockConfig {
+        rpm: config.rpm.unwrap_or(0),
+        tpm: config.tpm.unwrap_or(0),
+        concurrency: config.concurrency.unwrap_or(0),
+        latency_ms: config.latency_ms,
+        ..crate::mock::MockConfig::default()
+    };
+    let stopped = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tokio::spawn(async move {
+        if let Err(e) = crate::mock::serve(listener, mock_config, stopped).await {
+            tracing::error!(error = %e, "built-in mock upstream failed");
+        }
+    });
+    Ok(addr)
+}
+
+/// Serves the proxy until `shutdown`, then drains: returns whether every
+/// request ended within `grace` (the proxy's and those peers spilled here).
+async fn serve_until_drained(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<bool, ServeError> {
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
     });
+    // `stop` fires when shutdown starts.
+    let (stop_tx, stop_rx) = watch::channel(false);
     let draining = state.clone();
     let in_flight = state.clone();
-    let mut drained_rx = stop_rx.clone();
+    let mut drained_rx = stop_rx;
     // When the drain began: the grace covers the proxy's requests and the
     // requests peers spilled here, together.
     let drain_began = Arc::new(std::sync::OnceLock::new());
@@ -224,9 +248,5 @@ pub async fn run_with_transport(
             "shutdown grace expired with requests still in flight"
         );
     }
-    if let Some(sync) = sync {
-        sync.shutdown(drained).await;
-    }
-    let _ = mock_stop_tx.send(true);
-    Ok(())
+    Ok(drained)
 }

@@ -213,7 +213,6 @@ pub struct Targets<'a> {
 
 impl Targets<'_> {
     /// Applies `action`; returns how the report describes it.
-    #[expect(clippy::too_many_lines, reason = "one arm per fault")]
     pub async fn apply(&mut self, action: &Action) -> anyhow::Result<String> {
         let names = |links: &[(usize, usize)]| {
             (links.iter())
@@ -235,25 +234,7 @@ impl Targets<'_> {
                 format!("heal {}", names(links))
             }
             Action::Island(n) | Action::Unisland(n) => {
-                let on = matches!(action, Action::Island(_));
-                let victim = &self.hosts[*n];
-                let mut cut = Vec::new();
-                for (i, other) in self.hosts.iter().enumerate().filter(|(i, _)| i != n) {
-                    cut.push(format!("n{i}"));
-                    match on {
-                        true => self.net.cut(victim, other)?,
-                        false => self.net.uncut(victim, other)?,
-                    }
-                }
-                if let Some(redis) = self.redis_host {
-                    cut.push("redis".to_owned());
-                    match on {
-                        true => self.net.cut(victim, redis)?,
-                        false => self.net.uncut(victim, redis)?,
-                    }
-                }
-                let verb = if on { "island" } else { "heal island" };
-                format!("{verb} n{n} from {}", cut.join(" "))
+                self.island(*n, matches!(action, Action::Island(_)))?
             }
             Action::Lossy(links) => {
                 for (a, b) in links {
@@ -283,39 +264,8 @@ impl Targets<'_> {
                 self.nodes[*n].pause(false);
                 format!("SIGCONT n{n}")
             }
-            Action::Slow | Action::Unslow => {
-                for host in self.hosts {
-                    if *action == Action::Slow {
-                        let mut args = vec!["tc", "qdisc", "add", "dev", "eth0", "root", "tbf"];
-                        args.extend_from_slice(&SLOW_TBF);
-                        self.net.exec(host, &args)?;
-                    } else {
-                        self.net
-                            .exec(host, &["tc", "qdisc", "del", "dev", "eth0", "root"])?;
-                    }
-                }
-                if *action == Action::Slow {
-                    format!("slow links: tbf {}", SLOW_TBF.join(" "))
-                } else {
-                    "links back to full speed".to_owned()
-                }
-            }
-            Action::Skew(n) => {
-                if !std::path::Path::new(LIBFAKETIME).exists() {
-                    bail!(
-                        "nemesis skew needs libfaketime ({LIBFAKETIME}): apt-get install faketime"
-                    );
-                }
-                let node = &mut self.nodes[*n];
-                node.stop(std::time::Duration::from_secs(3)).await;
-                node.restart_with(vec![
-                    ("LD_PRELOAD".into(), LIBFAKETIME.into()),
-                    ("FAKETIME".into(), format!("{SKEW_SECONDS:+}s")),
-                    // Only the wall clock: monotonic time is what tokio's timers use.
-                    ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-                ])?;
-                format!("n{n} restarted with its clock {SKEW_SECONDS:+} s off")
-            }
+            Action::Slow | Action::Unslow => self.slow(*action == Action::Slow)?,
+            Action::Skew(n) => self.skew(*n).await?,
             Action::Unskew(n) => {
                 let node = &mut self.nodes[*n];
                 node.stop(std::time::Duration::from_secs(3)).await;
@@ -329,17 +279,81 @@ impl Targets<'_> {
                 format!("wall clock stepped {by} {WALL_STEP_MS} ms")
             }
             Action::KillRedis | Action::StartRedis => {
-                let Some(redis) = self.redis.as_deref_mut() else {
-                    bail!("nemesis redis-kill needs a Redis mode");
-                };
-                if *action == Action::KillRedis {
-                    redis.kill9().await;
-                    "kill -9 redis".to_owned()
-                } else {
-                    redis.restart()?;
-                    "restart redis (AOF)".to_owned()
-                }
+                self.redis(*action == Action::KillRedis).await?
             }
+        })
+    }
+
+    /// Cuts node `n` off from every other node and from Redis (`on`), or heals it.
+    fn island(&mut self, n: usize, on: bool) -> anyhow::Result<String> {
+        let victim = &self.hosts[n];
+        let mut cut = Vec::new();
+        for (i, other) in self.hosts.iter().enumerate().filter(|(i, _)| *i != n) {
+            cut.push(format!("n{i}"));
+            match on {
+                true => self.net.cut(victim, other)?,
+                false => self.net.uncut(victim, other)?,
+            }
+        }
+        if let Some(redis) = self.redis_host {
+            cut.push("redis".to_owned());
+            match on {
+                true => self.net.cut(victim, redis)?,
+                false => self.net.uncut(victim, redis)?,
+            }
+        }
+        let verb = if on { "island" } else { "heal island" };
+        Ok(format!("{verb} n{n} from {}", cut.join(" ")))
+    }
+
+    /// Slows every node's link (`on`: a token bucket filter), or restores it.
+    fn slow(&mut self, on: bool) -> anyhow::Result<String> {
+        for host in self.hosts {
+            if on {
+                let mut args = vec!["tc", "qdisc", "add", "dev", "eth0", "root", "tbf"];
+                args.extend_from_slice(&SLOW_TBF);
+                self.net.exec(host, &args)?;
+            } else {
+                self.net
+                    .exec(host, &["tc", "qdisc", "del", "dev", "eth0", "root"])?;
+            }
+        }
+        Ok(if on {
+            format!("slow links: tbf {}", SLOW_TBF.join(" "))
+        } else {
+            "links back to full speed".to_owned()
+        })
+    }
+
+    /// Restarts node `n` with its wall clock [`SKEW_SECONDS`] off.
+    async fn skew(&mut self, n: usize) -> anyhow::Result<String> {
+        if !std::path::Path::new(LIBFAKETIME).exists() {
+            bail!("nemesis skew needs libfaketime ({LIBFAKETIME}): apt-get install faketime");
+        }
+        let node = &mut self.nodes[n];
+        node.stop(std::time::Duration::from_secs(3)).await;
+        node.restart_with(vec![
+            ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+            ("FAKETIME".into(), format!("{SKEW_SECONDS:+}s")),
+            // Only the wall clock: monotonic time is what tokio's timers use.
+            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ])?;
+        Ok(format!(
+            "n{n} restarted with its clock {SKEW_SECONDS:+} s off"
+        ))
+    }
+
+    /// Kills Redis (`kill`) or restarts it from its AOF.
+    async fn redis(&mut self, kill: bool) -> anyhow::Result<String> {
+        let Some(redis) = self.redis.as_deref_mut() else {
+            bail!("nemesis redis-kill needs a Redis mode");
+        };
+        Ok(if kill {
+            redis.kill9().await;
+            "kill -9 redis".to_owned()
+        } else {
+            redis.restart()?;
+            "restart redis (AOF)".to_owned()
         })
     }
 }

@@ -61,78 +61,6 @@ use std::sync::Arc;
 
 use crate::lease::{MAX_AMOUNT, Refusal, bounded};
 
-/// A holder's statement for one key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SyncRequest {
-    /// Orders one holder's statements (its clock at the snapshot); an older or equal
-    /// one than the last accepted is [`Refusal::Stale`].
-    pub seq: u64,
-    /// Windowed: the holder's exact consumption `(bucket, cost)` over its window.
-    pub usage: Vec<(u64, u64)>,
-    /// Windowed: credit it can still spend. Slots: slots in use.
-    pub remaining: u64,
-    /// How much more it wants (0: return what is not in use).
-    pub want: u64,
-    /// The statement whose reply it adopted last (0: none): cut-off shares told
-    /// with replies to older statements no longer bind it.
-    pub adopted: u64,
-    /// The cut-off share that reply told it, which it still holds (0: none). An
-    /// owner that has no record of it (it dropped the line and rebuilt it while
-    /// the holder saw no move) keeps it from this statement on, as if it had told
-    /// it: otherwise a lost reply to this statement would leave the holder
-    /// serving on a figure nobody charges it.
-    pub held: u64,
-}
-
-/// The owner's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SyncReply {
-    /// The holder's whole credit (windowed) or slots, as of its statement.
-    pub credit: u64,
-    /// Of which newly granted.
-    pub granted: u64,
-    /// How long it is valid from the holder's send time.
-    pub ttl_ms: u64,
-    /// What the holder may have used in the window in all (slots: hold) while it
-    /// cannot reach this owner (policy `share`): what it holds at this reply (usage
-    /// in the window and credit), at most its share, charged to it here until a
-    /// later statement says it adopted a later reply, so a holder cut off from a
-    /// live owner spends only what the owner keeps for it. 0 when it gave
-    /// everything back.
-    pub cut_off_share: u64,
-}
-
-/// What the engine tells the owner each round about the members: shares of `L`
-/// by gossiped demand, and floors for members that cannot be reached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Terms<H> {
-    /// Each member's share `s_j` of L (they sum to L). A holder's commitment may
-    /// not exceed its share plus `borrow`; a holder missing here gets `borrow` only.
-    pub shares: BTreeMap<H, u64>,
-    /// How far a holder may go beyond its share (0: borrowing off, or while any
-    /// member is unreachable: borrowing needs provably live lenders).
-    pub borrow: u64,
-    /// Unreachable members: each is charged at least this much (its frozen share).
-    pub floors: BTreeMap<H, u64>,
-    /// The cut-off share each member says in the gossiped state that it holds for
-    /// the key (what an owner told it, rounded up): a member with no account here
-    /// is charged at least this, so a line rebuilt while a holder cut off from it
-    /// saw no move still charges what that holder may spend (docs/design/lease.md,
-    /// "Double fault"). Members with an account are charged by what they state.
-    pub held: BTreeMap<H, u64>,
-}
-
-impl<H> Default for Terms<H> {
-    fn default() -> Self {
-        Self {
-            shares: BTreeMap::new(),
-            borrow: 0,
-            floors: BTreeMap::new(),
-            held: BTreeMap::new(),
-        }
-    }
-}
-
 /// The owner's ledger of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line<H> {
@@ -337,184 +265,6 @@ impl<H: Ord + Clone> Line<H> {
             && self.recovery.is_none()
     }
 
-    /// Applies `holder`'s statement at `now_ms` and grants what it can. Bad input
-    /// (absurd amounts, stale statements, too many holders) is refused and changes
-    /// nothing.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one statement's whole exchange (check, replace, grant, answer) over one borrowed account"
-    )]
-    pub fn sync(
-        &mut self,
-        holder: &H,
-        request: &SyncRequest,
-        now_ms: u64,
-    ) -> Result<SyncReply, Refusal> {
-        let now_ms = now_ms.max(self.last_now_ms);
-        self.check(holder, request)?;
-        self.last_now_ms = now_ms;
-        self.settle(now_ms);
-        let cap = self.config.capacity;
-        // The statement supersedes what the counters said of this member.
-        self.rebuilt.remove(holder);
-        let known = self.accounts.get(holder).cloned();
-        let mut account = known.clone().unwrap_or(Account {
-            usage: BTreeMap::new(),
-            credit: 0,
-            until_ms: 0,
-            holder_until: 0,
-            lapsed: Vec::new(),
-            seq: 0,
-            reserves: Reserves::default(),
-            previous: (0, 0),
-        });
-        account.seq = request.seq;
-        let (own, accepted) = match self.config.kind {
-            Kind::Windowed(w) => {
-                let now_bucket = w.bucket_index(now_ms);
-                let shift = skew_shift(request.seq, now_ms, w.bucket_ms());
-                let mut usage = BTreeMap::new();
-                for &(bucket, cost) in &request.usage {
-                    let bucket = bucket.saturating_add(shift).min(now_bucket);
-                    if w.counts(bucket, now_ms) {
-                        add(&mut usage, bucket, cost);
-                    }
-                }
-                let used: u64 = usage.values().fold(0, |s, c| s.saturating_add(*c));
-                let accepted = match &known {
-                    Some(a) => {
-                        let live = self
-                            .usage_in_window(&a.usage, now_ms)
-                            .saturating_add(if a.until_ms > now_ms { a.credit } else { 0 });
-                        request.remaining.min(live.saturating_sub(used))
-                    }
-                    // First statement (a new holder, or the re-announce after a
-                    // failover): its credit from the old owner counts in full,
-                    // up to L. Not up to `max_credit`: one request may have been
-                    // granted its whole cost above it (the stretch, below), and a
-                    // holder spends that credit while this statement is in
-                    // flight; capped, the new owner could grant the difference
-                    // again (`a_stretched_credit_stated_to_a_new_owner_counts_in_full`
-                    // would read 110 of L = 100). Counting a claim in full only ever
-                    // charges more.
-                    None => request.remaining.min(cap),
-                };
-                account.usage = usage;
-                // A lapsed credit that had ended for the holder before it took
-                // this statement is in its usage already, as what it really spent
-                // from it: counting it again as spent would charge the holder
-                // twice (and, with a figure told from that sum, would let it spend
-                // the unspent part again: 101 of L = 100, docs/design/lease.md).
-                account.lapsed.retain(|l| l.holder_until > request.seq);
-                let lapsed = self.lapsed_in_window(&account.lapsed, now_ms);
-                (used.saturating_add(lapsed), accepted)
-            }
-            // Slots in use are real whatever the owner thinks: always counted.
-            // The credit this statement replaces still binds until the holder
-            // adopts the reply: slots it starts from it meanwhile are not in the
-            // statement (left uncharged, 6 slots could be in use of C = 4, with
-            // borrowing on). It stays charged until its own end, so a silent
-            // holder's slots still come back within one ttl.
-            Kind::Slots => {
-                if let Some(a) = &known {
-                    let live =
-                        |(credit, until): (u64, u64)| if until > now_ms { credit } else { 0 };
-                    let current = live((a.credit, a.until_ms));
-                    let earlier = live(a.previous);
-                    account.previous = if current >= earlier {
-                        (a.credit, a.until_ms)
-                    } else {
-                        a.previous
-                    };
-                }
-                (0, request.remaining)
-            }
-        };
-        if let Some(r) = &mut self.recovery {
-            r.unknown.remove(holder);
-        }
-        // Room for a grant: L minus everyone else, minus this holder's own figures.
-        self.accounts.remove(holder);
-        let others = self.committed_beside(Some(holder), now_ms);
-        let mine = own.saturating_add(accepted);
-        let share =
-            (self.terms.shares.get(holder).copied().unwrap_or(0)).saturating_add(self.terms.borrow);
-        // Figures told before still count (a reply may be lost), but not those its
-        // statement says it replaced, nor any once it gives everything back (it
-        // dropped its figure when it sent this). Beyond what L leaves, nothing can
-        // be granted whatever this statement says.
-        let returning = request.want == 0 && request.remaining == 0;
-        account.reserves.confirm(request.adopted, returning);
-        if !returning {
-            // No owner tells more than L (a figure from before a lower L is
-            // clamped, not refused: refusing would leave the holder unheard).
-            account
-                .reserves
-                .keep(request.held.min(cap), request.adopted);
-        }
-        let left = cap.saturating_sub(others);
-        let told_before = account.reserves.max();
-        let room = [
-            if told_before > left {
-                0
-            } else {
-                left.saturating_sub(mine)
-            },
-            share.saturating_sub(mine),
-            // A single request may cost more than max_credit (a big prompt under
-            // a small TPM): the cap stretches to what was asked, never beyond L.
-            (self.config.max_credit.max(request.want)).saturating_sub(accepted),
-            request.want,
-        ];
-        let granted = room.into_iter().min().unwrap_or(0);
-        account.credit = accepted.saturating_add(granted);
-        account.until_ms = now_ms.saturating_add(self.config.ttl_ms);
-        account.holder_until = request.seq.saturating_add(self.config.ttl_ms);
-        // What it may use per window if it loses this owner: what it holds now
-        // (its usage in the window and its credit: already charged, so keeping it
-        // reserves nothing new) within its share, nothing once it gave everything
-        // back (an idle holder needs no reserve). Cut off, it goes on at about the
-        // rate it had, as its old buckets leave the window.
-        // Never beyond what L leaves beside the others: `mine` may still count a
-        // lapsed credit as spent on top of what the holder spent from an earlier
-        // told figure while cut off (a statement taken before the credit ended on
-        // its side, read after it lapsed here), and a figure told from that sum
-        // would let it spend the unspent credit's worth again (a lapsed 25 and
-        // 16 spent cut off, told as 41 beside 60 held by the others: 101 of
-        // L = 100).
-        let own_share = self.terms.shares.get(holder).copied().unwrap_or(0);
-        let cut_off_share = if returning {
-            0
-        } else {
-            own_share.min(mine.saturating_add(granted)).min(left)
-        };
-        account.reserves.tell(cut_off_share, request.seq);
-        self.accounts.insert(holder.clone(), account);
-        let shut = self.recovering(now_ms);
-        let refused = request.want > 0 && granted == 0;
-        match &mut self.recovery {
-            Some(r) if shut && refused => {
-                r.waiting.insert(holder.clone());
-            }
-            _ if refused && matches!(self.config.kind, Kind::Windowed(_)) => {
-                self.short.insert(holder.clone());
-            }
-            _ => {
-                self.short.remove(holder);
-            }
-        }
-        debug_assert!(
-            granted == 0 || self.committed(now_ms) <= cap,
-            "over-granted"
-        );
-        Ok(SyncReply {
-            credit: accepted.saturating_add(granted),
-            granted,
-            ttl_ms: self.config.ttl_ms,
-            cut_off_share,
-        })
-    }
-
     /// Moves expired credits into consumption, drops what left the window and
     /// forgets holders with nothing left (bounded memory); returns how many credits
     /// expired (holders that went silent). Reads never depend on when this runs.
@@ -670,12 +420,15 @@ fn add(map: &mut BTreeMap<u64, u64>, bucket: u64, cost: u64) {
 
 mod accounts;
 mod config;
+mod messages;
 mod recovery;
 mod reserves;
+mod statement;
 #[cfg(test)]
 mod tests;
 
 use accounts::{Account, Accounts, Lapsed};
 pub use config::{ConfigError, Kind, LineConfig};
+pub use messages::{SyncReply, SyncRequest, Terms};
 use recovery::Recovery;
 use reserves::Reserves;

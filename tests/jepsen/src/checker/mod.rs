@@ -234,12 +234,40 @@ pub fn promised_max(case: &Case<'_>, limit: u64) -> u64 {
     }
 }
 
-/// Every check of a run.
-#[expect(
-    clippy::too_many_lines,
-    reason = "every check of a run, in the report's order"
-)]
+/// Every check of a run, in the report's order.
 pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
+    let mut checks = upstream_peaks(case, lines, ops);
+    let strict = promised_max(case, case.limit) == case.limit;
+    let refusals = upstream_429s(lines);
+    checks.push(Check {
+        name: "upstream 429s".into(),
+        ok: !strict || refusals == 0,
+        detail: format!("{refusals} (must be 0 where the promise is <= L)"),
+    });
+    let lost = lost(ops);
+    checks.push(Check {
+        name: "nothing lost".into(),
+        ok: lost == 0,
+        detail: format!(
+            "{lost} of {} operations without a terminal outcome",
+            ops.len()
+        ),
+    });
+    checks.extend(liveness(case, ops));
+    checks.push(settlement(case.settlements));
+    checks.push(utilisation(case, lines));
+    if let Some(slots) = &case.slots {
+        checks.push(ghost_slots(case.faults, slots, case.run_ms));
+    }
+    if let Some(audit) = case.audit {
+        checks.push(conservation(audit, case.clock_slack_ms));
+    }
+    checks
+}
+
+/// What reached the upstream per window against the promise: requests, tokens
+/// (with a token limit) and each tenant's requests (with several tenants).
+fn upstream_peaks(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
     let Case {
         limit, window_ms, ..
     } = *case;
@@ -293,57 +321,51 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
             });
         }
     }
-    let strict = max == limit;
-    let refusals = upstream_429s(lines);
-    checks.push(Check {
-        name: "upstream 429s".into(),
-        ok: !strict || refusals == 0,
-        detail: format!("{refusals} (must be 0 where the promise is <= L)"),
-    });
-    let lost = lost(ops);
-    checks.push(Check {
-        name: "nothing lost".into(),
-        ok: lost == 0,
-        detail: format!(
-            "{lost} of {} operations without a terminal outcome",
-            ops.len()
-        ),
-    });
+    checks
+}
+
+/// The cluster lives through its faults: views converge after each heal, and
+/// every side keeps serving through each fault.
+fn liveness(case: &Case<'_>, ops: &[Op]) -> [Check; 2] {
     let healed = case.faults.iter().filter(|f| f.healed).count();
     let converged = convergence(case.faults, case.samples, case.nodes as usize);
-    checks.push(Check {
-        name: "views converge after each heal".into(),
-        ok: converged
-            .as_ref()
-            .is_ok_and(|worst| *worst <= case.converge_within_ms),
-        detail: match &converged {
-            Ok(worst) => format!(
-                "{healed} heals; every node up saw every node up again within {worst} ms (bound {} ms)",
-                case.converge_within_ms
-            ),
-            Err(e) => e.clone(),
+    let starved = starved(case.faults, ops, case.window_ms);
+    [
+        Check {
+            name: "views converge after each heal".into(),
+            ok: converged
+                .as_ref()
+                .is_ok_and(|worst| *worst <= case.converge_within_ms),
+            detail: match &converged {
+                Ok(worst) => format!(
+                    "{healed} heals; every node up saw every node up again within {worst} ms (bound {} ms)",
+                    case.converge_within_ms
+                ),
+                Err(e) => e.clone(),
+            },
         },
-    });
-    let starved = starved(case.faults, ops, window_ms);
-    checks.push(Check {
-        name: "every side keeps serving through each fault".into(),
-        ok: starved.is_empty(),
-        detail: if starved.is_empty() {
-            format!(
-                "{} fault intervals, every side asking in a fault was served in every window of it",
-                case.faults.len()
-            )
-        } else {
-            format!("served nothing: {}", starved.join("; "))
+        Check {
+            name: "every side keeps serving through each fault".into(),
+            ok: starved.is_empty(),
+            detail: if starved.is_empty() {
+                format!(
+                    "{} fault intervals, every side asking in a fault was served in every window of it",
+                    case.faults.len()
+                )
+            } else {
+                format!("served nothing: {}", starved.join("; "))
+            },
         },
-    });
-    checks.push(settlement(case.settlements));
-    // Judged on the request limit L: not when a concurrency limit binds instead.
+    ]
+}
+
+/// How much of L the cluster used per window while healthy, judged on the
+/// request limit L: not when a concurrency limit binds instead.
+fn utilisation(case: &Case<'_>, lines: &[MockLine]) -> Check {
     let utilisation = healthy_utilisation(case, lines).filter(|_| case.slots.is_none());
-    checks.push(Check {
+    Check {
         name: "utilisation when healthy".into(),
-        ok: case.mode == "local-full"
-            || utilisation.is_none_or(|u| u >= MIN_HEALTHY_UTILISATION),
+        ok: case.mode == "local-full" || utilisation.is_none_or(|u| u >= MIN_HEALTHY_UTILISATION),
         detail: match utilisation {
             Some(u) => format!(
                 "{u:.2} of L per window while no fault was in force (at least {MIN_HEALTHY_UTILISATION})"
@@ -351,14 +373,7 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
             None if case.slots.is_some() => "not judged: the concurrency limit binds".into(),
             None => "not judged: less than one window without a fault".into(),
         },
-    });
-    if let Some(slots) = &case.slots {
-        checks.push(ghost_slots(case.faults, slots, case.run_ms));
     }
-    if let Some(audit) = case.audit {
-        checks.push(conservation(audit, case.clock_slack_ms));
-    }
-    checks
 }
 
 /// Where a failed peak happened: the window in run time, what each node served in

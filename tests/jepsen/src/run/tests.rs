@@ -1,0 +1,44 @@
+use super::*;
+
+/// A saved spec without `buckets` (`--replay` of an old run).
+const OLD_SPEC: &str = r#"{"mode":"lease","nemesis":["none"],"nodes":3,
+    "duration":{"secs":20,"nanos":0},"seed":7,"limit":40,
+    "window":{"secs":5,"nanos":0},"tenants":1,"cut_off":null,"max_borrow":null,
+    "fault":null,"subnet":100,"bin":"/x","dir":"/y"}"#;
+
+#[test]
+fn a_node_runs_the_specs_buckets_and_old_specs_the_harnesss() {
+    let mut spec: RunSpec = serde_json::from_str(OLD_SPEC).expect("old spec");
+    assert_eq!(spec.buckets, STRESS_BUCKETS);
+    let ips = ["10.0.0.1".to_owned(), "10.0.0.2".to_owned()];
+    let buckets_of = |spec: &RunSpec| {
+        let text = node_toml(spec, 0, &ips, "10.0.0.9", None);
+        let config = tollgate::config::Config::from_toml(&text, "n0.toml").expect("config");
+        config.limits.buckets
+    };
+    assert_eq!(buckets_of(&spec), STRESS_BUCKETS);
+    spec.buckets = 60;
+    assert_eq!(buckets_of(&spec), 60);
+}
+
+#[test]
+fn settlements_are_read_from_the_metrics_text() {
+    let text = r#"# HELP tollgate_decisions Limiter decisions by scope, outcome and reason.
+# TYPE tollgate_decisions counter
+tollgate_decisions_total{scope="tenant",outcome="admitted",reason=""} 12
+tollgate_decisions_total{scope="upstream",outcome="admitted",reason=""} 11
+tollgate_decisions_total{scope="tenant",outcome="refused",reason="requests"} 40
+tollgate_settlements_total{scope="tenant",how="usage"} 10
+tollgate_settlements_total{scope="tenant",how="cancel"} 2
+tollgate_settlements_total{scope="upstream",how="usage"} 11
+tollgate_in_flight_requests 0
+"#;
+    assert_eq!(
+        parse_settlements(text),
+        checker::Settlements {
+            admitted: 23,
+            settled: 23,
+            in_flight: 0
+        }
+    );
+}
