@@ -24,7 +24,7 @@
 //!   `fault-injection`, test builds only).
 
 pub mod actor;
-pub mod api;
+pub(crate) mod api;
 pub mod audit;
 pub mod clock;
 pub mod config;
@@ -36,7 +36,7 @@ pub mod ops;
 pub mod proxy;
 pub mod redis;
 pub mod server;
-pub mod sync;
+pub(crate) mod sync;
 pub mod tokens;
 pub mod up;
 pub mod upstream_http;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use criterion::Criterion;
 
 /// Short runs: each bench stays around a minute on two cores.
-pub fn short_runs() -> Criterion {
+pub(crate) fn short_runs() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2))

@@ -87,7 +87,7 @@ pub(crate) struct Record {
 
 impl Record {
     /// The real cost: the settled amount, or the reservation while open.
-    pub fn real(&self) -> u64 {
+    pub(super) fn real(&self) -> u64 {
         match self.outcome {
             Outcome::Open => self.reserved,
             Outcome::Applied(actual) | Outcome::Expired(actual) => actual,

@@ -17,14 +17,14 @@ use super::stop::Stop;
 
 /// When the run stops handing out requests: a deadline, a count, or both.
 #[derive(Debug)]
-pub struct Budget {
+pub(super) struct Budget {
     deadline: Option<Instant>,
     remaining: Option<AtomicU64>,
 }
 
 impl Budget {
     /// A budget ending at `deadline` and/or after `requests` takes.
-    pub fn new(deadline: Option<Instant>, requests: Option<u64>) -> Budget {
+    pub(super) fn new(deadline: Option<Instant>, requests: Option<u64>) -> Budget {
         Budget {
             deadline,
             remaining: requests.map(AtomicU64::new),
@@ -32,12 +32,12 @@ impl Budget {
     }
 
     /// The deadline, if any.
-    pub fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         self.deadline
     }
 
     /// Claims one request; false once stopped, the deadline passed or the count ran out.
-    pub fn take(&self, stop: &Stop) -> bool {
+    pub(super) fn take(&self, stop: &Stop) -> bool {
         if stop.is_stopped() || self.deadline.is_some_and(|d| Instant::now() >= d) {
             return false;
         }
@@ -51,7 +51,7 @@ impl Budget {
 }
 
 /// Runs `workers` closed-loop workers until the budget is spent and every request ended.
-pub async fn run(ctx: Arc<Ctx>, workers: usize, budget: Budget) {
+pub(super) async fn run(ctx: Arc<Ctx>, workers: usize, budget: Budget) {
     let budget = Arc::new(budget);
     let mut tasks = Vec::with_capacity(workers);
     for id in 0..workers {

@@ -22,18 +22,18 @@ use super::record::Outcome;
 use super::send::send;
 
 /// How late a slot may be sent; later than this it is dropped.
-pub const MAX_LATENESS: Duration = Duration::from_millis(100);
+pub(super) const MAX_LATENESS: Duration = Duration::from_millis(100);
 /// Lateness not charged to a slot's latency: tokio's timer rounds a deadline up to
 /// its next millisecond tick and its driver's wait rounds up to whole milliseconds
 /// again, so every slot may leave up to this late with nothing behind; a slot later
 /// than this was held up, and that is charged.
-pub const TIMER_GRAIN: Duration = Duration::from_millis(2);
+pub(super) const TIMER_GRAIN: Duration = Duration::from_millis(2);
 /// Slots the scheduler handles back to back before yielding to other tasks.
 const SLOTS_PER_YIELD: u32 = 1024;
 
 /// The open-loop schedule's settings.
 #[derive(Debug, Clone, Copy)]
-pub struct Schedule {
+pub(super) struct Schedule {
     /// Target slots per second.
     pub rate_per_s: f64,
     /// Most requests outstanding.
@@ -65,7 +65,7 @@ impl Pause {
 }
 
 /// Runs the schedule, then waits for every outstanding request to end.
-pub async fn run(ctx: Arc<Ctx>, schedule: Schedule) {
+pub(super) async fn run(ctx: Arc<Ctx>, schedule: Schedule) {
     let in_flight = Arc::new(Semaphore::new(schedule.max_in_flight));
     let pause = Arc::new(Pause::default());
     let mut rng = SmallRng::seed_from_u64(ctx.seed);

@@ -16,18 +16,18 @@ use tokio::time::Instant;
 use super::record::Live;
 
 /// How often the bar is redrawn.
-pub const TICK: Duration = Duration::from_millis(250);
+pub(super) const TICK: Duration = Duration::from_millis(250);
 
 /// A running progress bar; [`Progress::finish`] clears it.
 #[derive(Debug)]
-pub struct Progress {
+pub(super) struct Progress {
     bar: ProgressBar,
     task: Option<JoinHandle<()>>,
 }
 
 /// What the bar measures against.
 #[derive(Debug, Clone, Copy)]
-pub enum Goal {
+pub(super) enum Goal {
     /// A run of this long.
     Duration(Duration),
     /// A run of this many requests.
@@ -36,7 +36,7 @@ pub enum Goal {
 
 impl Progress {
     /// Starts the bar if `enabled` and stderr is a terminal.
-    pub fn start(enabled: bool, goal: Goal, live: Arc<Live>, start: Instant) -> Progress {
+    pub(super) fn start(enabled: bool, goal: Goal, live: Arc<Live>, start: Instant) -> Progress {
         if !enabled || !std::io::stderr().is_terminal() {
             return Progress {
                 bar: ProgressBar::hidden(),
@@ -59,7 +59,7 @@ impl Progress {
     }
 
     /// Stops redrawing and clears the bar.
-    pub fn finish(self) {
+    pub(super) fn finish(self) {
         if let Some(task) = self.task {
             task.abort();
         }

@@ -23,11 +23,11 @@ use crate::upstream_http::{BoxError, Endpoint, UpstreamBody, UpstreamHttp, Upstr
 
 /// Largest non-stream body kept for usage parsing; a longer body is drained and its
 /// usage is not read.
-pub const MAX_BODY_BYTES: usize = 16 << 20;
+pub(super) const MAX_BODY_BYTES: usize = 16 << 20;
 
 /// What one send produced: the sample, and the retry-after wait the answer asked for.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sent {
+pub(super) struct Sent {
     /// How the request ended, timed.
     pub sample: Sample,
     /// The wait a 429/503 asked for, already capped.
@@ -37,7 +37,7 @@ pub struct Sent {
 /// How one request goes out: the client, where to, whether to read a stream, and
 /// the longest the whole exchange may take (`--timeout`, from the send).
 #[derive(Debug, Clone, Copy)]
-pub struct Via<'a> {
+pub(super) struct Via<'a> {
     /// The pooled client.
     pub client: &'a UpstreamHttp,
     /// The target's endpoint.
@@ -53,7 +53,7 @@ pub struct Via<'a> {
 /// generator that fell behind charges its lateness to the latency instead of
 /// hiding it, as wrk2 does). Never fails: transport problems and answers not
 /// whole within the timeout become [`Outcome::TransportError`].
-pub async fn send(via: Via<'_>, req: Outgoing, started: Instant) -> Sent {
+pub(super) async fn send(via: Via<'_>, req: Outgoing, started: Instant) -> Sent {
     let exchange = exchange(via, req, started);
     match tokio::time::timeout(via.timeout, exchange).await {
         Ok(sent) => sent,

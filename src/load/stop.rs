@@ -8,25 +8,25 @@ use tokio::time::Instant;
 
 /// A one-way stop signal shared by the pacing loops.
 #[derive(Debug, Default)]
-pub struct Stop {
+pub(super) struct Stop {
     stopped: AtomicBool,
     notify: Notify,
 }
 
 impl Stop {
     /// Asks every loop to stop sending and wakes any that are waiting.
-    pub fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.notify.notify_waiters();
     }
 
     /// Whether [`Stop::stop`] was called.
-    pub fn is_stopped(&self) -> bool {
+    pub(super) fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
 
     /// Sleeps until `until` or until stopped, whichever is first.
-    pub async fn sleep_until(&self, until: Instant) {
+    pub(super) async fn sleep_until(&self, until: Instant) {
         // Created before the check, so a stop() between the two still wakes it.
         let notified = self.notify.notified();
         if self.is_stopped() {

@@ -8,14 +8,14 @@ use crate::tokens::Encoding;
 
 /// The word the completion repeats: one token in both `cl100k_base` and `o200k_base`,
 /// also when repeated (checked by the tests below).
-pub const WORD: &str = " hello";
+pub(super) const WORD: &str = " hello";
 
 /// Tokens per stream chunk when there is no per-token delay, to keep streams short.
-pub const TOKENS_PER_FAST_CHUNK: u64 = 16;
+pub(super) const TOKENS_PER_FAST_CHUNK: u64 = 16;
 
 /// A drawn completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Completion {
+pub(crate) struct Completion {
     /// Length in tokens.
     pub tokens: u64,
     /// The length was cut by the request's `max_tokens` (`finish_reason: "length"`).
@@ -32,7 +32,7 @@ fn mix(mut z: u64) -> u64 {
 
 /// Draws the completion of request number `seq`: uniform over `min..=max`, then capped
 /// by `max_tokens`. The same inputs always give the same result.
-pub fn draw(seed: u64, seq: u64, min: u64, max: u64, max_tokens: Option<u64>) -> Completion {
+pub(super) fn draw(seed: u64, seq: u64, min: u64, max: u64, max_tokens: Option<u64>) -> Completion {
     debug_assert!(min <= max);
     let mut rng = SmallRng::seed_from_u64(mix(seed ^ mix(seq)));
     let drawn = rng.random_range(min..=max);
@@ -49,13 +49,13 @@ pub fn draw(seed: u64, seq: u64, min: u64, max: u64, max_tokens: Option<u64>) ->
 }
 
 /// The completion text of `tokens` tokens.
-pub fn text(tokens: u64) -> String {
+pub(super) fn text(tokens: u64) -> String {
     WORD.repeat(usize::try_from(tokens).unwrap_or(usize::MAX))
 }
 
 /// The encoding the mock counts `model` with: tiktoken's if it knows the model, else
 /// `cl100k_base`.
-pub fn encoding_for(model: &str) -> Encoding {
+pub(super) fn encoding_for(model: &str) -> Encoding {
     Encoding::for_openai_model(model).unwrap_or(Encoding::Cl100kBase)
 }
 

@@ -30,7 +30,7 @@ pub struct Limits {
 
 /// Which limit refused a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitKind {
+pub(crate) enum LimitKind {
     /// Requests per window.
     Requests,
     /// Tokens per window.
@@ -41,7 +41,7 @@ pub enum LimitKind {
 
 /// What the window holds at a decision (after the admission, if admitted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WindowUsage {
+pub(super) struct WindowUsage {
     /// Requests in the window.
     pub requests: u64,
     /// Tokens in the window.
@@ -52,7 +52,7 @@ pub struct WindowUsage {
 
 /// The outcome of [`SlidingLog::try_admit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(super) enum Decision {
     /// Charged; the usage includes this request.
     Admitted(WindowUsage),
     /// Not charged.
@@ -79,7 +79,7 @@ struct Entry {
 
 /// The sliding log and the peaks it has seen.
 #[derive(Debug)]
-pub struct SlidingLog {
+pub(super) struct SlidingLog {
     limits: Limits,
     entries: VecDeque<Entry>,
     total_requests: u64,
@@ -92,7 +92,7 @@ pub struct SlidingLog {
 
 impl SlidingLog {
     /// An empty log enforcing `limits` (`limits.window_ms` must be positive).
-    pub fn new(limits: Limits) -> Self {
+    pub(super) fn new(limits: Limits) -> Self {
         debug_assert!(limits.window_ms > 0);
         SlidingLog {
             limits,
@@ -107,18 +107,18 @@ impl SlidingLog {
     }
 
     /// The limits enforced.
-    pub fn limits(&self) -> Limits {
+    pub(super) fn limits(&self) -> Limits {
         self.limits
     }
 
     /// Largest window usage seen right after an admission: `(requests, tokens)`.
-    pub fn peaks(&self) -> (u64, u64) {
+    pub(super) fn peaks(&self) -> (u64, u64) {
         (self.peak_requests, self.peak_tokens)
     }
 
     /// Decides one request costing `tokens` at `now_ms` (never earlier than a previous
     /// call) with `in_flight` requests running, and charges it if admitted.
-    pub fn try_admit(&mut self, now_ms: u64, tokens: u64, in_flight: u64) -> Decision {
+    pub(super) fn try_admit(&mut self, now_ms: u64, tokens: u64, in_flight: u64) -> Decision {
         self.expire(now_ms);
         let usage = self.usage(now_ms);
         let limits = self.limits;

@@ -88,7 +88,7 @@ enum Message {
 
 /// The handlers' end of the log.
 #[derive(Clone, Debug)]
-pub struct LogSender {
+pub(super) struct LogSender {
     tx: mpsc::Sender<Message>,
 }
 
@@ -100,7 +100,7 @@ impl std::fmt::Debug for Message {
 
 impl LogSender {
     /// Opens `path` for appending and starts the writer task.
-    pub async fn open(path: &Path) -> std::io::Result<LogSender> {
+    pub(super) async fn open(path: &Path) -> std::io::Result<LogSender> {
         let file = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -112,7 +112,7 @@ impl LogSender {
     }
 
     /// Queues one line, waiting while the channel is full.
-    pub async fn write(&self, line: &LogLine) {
+    pub(super) async fn write(&self, line: &LogLine) {
         let mut bytes = match serde_json::to_vec(line) {
             Ok(bytes) => bytes,
             // A LogLine has only strings, numbers and enums: serialization cannot fail.
@@ -126,7 +126,7 @@ impl LogSender {
 
     /// Flushes every line sent so far and stops the writer; reports the first write
     /// error. Closing twice is harmless.
-    pub async fn close(&self) -> std::io::Result<()> {
+    pub(super) async fn close(&self) -> std::io::Result<()> {
         let (ack, done) = oneshot::channel();
         if self.tx.send(Message::Close(ack)).await.is_err() {
             return Ok(());

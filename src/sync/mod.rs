@@ -14,13 +14,13 @@
 //! - [`spill`]: spillover's room per peer and key, read by the proxy.
 //! - [`status`]: what `/admin/cluster` shows.
 
-pub mod engine;
-pub mod lease;
-pub mod mode;
-pub mod partition;
-pub mod parts;
-pub mod spill;
-pub mod status;
+pub(crate) mod engine;
+pub(crate) mod lease;
+pub(crate) mod mode;
+pub(crate) mod partition;
+pub(crate) mod parts;
+pub(crate) mod spill;
+pub(crate) mod status;
 
 use crate::config::{ClusterConfig, SyncMode};
 use engine::{Engine, LeaseFeed};
@@ -42,7 +42,7 @@ use tollgate_cluster::membership::{
 };
 
 /// A running sync engine (and in `lease` mode its RPC server and holder loop).
-pub struct SyncHandle {
+pub(crate) struct SyncHandle {
     stop: watch::Sender<bool>,
     /// `None` once [`SyncHandle::shutdown`] took it.
     task: Option<JoinHandle<Engine>>,
@@ -73,7 +73,7 @@ impl SyncHandle {
     /// the last figures go out with the leave announcement ([`Engine::leave`]) if
     /// `drained` (every request ended and was settled); otherwise the node goes
     /// silent and peers charge it as they charge a crash.
-    pub async fn shutdown(mut self, drained: bool) {
+    pub(crate) async fn shutdown(mut self, drained: bool) {
         let _ = self.stop.send(true);
         if let Some(rpc) = self.rpc_task.take() {
             if drained {
@@ -103,7 +103,7 @@ impl SyncHandle {
 
 /// Why the node could not join its cluster.
 #[derive(Debug, thiserror::Error)]
-pub enum SyncError {
+pub(crate) enum SyncError {
     /// Membership refused to start.
     #[error("cannot join the cluster: {0}")]
     Membership(#[from] MembershipError),
@@ -172,7 +172,7 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
 /// Joins the cluster, runs one sync round (so allowances are set before the node
 /// serves), and keeps syncing every `sync_interval` until shut down. In `lease` mode
 /// also serves the internal RPC and runs the holder loop.
-pub async fn start(
+pub(crate) async fn start(
     node: Arc<NodeParts>,
     config: &ClusterConfig,
     proxy: SocketAddr,

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 /// Serves a request a peer spilled here: the API's name from the route
 /// (`chat`, `messages`, ...), the request's headers and body. Answers 404 for an
 /// API it does not know.
-pub type SpilledRequests =
+pub(crate) type SpilledRequests =
     Arc<dyn Fn(String, HeaderMap, Body) -> BoxFuture<'static, Response> + Send + Sync>;
 
 /// What sync reads and writes of its node.

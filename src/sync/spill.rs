@@ -14,17 +14,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The spill route on the internal RPC, one per API (`/internal/v1/spill/chat`).
-pub const PATH_PREFIX: &str = "/internal/v1/spill/";
+pub(crate) const PATH_PREFIX: &str = "/internal/v1/spill/";
 /// Names the node a request was spilled from. A request carrying it is never
 /// spilled again (one hop at most).
-pub const FROM_HEADER: &str = "x-tollgate-spilled-from";
+pub(crate) const FROM_HEADER: &str = "x-tollgate-spilled-from";
 /// Names the cluster a spilled request is for.
-pub const CLUSTER_HEADER: &str = "x-tollgate-cluster-id";
+pub(crate) const CLUSTER_HEADER: &str = "x-tollgate-cluster-id";
 /// On a spilled request's answer: the node that served it.
-pub const SERVED_BY_HEADER: &str = "x-tollgate-served-by";
+pub(crate) const SERVED_BY_HEADER: &str = "x-tollgate-served-by";
 /// On a spilled request: what is left of its time at the sender, in ms. The
 /// peer serves it within that (and its own `request_timeout`).
-pub const TIME_LEFT_HEADER: &str = "x-tollgate-spill-time-left-ms";
+pub(crate) const TIME_LEFT_HEADER: &str = "x-tollgate-spill-time-left-ms";
 
 /// Each live peer's room per `lease` key as of the sync engine's last round:
 /// its share (plus borrowing) less its published usage, never below 0, less

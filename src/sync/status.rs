@@ -46,6 +46,9 @@ pub struct ClusterStatus {
     pub mode: SyncMode,
     /// `local` mode's share.
     pub local_share: LocalShare,
+    /// What the mode promises about the cluster's total per window
+    /// (docs/design/cluster.md has the argument).
+    pub promise: &'static str,
     /// This node.
     pub self_id: String,
     /// Live members (this one included).
@@ -128,6 +131,7 @@ impl ClusterStatus {
         ClusterStatus {
             mode: config.mode,
             local_share: config.local_share,
+            promise: crate::sync::mode::of(config).promise(),
             self_id,
             members: Vec::new(),
             dead: Vec::new(),

@@ -57,20 +57,20 @@ const CL100K_PIECES: &str = concat!(
 const LONG_PIECE_BYTES: usize = 100;
 
 /// One encoding's pattern and vocabulary, for counting.
-pub struct BpeCounter {
+pub(super) struct BpeCounter {
     pieces: Regex,
     ranks: FxHashMap<Vec<u8>, Rank>,
 }
 
 impl BpeCounter {
     /// `o200k_base`, its vocabulary read out of tiktoken-rs's tables.
-    pub fn o200k_base() -> BpeCounter {
+    pub(super) fn o200k_base() -> BpeCounter {
         let bpe = tiktoken_rs::o200k_base().expect("tiktoken-rs's embedded o200k_base loads");
         BpeCounter::new(&bpe, O200K_PIECES)
     }
 
     /// `cl100k_base`, its vocabulary read out of tiktoken-rs's tables.
-    pub fn cl100k_base() -> BpeCounter {
+    pub(super) fn cl100k_base() -> BpeCounter {
         let bpe = tiktoken_rs::cl100k_base().expect("tiktoken-rs's embedded cl100k_base loads");
         BpeCounter::new(&bpe, CL100K_PIECES)
     }
@@ -93,7 +93,7 @@ impl BpeCounter {
     }
 
     /// Ordinary tokens in `text`: what tiktoken-rs's `count_ordinary` returns.
-    pub fn count(&self, text: &str) -> usize {
+    pub(super) fn count(&self, text: &str) -> usize {
         self.pieces(text)
             .map(|piece| self.count_piece(piece.as_bytes()))
             .sum()

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-pub const LIMIT: u64 = 30;
+pub(crate) const LIMIT: u64 = 30;
 
 /// The shared secret of test clusters.
-pub const SECRET: &str = "test-cluster-secret-0123456789";
+pub(crate) const SECRET: &str = "test-cluster-secret-0123456789";
 
 /// A port for a socket a node binds later (its RPC listener, its gossip socket).
 /// Taken below the kernel's ephemeral range (32768-60999 by default) and never
@@ -29,17 +29,17 @@ fn reserved_port(free: impl Fn(u16) -> bool) -> u16 {
     panic!("no free port in 20000-32000 for this test process");
 }
 
-pub fn free_tcp_port() -> u16 {
+pub(crate) fn free_tcp_port() -> u16 {
     reserved_port(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
 }
 
-pub fn free_udp_port() -> u16 {
+pub(crate) fn free_udp_port() -> u16 {
     reserved_port(|p| std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok())
 }
 
 /// Node `i`'s config: gossip on `ports[i]`, a free RPC port, the shared secret,
 /// 50 ms gossip (failure detection under 1 s) and a 1 s lease ttl.
-pub fn cluster_toml(i: usize, ports: &[u16], mode: &str, share: &str) -> String {
+pub(crate) fn cluster_toml(i: usize, ports: &[u16], mode: &str, share: &str) -> String {
     let seeds: Vec<String> = ports
         .iter()
         .enumerate()
@@ -72,7 +72,7 @@ rpc_timeout = "200ms"
     )
 }
 
-pub async fn cluster(
+pub(crate) async fn cluster(
     mode: &str,
     share: &str,
     upstream: &tollgate::mock::MockHandle,
@@ -102,7 +102,7 @@ pub async fn cluster(
     nodes
 }
 
-pub async fn admin(node: &Node, path: &str) -> serde_json::Value {
+pub(crate) async fn admin(node: &Node, path: &str) -> serde_json::Value {
     let response = reqwest::Client::new()
         .get(format!("http://{}{path}", node.addr))
         .bearer_auth(ADMIN)
@@ -113,7 +113,7 @@ pub async fn admin(node: &Node, path: &str) -> serde_json::Value {
 }
 
 /// Each node sends at its own rate (fail fast) for `seconds`; returns admissions.
-pub async fn uneven_demand(nodes: &[Arc<Node>], per_second: [u64; 3], seconds: u64) -> u64 {
+pub(crate) async fn uneven_demand(nodes: &[Arc<Node>], per_second: [u64; 3], seconds: u64) -> u64 {
     let mut tasks = Vec::new();
     for (node, rate) in nodes.iter().zip(per_second) {
         let node = node.clone();
@@ -141,7 +141,7 @@ pub async fn uneven_demand(nodes: &[Arc<Node>], per_second: [u64; 3], seconds: u
     total
 }
 
-pub async fn stop_all(nodes: Vec<Arc<Node>>) {
+pub(crate) async fn stop_all(nodes: Vec<Arc<Node>>) {
     for n in nodes {
         if let Ok(n) = Arc::try_unwrap(n) {
             n.stop().await;
@@ -149,14 +149,14 @@ pub async fn stop_all(nodes: Vec<Arc<Node>>) {
     }
 }
 
-pub fn allowance(body: &serde_json::Value, key: &str) -> u64 {
+pub(crate) fn allowance(body: &serde_json::Value, key: &str) -> u64 {
     body["allowances"][key]["allowance"]
         .as_u64()
         .unwrap_or_else(|| panic!("no allowance for {key}: {body}"))
 }
 
 /// The view every node has of `key`'s global usage.
-pub async fn views(nodes: &[Node], key: &str) -> Vec<u64> {
+pub(crate) async fn views(nodes: &[Node], key: &str) -> Vec<u64> {
     let mut out = Vec::new();
     for n in nodes {
         out.push(
@@ -168,7 +168,7 @@ pub async fn views(nodes: &[Node], key: &str) -> Vec<u64> {
     out
 }
 
-pub async fn members_seen(node: &Node) -> usize {
+pub(crate) async fn members_seen(node: &Node) -> usize {
     admin(node, "/admin/cluster").await["cluster"]["members"]
         .as_array()
         .map_or(0, |m| m.len())
@@ -176,7 +176,7 @@ pub async fn members_seen(node: &Node) -> usize {
 
 /// Three nodes gossiping over chitchat's in-memory transport (logical ports, never
 /// bound), each config made by `toml(i, ports)`; returns once all see three members.
-pub async fn channel_cluster(
+pub(crate) async fn channel_cluster(
     ports: [u16; 3],
     toml: impl Fn(usize, &[u16]) -> String,
     upstream: &tollgate::mock::MockHandle,
@@ -199,7 +199,7 @@ pub async fn channel_cluster(
 }
 
 /// Cuts node 3 off from nodes 1 and 2 and waits until both sides noticed.
-pub async fn cut_off_third(
+pub(crate) async fn cut_off_third(
     transport: &tollgate_cluster::chitchat::transport::ChannelTransport,
     ports: [u16; 3],
     nodes: &[Arc<Node>],
@@ -215,7 +215,7 @@ pub async fn cut_off_third(
 }
 
 /// Undoes [`cut_off_third`].
-pub async fn heal_third(
+pub(crate) async fn heal_third(
     transport: &tollgate_cluster::chitchat::transport::ChannelTransport,
     ports: [u16; 3],
 ) {
@@ -230,7 +230,7 @@ pub async fn heal_third(
 /// successor on the same address fails to start ("Address not available":
 /// without this wait, `in_gossip_a_successor_charges_what_the_survivors_charge`
 /// fails 2 in 14 runs beside two busy loops).
-pub async fn wait_gossip_released(
+pub(crate) async fn wait_gossip_released(
     transport: &tollgate_cluster::chitchat::transport::ChannelTransport,
     port: u16,
 ) {
@@ -248,7 +248,7 @@ pub async fn wait_gossip_released(
 }
 
 /// Waits until `node` sees `n` live members (10 s at most).
-pub async fn wait_members(node: &Node, n: usize) {
+pub(crate) async fn wait_members(node: &Node, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while members_seen(node).await != n {
         assert!(Instant::now() < deadline, "never saw {n} members");
@@ -258,7 +258,7 @@ pub async fn wait_members(node: &Node, n: usize) {
 
 /// Each of `urls` (nodes' `/v1` URLs) sends at its rate for `seconds`, one request
 /// at a time; returns admissions per URL.
-pub async fn load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<u64> {
+pub(crate) async fn load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<u64> {
     let mut tasks = Vec::new();
     for (url, rate) in urls.into_iter().zip(per_second) {
         let gap = Duration::from_millis(1000 / rate);
@@ -283,14 +283,14 @@ pub async fn load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<u6
 }
 
 /// The `/v1` URLs of `nodes`.
-pub fn urls<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Vec<String> {
+pub(crate) fn urls<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Vec<String> {
     nodes.iter().map(|n| n.borrow().url()).collect()
 }
 
 /// A bare membership (no gateway) as `node-1` of generation `generation` on
 /// `ports[1]`, seeded by the node on `ports[0]` and in its cluster, announcing
 /// `metadata`: a member the node trusts and reads (gossip every 50 ms).
-pub async fn bare_member(
+pub(crate) async fn bare_member(
     ports: &[u16],
     generation: u64,
     metadata: tollgate_cluster::membership::NodeMetadata,

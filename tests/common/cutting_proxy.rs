@@ -17,7 +17,7 @@ const SPILL_REQUEST: &[u8] = b"POST /internal/v1/spill/";
 const KEPT: usize = 64 * 1024;
 
 /// A running proxy.
-pub struct CuttingProxy {
+pub(crate) struct CuttingProxy {
     /// The address peers are told to dial.
     pub addr: std::net::SocketAddr,
     /// Each spilled request cut (request line, headers and body) and when, in
@@ -28,7 +28,7 @@ pub struct CuttingProxy {
 
 impl CuttingProxy {
     /// Listens on a free loopback port and forwards to `target`.
-    pub async fn start(target: std::net::SocketAddr) -> CuttingProxy {
+    pub(crate) async fn start(target: std::net::SocketAddr) -> CuttingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(Mutex::new(Vec::new()));
@@ -47,7 +47,7 @@ impl CuttingProxy {
     }
 
     /// The spilled requests cut so far, and when.
-    pub fn cut(&self) -> Vec<(Instant, String)> {
+    pub(crate) fn cut(&self) -> Vec<(Instant, String)> {
         self.cut.lock().unwrap().clone()
     }
 }

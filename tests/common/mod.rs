@@ -1,10 +1,10 @@
 //! Test harness: a real tollgate node on port 0 in front of real mock upstreams.
 #![allow(dead_code, clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-pub mod cluster;
-pub mod cutting_proxy;
-pub mod redis;
-pub mod served;
+pub(crate) mod cluster;
+pub(crate) mod cutting_proxy;
+pub(crate) mod redis;
+pub(crate) mod served;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,37 +12,37 @@ use tokio::sync::oneshot;
 use tollgate::config::Config;
 use tollgate::mock::{MockConfig, MockHandle};
 
-pub const KEY: &str = "sk-test";
-pub const ADMIN: &str = "admin-test-token";
+pub(crate) const KEY: &str = "sk-test";
+pub(crate) const ADMIN: &str = "admin-test-token";
 
 /// A running node.
-pub struct Node {
+pub(crate) struct Node {
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Node {
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }
 
     /// Kills the node as a crash would: its task is aborted, no drain, no goodbye;
     /// peers only learn of it from the failure detector.
-    pub async fn crash(self) {
+    pub(crate) async fn crash(self) {
         self.task.abort();
         let _ = self.task.await;
     }
 
     /// Starts a graceful stop without waiting for it: the node drains (refusing
     /// new work) while its in-flight requests finish. [`Node::stop`] waits.
-    pub fn begin_stop(&mut self) {
+    pub(crate) fn begin_stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
     }
 
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -50,7 +50,7 @@ impl Node {
     }
 
     /// `/admin/keys/{key}` as JSON.
-    pub async fn key(&self, key: &str) -> serde_json::Value {
+    pub(crate) async fn key(&self, key: &str) -> serde_json::Value {
         let response = reqwest::Client::new()
             .get(format!("http://{}/admin/keys/{key}", self.addr))
             .bearer_auth(ADMIN)
@@ -61,7 +61,7 @@ impl Node {
     }
 
     /// Waits until the tenant has no request in flight (or panics after 5 s).
-    pub async fn wait_idle(&self, tenant: &str) -> serde_json::Value {
+    pub(crate) async fn wait_idle(&self, tenant: &str) -> serde_json::Value {
         for _ in 0..100 {
             let status = self.key(&format!("tenant:{tenant}")).await;
             if status["concurrency"]["in_flight"] == 0 {
@@ -74,17 +74,17 @@ impl Node {
 }
 
 /// The key's hash line for configs.
-pub fn key_hash() -> String {
+pub(crate) fn key_hash() -> String {
     format!("sha256:{}", tollgate::config::hash_api_key(KEY))
 }
 
 /// Starts a node from TOML (`{MOCK}`, `{MOCK2}`, `{HASH}` are substituted).
-pub async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
+pub(crate) async fn node(toml: &str, mocks: &[&MockHandle]) -> Node {
     node_with_transport(toml, mocks, None).await
 }
 
 /// As [`node`], gossiping over `transport` (e.g. chitchat's `ChannelTransport`).
-pub async fn node_with_transport<M: Upstream>(
+pub(crate) async fn node_with_transport<M: Upstream>(
     toml: &str,
     mocks: &[&M],
     transport: Option<std::sync::Arc<dyn tollgate_cluster::chitchat::transport::Transport>>,
@@ -148,7 +148,7 @@ pub async fn node_with_transport<M: Upstream>(
 
 /// What a node's config names as an upstream: a mock in this process or in
 /// its own ([`served::MockProcess`]).
-pub trait Upstream {
+pub(crate) trait Upstream {
     /// The OpenAI-style base URL, `http://ADDR/v1`.
     fn base_url(&self) -> String;
 }
@@ -160,14 +160,14 @@ impl Upstream for MockHandle {
 }
 
 /// A mock with `f` applied to its default config.
-pub async fn mock(f: impl FnOnce(&mut MockConfig)) -> MockHandle {
+pub(crate) async fn mock(f: impl FnOnce(&mut MockConfig)) -> MockHandle {
     let mut config = MockConfig::default();
     f(&mut config);
     tollgate::mock::spawn(config).await.unwrap()
 }
 
 /// One upstream, one catch-all route, one tenant with `tenant_limits` lines.
-pub fn single(tenant_limits: &str) -> String {
+pub(crate) fn single(tenant_limits: &str) -> String {
     format!(
         r#"
 [[upstreams]]
@@ -197,7 +197,7 @@ api_key_hashes = ["{{HASH}}"]
 }
 
 /// The node's `/metrics` text.
-pub async fn metrics(node: &Node) -> String {
+pub(crate) async fn metrics(node: &Node) -> String {
     reqwest::get(format!("http://{}/metrics", node.addr))
         .await
         .unwrap()
@@ -207,7 +207,7 @@ pub async fn metrics(node: &Node) -> String {
 }
 
 /// POSTs JSON with the test key to `base` (a node's `/v1` URL) + `path`.
-pub async fn post_url(base: &str, path: &str, body: serde_json::Value) -> reqwest::Response {
+pub(crate) async fn post_url(base: &str, path: &str, body: serde_json::Value) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{base}{path}"))
         .bearer_auth(KEY)
@@ -219,7 +219,7 @@ pub async fn post_url(base: &str, path: &str, body: serde_json::Value) -> reqwes
 }
 
 /// POSTs JSON with the test key.
-pub async fn post(
+pub(crate) async fn post(
     node: &Node,
     path: &str,
     body: serde_json::Value,
@@ -236,12 +236,12 @@ pub async fn post(
     req.send().await.unwrap()
 }
 
-pub fn chat_body(content: &str, max_tokens: u64) -> serde_json::Value {
+pub(crate) fn chat_body(content: &str, max_tokens: u64) -> serde_json::Value {
     serde_json::json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
 }
 
 /// A response body as JSON.
-pub async fn json(response: reqwest::Response) -> serde_json::Value {
+pub(crate) async fn json(response: reqwest::Response) -> serde_json::Value {
     let bytes = response.bytes().await.unwrap();
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))

@@ -28,7 +28,7 @@ fn ping(port: u16) -> bool {
 }
 
 /// One redis-server.
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
@@ -37,7 +37,7 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// Starts a server without persistence on a free port.
-    pub fn start() -> RedisServer {
+    pub(crate) fn start() -> RedisServer {
         Self::start_with(free_port(), Vec::new())
     }
 
@@ -88,12 +88,12 @@ impl RedisServer {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
     /// SIGKILL: gone at once, no goodbye.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -101,13 +101,13 @@ impl RedisServer {
     }
 
     /// Starts it again on the same port (empty: no persistence).
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         self.spawn();
     }
 
     /// SIGSTOP / SIGCONT: alive but silent (a stalled Redis).
-    pub fn pause(&self, paused: bool) {
+    pub(crate) fn pause(&self, paused: bool) {
         if let Some(child) = &self.child {
             let signal = if paused { "-STOP" } else { "-CONT" };
             let status = Command::new("kill")
@@ -129,12 +129,12 @@ impl Drop for RedisServer {
 
 /// A real Redis Cluster of `n` masters (no replicas), created with
 /// `redis-cli --cluster create`.
-pub struct RedisCluster {
+pub(crate) struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
-    pub fn start(n: usize) -> RedisCluster {
+    pub(crate) fn start(n: usize) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..n)
             .map(|_| {
                 let port = free_port();
@@ -179,7 +179,7 @@ impl RedisCluster {
         RedisCluster { nodes }
     }
 
-    pub fn urls(&self) -> Vec<String> {
+    pub(crate) fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url()).collect()
     }
 }
@@ -187,7 +187,7 @@ impl RedisCluster {
 /// A TCP relay in front of a Redis, to cut one node off it while the others still
 /// reach it (a partial Redis loss): `cut` drops every connection and refuses new
 /// ones until `heal`. It also counts the connections it accepted.
-pub struct TcpRelay {
+pub(crate) struct TcpRelay {
     pub port: u16,
     pub accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -195,7 +195,7 @@ pub struct TcpRelay {
 }
 
 impl TcpRelay {
-    pub async fn start(target_port: u16) -> TcpRelay {
+    pub(crate) async fn start(target_port: u16) -> TcpRelay {
         use std::sync::atomic::Ordering;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -243,18 +243,18 @@ impl TcpRelay {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
     /// Drops every connection and refuses new ones.
-    pub fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
-    pub fn heal(&self) {
+    pub(crate) fn heal(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 /// A served node, killed when dropped; its config file lives as long as it.
-pub struct Served {
+pub(crate) struct Served {
     child: std::process::Child,
     /// The port it listens on.
     pub port: u16,
@@ -21,7 +21,7 @@ impl Drop for Served {
 /// Serves `toml` (everything after `[server]`'s `listen` line, which is added)
 /// with `RUST_LOG=warn` and `env` applied to the command, and waits until its
 /// `/healthz` answers.
-pub async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> Served {
+pub(crate) async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> Served {
     let port = super::cluster::free_tcp_port();
     let toml = format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}");
     let dir = tempfile::tempdir().unwrap();
@@ -55,7 +55,7 @@ pub async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> 
 /// mock in the process counts with tiktoken-rs, whose regex match caches (up to
 /// one per pool stack in each of 128 thread slots) fill as new threads count
 /// and stay for the process: filling one per slot takes 41 MB here.
-pub struct MockProcess {
+pub(crate) struct MockProcess {
     child: std::process::Child,
     base_url: String,
     /// Kept open: a write to a closed pipe would fail the mock.
@@ -64,7 +64,7 @@ pub struct MockProcess {
 
 impl MockProcess {
     /// Starts one on a free port and waits for it to say where it listens.
-    pub fn start() -> MockProcess {
+    pub(crate) fn start() -> MockProcess {
         use std::io::BufRead;
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["mock-upstream", "--listen", "127.0.0.1:0"])

@@ -42,6 +42,12 @@ async fn a_crashed_nodes_concurrency_slots_come_back_at_detection_and_its_usage_
         assert!(Instant::now() < formed, "cluster did not form");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The status names the mode's promise, as its round states it.
+    let promise = admin(n1, "/admin/cluster").await["cluster"]["promise"].clone();
+    assert_eq!(
+        promise.as_str(),
+        Some("gossip: cluster total <= L x (1 + e), e from gossip lag, measured")
+    );
     // The third node takes one of the cluster's two slots with a 10 s stream.
     let mut body = chat_body("long story", 100);
     body["stream"] = serde_json::json!(true);

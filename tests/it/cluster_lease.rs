@@ -1231,7 +1231,7 @@ mod owner_at_version {
     }
 
     #[derive(Default)]
-    pub struct Seen {
+    pub(super) struct Seen {
         /// Batches it could not parse.
         pub refused: AtomicU64,
         /// Statements of the counted key read after it had told that key a figure.
@@ -1267,7 +1267,7 @@ mod owner_at_version {
 
     /// What the owner grants.
     #[derive(Clone, Copy, PartialEq, Eq)]
-    pub enum Grants {
+    pub(super) enum Grants {
         /// What is asked, up to 10 at a time.
         Asked,
         /// Nothing: every batch refused (400).
@@ -1288,7 +1288,7 @@ mod owner_at_version {
 
     /// Serves on `listener` as an owner speaking wire `version` and granting
     /// by `grants`, counting the statements of `key`.
-    pub async fn serve(
+    pub(super) async fn serve(
         listener: tokio::net::TcpListener,
         version: u32,
         grants: Grants,

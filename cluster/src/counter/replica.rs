@@ -140,7 +140,7 @@ const LAG_SAMPLES: usize = 8;
 /// stamp`, includes the time since it stopped, so uncapped it would keep a member
 /// that died long ago counting up to a window longer. A clock further behind than
 /// this is broken; its buckets are then under-dated by the excess.
-pub const UNSEEN_LAG_CAP_MS: u64 = 10_000;
+pub(super) const UNSEEN_LAG_CAP_MS: u64 = 10_000;
 
 /// What this reader knows of a writer's clock: the stamp of its last round (the
 /// writer's clock) and, for each new stamp, how far behind this reader's clock it

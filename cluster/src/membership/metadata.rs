@@ -11,27 +11,27 @@ use thiserror::Error;
 /// Prefix of the keys reserved for metadata; `set_many` refuses keys under it.
 pub const RESERVED_PREFIX: &str = "m:";
 /// Key holding the metadata schema version ([`SCHEMA_VERSION`]).
-pub const KEY_SCHEMA: &str = "m:v";
+pub(super) const KEY_SCHEMA: &str = "m:v";
 /// Key holding [`NodeMetadata::proxy_addr`].
-pub const KEY_PROXY_ADDR: &str = "m:proxy_addr";
+pub(super) const KEY_PROXY_ADDR: &str = "m:proxy_addr";
 /// Key holding [`NodeMetadata::rpc_addr`].
-pub const KEY_RPC_ADDR: &str = "m:rpc_addr";
+pub(super) const KEY_RPC_ADDR: &str = "m:rpc_addr";
 /// Key holding [`NodeMetadata::version`].
-pub const KEY_VERSION: &str = "m:version";
+pub(super) const KEY_VERSION: &str = "m:version";
 /// Key holding [`NodeMetadata::sync_mode`].
-pub const KEY_SYNC_MODE: &str = "m:sync_mode";
+pub(super) const KEY_SYNC_MODE: &str = "m:sync_mode";
 /// Key holding [`NodeMetadata::rpc_version`], a decimal number; absent on older
 /// builds (read as 1), so it needs no new [`SCHEMA_VERSION`]. A value
 /// this build cannot read is read as 1 too, never as an untrusted member: a later
 /// build that wrote, say, `3.1` would otherwise drop out of this build's
 /// membership altogether, where reading it as 1 only sends it the least.
-pub const KEY_RPC_VERSION: &str = "m:rpc_version";
+pub(super) const KEY_RPC_VERSION: &str = "m:rpc_version";
 /// Key present (`1`) on a node that accepts spilled requests on its internal RPC
 /// (`lease` spillover on); absent elsewhere and on older builds, so it needs no
 /// new [`SCHEMA_VERSION`]. Peers spill only to nodes that publish it.
-pub const KEY_SPILLS: &str = "m:spills";
+pub(super) const KEY_SPILLS: &str = "m:spills";
 /// Metadata schema this build writes and accepts. Bump it when a key changes meaning.
-pub const SCHEMA_VERSION: &str = "1";
+pub(super) const SCHEMA_VERSION: &str = "1";
 /// The internal RPC's wire version this build speaks. An owner parses statements
 /// strictly (a field it does not know is a malformed batch), so a holder sends a
 /// field only to owners whose version reads it:

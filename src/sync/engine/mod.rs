@@ -37,12 +37,12 @@ use tollgate_cluster::membership::{Member, MemberId, Membership, StateSize};
 
 /// The key every node publishes its sync round's time under (unix ms, decimal), so
 /// readers can tell how stale their view of each member is (convergence lag).
-pub const ROUND_AT_KEY: &str = "sync:at";
+pub(crate) const ROUND_AT_KEY: &str = "sync:at";
 
 /// The key a node sets while it cannot reach Redis, so peers that still reach
 /// Redis charge its share there: `1` in `redis-lease`; in `redis` the loss's epoch
 /// (`super::partition::redis_loss`). `0` when healthy.
-pub const REDIS_LOST_KEY: &str = "redis:lost";
+pub(crate) const REDIS_LOST_KEY: &str = "redis:lost";
 
 /// Published once, `1`, by a node leaving gracefully (after its last requests were
 /// settled and its lease credit returned): peers charge it what its counters say
@@ -51,10 +51,10 @@ pub const REDIS_LOST_KEY: &str = "redis:lost";
 /// share of L every window until collected (minutes): in
 /// `tests/it/cluster_lease.rs` a cluster would serve nothing for 5 s after its
 /// busiest node restarted.
-pub const LEFT_KEY: &str = "sync:left";
+pub(crate) const LEFT_KEY: &str = "sync:left";
 
 /// What the engine feeds `lease` mode each round.
-pub struct LeaseFeed {
+pub(crate) struct LeaseFeed {
     /// The view the holder loop and the owner book read.
     pub view: Arc<RwLock<Arc<View>>>,
     /// The lines this node owns (`lease`; `None` in `redis-lease`, where Redis owns).
@@ -71,7 +71,7 @@ pub struct LeaseFeed {
 }
 
 /// The engine's state.
-pub struct Engine {
+pub(crate) struct Engine {
     node: Arc<NodeParts>,
     membership: Membership,
     sync_mode: SyncMode,
@@ -211,7 +211,7 @@ fn key_of(scope: &ScopeId, dimension: Dimension) -> String {
 
 impl Engine {
     /// An engine over a started membership.
-    pub fn new(
+    pub(crate) fn new(
         node: Arc<NodeParts>,
         membership: Membership,
         config: &ClusterConfig,
@@ -295,7 +295,7 @@ impl Engine {
     }
 
     /// The membership (for shutdown).
-    pub fn into_membership(self) -> Membership {
+    pub(crate) fn into_membership(self) -> Membership {
         self.membership
     }
 
@@ -307,7 +307,7 @@ impl Engine {
     /// crash) when something it spent may be unknown to its peers: requests still
     /// running (`drained` false), or spending on a cut-off share while its lease
     /// owner or Redis was unreachable, which only the floor peers charge covers.
-    pub async fn leave(&mut self, drained: bool) {
+    pub(crate) async fn leave(&mut self, drained: bool) {
         let cut_off = !self.unreachable_owners().is_empty();
         if !drained || cut_off || self.redis_lost_here() {
             tracing::info!(
@@ -335,7 +335,7 @@ impl Engine {
 
     /// One round: export and publish this node's figures, read the cluster's,
     /// run the mode's round and apply it, report.
-    pub async fn tick(&mut self) {
+    pub(crate) async fn tick(&mut self) {
         let started = tokio::time::Instant::now();
         if let Some(gate) = &self.redis_gate {
             if gate.is_lost() && gate.probe().await {

@@ -4,16 +4,16 @@
 
 /// A set of `u32` ids, a bit per id up to the largest one set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Bits(Vec<u64>);
+pub(super) struct Bits(Vec<u64>);
 
 impl Bits {
     /// Whether `id` is in the set.
-    pub fn contains(&self, id: u32) -> bool {
+    pub(super) fn contains(&self, id: u32) -> bool {
         (self.0.get(id as usize / 64)).is_some_and(|w| w & (1 << (id % 64)) != 0)
     }
 
     /// Adds `id` (`on`) or removes it.
-    pub fn set(&mut self, id: u32, on: bool) {
+    pub(super) fn set(&mut self, id: u32, on: bool) {
         let word = id as usize / 64;
         if self.0.len() <= word {
             if !on {
@@ -29,7 +29,7 @@ impl Bits {
     }
 
     /// The ids in the set, ascending.
-    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(super) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
         (self.0.iter().enumerate()).flat_map(|(w, bits)| {
             (0..64u32)
                 .filter(move |b| bits & (1 << b) != 0)

@@ -14,11 +14,11 @@
 //! unreachable members, borrowing).
 
 mod bits;
-pub mod holder;
-pub mod owner;
+pub(crate) mod holder;
+pub(crate) mod owner;
 mod reservations;
-pub mod rpc;
-pub mod wire;
+pub(crate) mod rpc;
+pub(crate) mod wire;
 
 use std::collections::HashMap;
 use std::sync::Arc;

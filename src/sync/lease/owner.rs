@@ -116,7 +116,7 @@ pub struct Nudger {
 const NUDGE_KEYS: usize = 10_000;
 
 /// Holders asked to state keys this round: `(member id, keys)`.
-pub type Nudges = Vec<(String, Vec<String>)>;
+pub(crate) type Nudges = Vec<(String, Vec<String>)>;
 
 /// The open lines, and which owned keys have none because theirs came to rest.
 #[derive(Default)]
@@ -544,7 +544,7 @@ impl OwnerBook {
 /// clock (when the oldest bucket leaves every windowed line's window),
 /// [`OwnerBook::offer_room`], until `stopped`. One timer per node; a boundary
 /// with nobody refused costs a look at an empty set.
-pub async fn offer_room_at_each_bucket(
+pub(crate) async fn offer_room_at_each_bucket(
     book: Arc<OwnerBook>,
     bucket_ms: u64,
     mut stopped: tokio::sync::watch::Receiver<bool>,

@@ -9,7 +9,7 @@ use tollgate_cluster::maps::shrink_if_sparse;
 /// a lapsed one reads 0 and is dropped with the next confirmations, so the map
 /// does not keep every key ever used here.
 #[derive(Debug, Default)]
-pub struct Reservations {
+pub(super) struct Reservations {
     by_key: HashMap<String, Reservation>,
 }
 
@@ -23,7 +23,7 @@ impl Reservations {
     /// A statement asking `ask` for `key` is about to go out: until Redis
     /// confirms, the reservation is at most that (if the answer is lost, Redis
     /// may already hold the smaller figure).
-    pub fn lower_to(&mut self, key: &str, ask: u64) {
+    pub(super) fn lower_to(&mut self, key: &str, ask: u64) {
         if let Some(r) = self.by_key.get_mut(key) {
             r.share = r.share.min(ask);
         }
@@ -31,31 +31,31 @@ impl Reservations {
 
     /// Drops the reservations lapsed at `now_ms`, before a statement's
     /// confirmations are recorded.
-    pub fn drop_lapsed(&mut self, now_ms: u64) {
+    pub(super) fn drop_lapsed(&mut self, now_ms: u64) {
         self.by_key.retain(|_, r| r.until_ms > now_ms);
         shrink_if_sparse(&mut self.by_key);
     }
 
     /// Redis confirmed `share` for `key`, kept until `until_ms`.
-    pub fn confirm(&mut self, key: &str, share: u64, until_ms: u64) {
+    pub(super) fn confirm(&mut self, key: &str, share: u64, until_ms: u64) {
         (self.by_key).insert(key.to_owned(), Reservation { share, until_ms });
     }
 
     /// What Redis keeps for this node on `key` at `now_ms` (0 once lapsed).
-    pub fn at(&self, key: &str, now_ms: u64) -> u64 {
+    pub(super) fn at(&self, key: &str, now_ms: u64) -> u64 {
         (self.by_key.get(key))
             .filter(|r| r.until_ms > now_ms)
             .map_or(0, |r| r.share)
     }
 
     /// Keys held.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.by_key.len()
     }
 
     /// Whether no key is held.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }
 }

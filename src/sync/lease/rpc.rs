@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// What the server needs.
-pub struct RpcState {
+pub(crate) struct RpcState {
     /// The lines this node owns.
     pub book: Arc<OwnerBook>,
     /// The shared secret.
@@ -37,7 +37,7 @@ pub struct RpcState {
 }
 
 /// The router (also used by tests on their own listener).
-pub fn app(state: Arc<RpcState>) -> Router {
+pub(crate) fn app(state: Arc<RpcState>) -> Router {
     Router::new()
         .route(wire::SYNC_PATH, post(sync))
         .route(wire::NUDGE_PATH, post(nudge))
@@ -63,7 +63,7 @@ async fn spilled(
 }
 
 /// Serves until `shutdown` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<RpcState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -206,7 +206,7 @@ async fn sync(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body
 
 /// Why a batch got no answers.
 #[derive(Debug, thiserror::Error)]
-pub enum CallError {
+pub(crate) enum CallError {
     /// Connect, timeout or transport failure: the owner is unreachable.
     #[error("owner unreachable: {0}")]
     Unreachable(String),
@@ -224,7 +224,7 @@ pub enum CallError {
 }
 
 /// Posts `batch` to the owner at `rpc_addr`; the client carries the timeouts.
-pub async fn call(
+pub(crate) async fn call(
     client: &reqwest::Client,
     rpc_addr: &str,
     secret: &str,
@@ -292,7 +292,12 @@ async fn post_json(
 
 /// Asks the holder at `rpc_addr` to state `nudge.keys` (best effort: a lost
 /// nudge leaves the line to its ttl, as before nudges existed).
-pub async fn send_nudge(client: &reqwest::Client, rpc_addr: &str, secret: &str, nudge: &Nudge) {
+pub(crate) async fn send_nudge(
+    client: &reqwest::Client,
+    rpc_addr: &str,
+    secret: &str,
+    nudge: &Nudge,
+) {
     let Ok(body) = serde_json::to_vec(nudge) else {
         return;
     };
@@ -304,7 +309,7 @@ pub async fn send_nudge(client: &reqwest::Client, rpc_addr: &str, secret: &str, 
 }
 
 /// The pooled client for statements: every call bounded by `timeout`.
-pub fn client(timeout: Duration) -> reqwest::Client {
+pub(crate) fn client(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)

@@ -7,32 +7,32 @@ use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
 use tollgate_cluster::membership::HELD_SINCE_RPC_VERSION;
 
 /// The path statements are posted to.
-pub const SYNC_PATH: &str = "/internal/v1/lease/sync";
+pub(crate) const SYNC_PATH: &str = "/internal/v1/lease/sync";
 
 /// The path an owner asks a holder to state keys on (a rebuilt line waiting
 /// for it, docs/design/lease.md).
-pub const NUDGE_PATH: &str = "/internal/v1/lease/nudge";
+pub(crate) const NUDGE_PATH: &str = "/internal/v1/lease/nudge";
 
 /// Header carrying the shared cluster secret.
-pub const SECRET_HEADER: &str = "x-tollgate-cluster-secret";
+pub(crate) const SECRET_HEADER: &str = "x-tollgate-cluster-secret";
 
 /// Largest statement batch body accepted, in bytes.
-pub const MAX_BODY_BYTES: usize = 4 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 4 << 20;
 
 /// Most statements in one batch (a node has at most this many limit keys bound).
-pub const MAX_ENTRIES: usize = 100_000;
+pub(crate) const MAX_ENTRIES: usize = 100_000;
 
 /// What a holder puts in one batch at most: a round with more statements for one
 /// owner sends several (an owner refuses a body above [`MAX_BODY_BYTES`], and a
 /// refused batch reads as an unreachable owner: ~43,000 idle statements in one
 /// batch would exceed it, and a node with that many keys on one owner would stay
 /// cut off from it for good).
-pub const SEND_BODY_BYTES: usize = 1 << 20;
+pub(crate) const SEND_BODY_BYTES: usize = 1 << 20;
 
 /// A holder's statements for the keys one owner owns.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// The sender's cluster id (a node of another cluster is refused).
     pub cluster_id: String,
     /// The sender's member id (`node/generation@gossip-addr`).
@@ -45,7 +45,7 @@ pub struct Batch {
 /// view gives them) at its next round.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Nudge {
+pub(crate) struct Nudge {
     /// The sender's cluster id.
     pub cluster_id: String,
     /// The sender's member id.
@@ -57,7 +57,7 @@ pub struct Nudge {
 /// One key's statement.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The limit key, e.g. `tenant:acme:tokens`.
     pub key: String,
     /// Orders statements of one holder for one key.
@@ -84,7 +84,7 @@ fn is_zero(n: &u64) -> bool {
 
 impl Entry {
     /// The statement for `key`.
-    pub fn new(key: &str, request: &SyncRequest) -> Entry {
+    pub(crate) fn new(key: &str, request: &SyncRequest) -> Entry {
         Entry {
             key: key.to_owned(),
             seq: request.seq,
@@ -103,7 +103,7 @@ impl Entry {
     /// never keeps a held figure anyway (`Reserves::keep` came with it), so it
     /// loses nothing it had; without this, an upgraded busy holder would read it
     /// as unreachable until it was upgraded too.
-    pub fn readable_by(mut self, rpc_version: u32) -> Entry {
+    pub(crate) fn readable_by(mut self, rpc_version: u32) -> Entry {
         if rpc_version < HELD_SINCE_RPC_VERSION {
             self.held = 0;
         }
@@ -120,7 +120,7 @@ impl Entry {
     }
 
     /// The statement as the ledger takes it.
-    pub fn request(&self) -> SyncRequest {
+    pub(crate) fn request(&self) -> SyncRequest {
         SyncRequest {
             seq: self.seq,
             usage: self.usage.clone(),
@@ -134,7 +134,12 @@ impl Entry {
 
 /// `entries` in order, cut into batches whose bodies are at most `max_bytes`
 /// (one entry alone may exceed it: it goes alone) and [`MAX_ENTRIES`] entries.
-pub fn batches(cluster_id: &str, from: &str, entries: Vec<Entry>, max_bytes: usize) -> Vec<Batch> {
+pub(crate) fn batches(
+    cluster_id: &str,
+    from: &str,
+    entries: Vec<Entry>,
+    max_bytes: usize,
+) -> Vec<Batch> {
     let batch = |entries| Batch {
         cluster_id: cluster_id.to_owned(),
         from: from.to_owned(),
@@ -163,7 +168,7 @@ pub fn batches(cluster_id: &str, from: &str, entries: Vec<Entry>, max_bytes: usi
 /// The owner's answers, in the batch's order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Answers {
+pub(crate) struct Answers {
     /// One per entry.
     pub entries: Vec<Answer>,
 }
@@ -171,7 +176,7 @@ pub struct Answers {
 /// One key's answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum Answer {
+pub(crate) enum Answer {
     /// The holder's credit.
     Credit {
         /// Whole credit (or slots) as of the statement.
@@ -197,7 +202,7 @@ pub enum Answer {
 
 impl Answer {
     /// The answer for a ledger result.
-    pub fn from_result(result: &Result<SyncReply, Refusal>) -> Answer {
+    pub(crate) fn from_result(result: &Result<SyncReply, Refusal>) -> Answer {
         match result {
             Ok(r) => Answer::Credit {
                 credit: r.credit,
@@ -213,7 +218,7 @@ impl Answer {
     }
 
     /// The reply, or the refusal's code.
-    pub fn into_result(self) -> Result<SyncReply, String> {
+    pub(crate) fn into_result(self) -> Result<SyncReply, String> {
         match self {
             Answer::Credit {
                 credit,
@@ -232,7 +237,7 @@ impl Answer {
 }
 
 /// A stable code per refusal, for metrics and the wire.
-pub fn refusal_code(refusal: &Refusal) -> &'static str {
+pub(crate) fn refusal_code(refusal: &Refusal) -> &'static str {
     match refusal {
         Refusal::UnknownKey => "unknown_key",
         Refusal::Absurd { .. } => "absurd",
@@ -244,7 +249,7 @@ pub fn refusal_code(refusal: &Refusal) -> &'static str {
 }
 
 /// Compares two secrets in time independent of where they differ.
-pub fn secrets_match(given: &[u8], expected: &[u8]) -> bool {
+pub(crate) fn secrets_match(given: &[u8], expected: &[u8]) -> bool {
     if given.len() != expected.len() {
         return false;
     }

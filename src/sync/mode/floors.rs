@@ -7,7 +7,7 @@ use super::{KeyInput, Round};
 use std::collections::BTreeMap;
 
 /// How a vector of demands divides a capacity (`share::shares`, `fair_shares`).
-pub type ShareRule = fn(u64, &[(String, u64)]) -> Vec<(String, u64)>;
+pub(crate) type ShareRule = fn(u64, &[(String, u64)]) -> Vec<(String, u64)>;
 
 /// Each member's largest share of `capacity` by `rule` over the vectors frozen
 /// during a cut. Sides of a cut froze (nearly) the same vectors at its start,
@@ -15,7 +15,7 @@ pub type ShareRule = fn(u64, &[(String, u64)]) -> Vec<(String, u64)>;
 /// figures that moved since: the far side may still hold any earlier one, so a
 /// member is charged the most any of them gives it (shares of one vector sum to
 /// L; the most of several only charges the unreachable more).
-pub fn most_share(
+pub(crate) fn most_share(
     capacity: u64,
     frozen: &[&[(String, u64)]],
     rule: ShareRule,
@@ -32,7 +32,7 @@ pub fn most_share(
 
 /// Raises `floors` to `at_least` in all, the shortfall spread as evenly as the
 /// units allow (the first members in order take the remainder).
-pub fn raise_floors(floors: &mut BTreeMap<String, u64>, at_least: u64) {
+pub(crate) fn raise_floors(floors: &mut BTreeMap<String, u64>, at_least: u64) {
     let total: u64 = floors.values().sum();
     let Some(short) = at_least.checked_sub(total).filter(|s| *s > 0) else {
         return;
@@ -50,7 +50,7 @@ pub fn raise_floors(floors: &mut BTreeMap<String, u64>, at_least: u64) {
 /// What the unreachable are charged for a key in `gossip`: each its share of
 /// the capacity by the demands frozen at the cut (proportional, as gossip's
 /// own shares are), or its last published usage if more.
-pub fn dead_charge(round: &Round<'_>, key: &KeyInput<'_>) -> u64 {
+pub(crate) fn dead_charge(round: &Round<'_>, key: &KeyInput<'_>) -> u64 {
     if round.dead.is_empty() {
         return 0;
     }

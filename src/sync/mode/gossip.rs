@@ -11,7 +11,7 @@ use tollgate_cluster::share::shares_with_floor;
 
 /// `gossip` mode.
 #[derive(Debug, Clone, Copy)]
-pub struct Gossip;
+pub(crate) struct Gossip;
 
 impl Mode for Gossip {
     fn promise(&self) -> &'static str {
@@ -54,7 +54,7 @@ impl Mode for Gossip {
 
 /// The figures one key's gossip allowance is computed from.
 #[derive(Debug, Clone)]
-pub struct Figures<'a> {
+pub(crate) struct Figures<'a> {
     /// The key's capacity L (per window, or concurrent for concurrency).
     pub capacity: u64,
     /// This node's id.
@@ -91,7 +91,7 @@ pub struct Figures<'a> {
 /// bound is unchanged. Where the headroom is under two units per member the
 /// floor is 0 and it all goes by demand: a freed slot must reach the node
 /// that queues for it (the jepsen ghost-slot check).
-pub fn allowance(f: &Figures<'_>) -> u64 {
+pub(crate) fn allowance(f: &Figures<'_>) -> u64 {
     let own = f.own_seen.min(f.own_used);
     let global = own.saturating_add(f.others_used);
     let headroom = f.capacity.saturating_sub(global);

@@ -18,7 +18,7 @@ use tollgate_cluster::share::fair_shares;
 
 /// `lease` mode: peers own the keys.
 #[derive(Debug, Clone, Copy)]
-pub struct Lease;
+pub(crate) struct Lease;
 
 impl Mode for Lease {
     fn promise(&self) -> &'static str {
@@ -32,7 +32,7 @@ impl Mode for Lease {
 
 /// One leased key's part of the round (`lease` and `redis-lease` alike: the
 /// terms are the same; only who grants within them differs).
-pub fn leased_key(round: &Round<'_>, key: &KeyInput<'_>, out: &mut Output) {
+pub(crate) fn leased_key(round: &Round<'_>, key: &KeyInput<'_>, out: &mut Output) {
     let binding = key.binding;
     // The cut-off shares peers say they hold (an idle key has none).
     let held = round.usage.held_by_node(&binding.key);
@@ -70,7 +70,11 @@ pub fn leased_key(round: &Round<'_>, key: &KeyInput<'_>, out: &mut Output) {
 /// its owner with each reply (`SyncReply::cut_off_share`), from these shares.
 /// Concurrency has no floors: an unreachable member's slots come back with its
 /// credit's ttl (a crashed node's streams died with it).
-pub fn terms(round: &Round<'_>, key: &KeyInput<'_>, held: BTreeMap<String, u64>) -> Terms<String> {
+pub(crate) fn terms(
+    round: &Round<'_>,
+    key: &KeyInput<'_>,
+    held: BTreeMap<String, u64>,
+) -> Terms<String> {
     let binding = key.binding;
     let capacity = binding.capacity;
     // Max-min fair, not proportional: near-equal demands jitter, and proportional
@@ -159,7 +163,7 @@ fn spill_row(
 
 /// Each peer's share (plus borrowing) of an idle key, per capacity: the spill
 /// room of every key nobody asks for.
-pub fn idle_room(
+pub(crate) fn idle_room(
     idle_terms: &HashMap<u64, Arc<Terms<String>>>,
     peers: &[MemberAddr],
 ) -> HashMap<u64, Vec<u64>> {

@@ -11,7 +11,7 @@ use tollgate_cluster::share::shares;
 
 /// `local full` or `local split`.
 #[derive(Debug, Clone, Copy)]
-pub struct Local {
+pub(crate) struct Local {
     /// `full`: L per node; `split`: an equal share of L.
     pub share: LocalShare,
 }

@@ -18,12 +18,12 @@
 //!
 //! Promises and arguments: docs/design/cluster.md.
 
-pub mod floors;
-pub mod gossip;
-pub mod lease;
-pub mod local;
-pub mod redis;
-pub mod redis_lease;
+pub(crate) mod floors;
+pub(crate) mod gossip;
+pub(crate) mod lease;
+pub(crate) mod local;
+pub(crate) mod redis;
+pub(crate) mod redis_lease;
 
 #[cfg(test)]
 mod conformance;
@@ -41,7 +41,7 @@ use tollgate_cluster::counter::ClusterUsage;
 use tollgate_cluster::lease::line::Terms;
 
 /// A sync mode's round: one key at a time, from figures to bounds.
-pub trait Mode: Send + Sync {
+pub(crate) trait Mode: Send + Sync {
     /// The promise the mode makes (docs/design/cluster.md has the argument).
     fn promise(&self) -> &'static str;
 
@@ -50,7 +50,7 @@ pub trait Mode: Send + Sync {
 }
 
 /// The configured mode's round.
-pub fn of(config: &ClusterConfig) -> Box<dyn Mode> {
+pub(crate) fn of(config: &ClusterConfig) -> Box<dyn Mode> {
     match config.mode {
         SyncMode::Local => Box::new(local::Local {
             share: config.local_share,
@@ -66,7 +66,7 @@ pub fn of(config: &ClusterConfig) -> Box<dyn Mode> {
 
 /// What one round knows of the whole cluster, the same for every key.
 #[derive(Debug, Clone, Copy)]
-pub struct Round<'a> {
+pub(crate) struct Round<'a> {
     /// This node's member id (its counter node id).
     pub self_id: &'a str,
     /// The cluster's counters as read this round.
@@ -90,7 +90,7 @@ pub struct Round<'a> {
 
 /// `redis` mode's figures for a round.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RedisRound<'a> {
+pub(crate) struct RedisRound<'a> {
     /// Whether this node has lost Redis now.
     pub lost: bool,
     /// What this node divides each capacity by when it spends locally: its
@@ -103,7 +103,7 @@ pub struct RedisRound<'a> {
 
 /// This node's own figures for one key, from its actors.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Own {
+pub(crate) struct Own {
     /// Its usage now: the local window, or requests in flight.
     pub used: u64,
     /// `used` as every peer has surely seen it (`partition::echo`); `used`
@@ -115,7 +115,7 @@ pub struct Own {
 
 /// One bound key's figures.
 #[derive(Debug, Clone, Copy)]
-pub struct KeyInput<'a> {
+pub(crate) struct KeyInput<'a> {
     /// The key's binding index on this node (the spill room is by index).
     pub index: u32,
     /// The key, its actor, its dimension and its capacity L.
@@ -136,7 +136,7 @@ pub struct KeyInput<'a> {
 
 impl KeyInput<'_> {
     /// The key's cluster-wide usage by this node's figures.
-    pub fn global(&self) -> u64 {
+    pub(crate) fn global(&self) -> u64 {
         self.own.used.saturating_add(self.others_live)
     }
 
@@ -147,7 +147,7 @@ impl KeyInput<'_> {
 
 /// What a round decided, for the engine to apply.
 #[derive(Debug, Default)]
-pub struct Output {
+pub(crate) struct Output {
     /// New allowances by binding index (`local split`, `gossip`; `redis`'s
     /// fallback): `u64::MAX` for none.
     pub allowances: Vec<(u32, u64)>,
@@ -170,7 +170,7 @@ pub struct Output {
 
 /// `redis`: one key's fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RedisFallback {
+pub(crate) struct RedisFallback {
     /// The binding index.
     pub index: u32,
     /// What this node may spend while Redis is lost (the cut-off policy's).

@@ -10,7 +10,7 @@ use crate::config::CutOff;
 
 /// `redis` mode, with what a node that lost Redis may spend.
 #[derive(Debug, Clone, Copy)]
-pub struct Redis {
+pub(crate) struct Redis {
     /// The cut-off policy: its share, nothing, or no bound.
     pub cut_off: CutOff,
 }

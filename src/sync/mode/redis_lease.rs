@@ -8,7 +8,7 @@ use super::{KeyInput, Mode, Output, Round};
 
 /// `redis-lease` mode.
 #[derive(Debug, Clone, Copy)]
-pub struct RedisLease;
+pub(crate) struct RedisLease;
 
 impl Mode for RedisLease {
     fn promise(&self) -> &'static str {

@@ -25,9 +25,9 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Marker: `"<seq> <member> <member> ..."`, the members at the cut; present while
 /// this node charges anyone as unreachable.
-pub const CUT_KEY: &str = "sync:cut";
+pub(crate) const CUT_KEY: &str = "sync:cut";
 /// Prefix of one key's charge: `sync:cut:<limit key>` = the total floor charged.
-pub const CUT_CHARGE_PREFIX: &str = "sync:cut:";
+pub(crate) const CUT_CHARGE_PREFIX: &str = "sync:cut:";
 
 /// What one peer told of the cut.
 #[derive(Debug, Default)]
@@ -39,13 +39,13 @@ struct Told {
 }
 
 /// Whether `key` is one of the cut's keys (the marker or a charge).
-pub fn is_cut_key(key: &str) -> bool {
+pub(crate) fn is_cut_key(key: &str) -> bool {
     key == CUT_KEY || key.starts_with(CUT_CHARGE_PREFIX)
 }
 
 /// Charges heard from peers, and this node's own for publishing.
 #[derive(Debug, Default)]
-pub struct CutKnowledge {
+pub(crate) struct CutKnowledge {
     /// Live peers that published a marker this round, with what they told.
     heard: HashMap<String, Told>,
     /// This round's own figures, published next round.
@@ -59,14 +59,14 @@ pub struct CutKnowledge {
 
 impl CutKnowledge {
     /// Forgets what peers told (called before reading them again each round).
-    pub fn clear_heard(&mut self) {
+    pub(crate) fn clear_heard(&mut self) {
         self.heard.clear();
     }
 
     /// Takes `key = value` from live peer `node` if it is one of the cut's keys
     /// (returns whether it was); malformed values are ignored (the peer counts as
     /// having told nothing for that key).
-    pub fn hear(&mut self, node: &str, key: &str, value: &str) -> bool {
+    pub(crate) fn hear(&mut self, node: &str, key: &str, value: &str) -> bool {
         if key == CUT_KEY {
             let told = self.heard.entry(node.to_owned()).or_default();
             told.marked = true;
@@ -85,13 +85,13 @@ impl CutKnowledge {
 
     /// Drops what came from peers that published no marker (once every peer's
     /// values of the round were heard).
-    pub fn drop_unmarked(&mut self) {
+    pub(crate) fn drop_unmarked(&mut self) {
         self.heard.retain(|_, told| told.marked);
     }
 
     /// The most any peer charges for `limit_key` (0 from a peer that published
     /// a marker and no charge for it), or `None` when no peer told anything.
-    pub fn adopted_charge(&self, limit_key: &str) -> Option<u64> {
+    pub(crate) fn adopted_charge(&self, limit_key: &str) -> Option<u64> {
         (self.heard.values())
             .map(|told| told.charges.get(limit_key).copied().unwrap_or(0))
             .max()
@@ -99,35 +99,35 @@ impl CutKnowledge {
 
     /// Every peer's members at the cut (each a candidate; the caller takes the
     /// most conservative).
-    pub fn adopted_members(&self) -> impl Iterator<Item = &[String]> {
+    pub(crate) fn adopted_members(&self) -> impl Iterator<Item = &[String]> {
         (self.heard.values())
             .map(|told| told.members.as_slice())
             .filter(|m| !m.is_empty())
     }
 
     /// Records this round's charge for `limit_key`, published next round.
-    pub fn record(&mut self, limit_key: &str, charge: u64) {
+    pub(crate) fn record(&mut self, limit_key: &str, charge: u64) {
         self.charges.insert(limit_key.to_owned(), charge);
     }
 
     /// This round's charges so far (before [`Self::publish`] takes them).
-    pub fn recorded(&self) -> &BTreeMap<String, u64> {
+    pub(crate) fn recorded(&self) -> &BTreeMap<String, u64> {
         &self.charges
     }
 
     /// This round's members at the cut, as recorded (`local split` only).
-    pub fn members(&self) -> &[String] {
+    pub(crate) fn members(&self) -> &[String] {
         &self.members
     }
 
     /// Records this round's members at the cut.
-    pub fn record_members(&mut self, members: &[String]) {
+    pub(crate) fn record_members(&mut self, members: &[String]) {
         self.members = members.to_vec();
     }
 
     /// A publish failed: nothing of this round's was written, so every figure
     /// goes out again next round (and the marker moves).
-    pub fn unpublish(&mut self) {
+    pub(crate) fn unpublish(&mut self) {
         for value in self.published.values_mut() {
             value.clear();
         }
@@ -136,7 +136,7 @@ impl CutKnowledge {
     /// What to delete and write this round: the charges recorded since the last
     /// call and the marker, written after them, while `cut` (anyone unreachable);
     /// deletions of everything once not. Clears the recorded figures.
-    pub fn publish(&mut self, cut: bool) -> (Vec<String>, Vec<(String, String)>) {
+    pub(crate) fn publish(&mut self, cut: bool) -> (Vec<String>, Vec<(String, String)>) {
         let mut wanted: BTreeMap<String, String> = BTreeMap::new();
         if cut {
             for (limit_key, charge) in &self.charges {
@@ -191,7 +191,7 @@ impl CutKnowledge {
 /// saw an unreachable member live only with a round it already held freezes
 /// nothing, and would refuse everything on its side of the cut
 /// (`super::sightings`).
-pub fn split_members<'a>(
+pub(crate) fn split_members<'a>(
     own: &[String],
     told: impl Iterator<Item = &'a [String]>,
     dead: &[String],
@@ -218,7 +218,7 @@ pub fn split_members<'a>(
 /// rounded-up share before the cut was given the same unit's room again on its
 /// side, one unit over L per such member (the in-process conformance suite,
 /// `sync::mode`, finds it at L = 802 over four members).
-pub fn side_budget(capacity: u64, at_cut: &[String], dead: &[String]) -> u64 {
+pub(crate) fn side_budget(capacity: u64, at_cut: &[String], dead: &[String]) -> u64 {
     let equal: Vec<(&String, u64)> = at_cut.iter().map(|m| (m, 1)).collect();
     (tollgate_cluster::share::shares(capacity, &equal).into_iter())
         .filter(|(m, _)| !dead.contains(m))

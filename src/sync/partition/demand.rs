@@ -28,14 +28,14 @@ impl Track {
 
 /// Demand trackers for every key.
 #[derive(Debug)]
-pub struct Demand {
+pub(crate) struct Demand {
     window_ms: u64,
     keys: HashMap<String, Track>,
 }
 
 impl Demand {
     /// Trackers over windows of `window_ms`.
-    pub fn new(window_ms: u64) -> Demand {
+    pub(crate) fn new(window_ms: u64) -> Demand {
         Demand {
             window_ms,
             keys: HashMap::new(),
@@ -44,7 +44,7 @@ impl Demand {
 
     /// Records the actor's cumulative figure for `key` at `now_ms` and returns the
     /// demand over the last window.
-    pub fn observe(&mut self, key: &str, cumulative: u64, now_ms: u64) -> u64 {
+    pub(crate) fn observe(&mut self, key: &str, cumulative: u64, now_ms: u64) -> u64 {
         let track = self.keys.entry(key.to_owned()).or_default();
         if track.history.is_empty() {
             // The baseline: everything observed from now on is demand.
@@ -66,7 +66,7 @@ impl Demand {
     /// successor actor's cumulative figure starts from 0 and counts whole, even
     /// at or above its predecessor's last figure (read as a restart only below
     /// it, it would be under-counted by that figure for a window).
-    pub fn decay(&mut self, key: &str, now_ms: u64) -> u64 {
+    pub(crate) fn decay(&mut self, key: &str, now_ms: u64) -> u64 {
         (self.keys.get_mut(key)).map_or(0, |t| {
             t.last_cumulative = 0;
             t.within(now_ms.saturating_sub(self.window_ms))
@@ -74,7 +74,7 @@ impl Demand {
     }
 
     /// The keys tracked, in no order.
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
         self.keys.keys()
     }
 
@@ -84,24 +84,19 @@ impl Demand {
     /// either way. A successor actor's counter starts from 0, which a fresh
     /// tracker counts from 0 too. Without this every key ever used kept up to
     /// W / S history entries (~5 KB at 60 s / 200 ms).
-    pub fn forget_retired(&mut self, now_ms: u64) {
+    pub(crate) fn forget_retired(&mut self, now_ms: u64) {
         let cutoff = now_ms.saturating_sub(self.window_ms);
         (self.keys).retain(|_, t| t.history.back().is_some_and(|(at, _)| *at >= cutoff));
         shrink_if_sparse(&mut self.keys);
     }
 
     /// How many keys are tracked.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.keys.len()
     }
 
-    /// Whether no key is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
     /// The last window's demand for `key` without a new observation (0 if unseen).
-    pub fn current(&self, key: &str) -> u64 {
+    pub(crate) fn current(&self, key: &str) -> u64 {
         self.keys.get(key).map_or(0, |t| {
             let oldest = t.history.front().map_or(t.total, |(_, total)| *total);
             t.total - oldest
@@ -147,7 +142,7 @@ mod tests {
         // its last observation.
         d.decay("k", 2_700);
         d.forget_retired(2_700);
-        assert!(d.is_empty());
+        assert_eq!(d.len(), 0);
     }
 
     #[test]

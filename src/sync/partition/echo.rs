@@ -33,7 +33,7 @@ const MAX_ENTRIES_PER_KEY: usize = 16;
 
 /// Each key's own additions within the propagation bound.
 #[derive(Debug)]
-pub struct OwnEcho {
+pub(crate) struct OwnEcho {
     /// How old an own addition must be for every peer to have it (ms).
     bound_ms: u64,
     /// Per key: units added since the last successful publish.
@@ -44,7 +44,7 @@ pub struct OwnEcho {
 
 impl OwnEcho {
     /// Additions older than `bound_ms` count as seen by every peer.
-    pub fn new(bound_ms: u64) -> OwnEcho {
+    pub(crate) fn new(bound_ms: u64) -> OwnEcho {
         OwnEcho {
             bound_ms,
             pending: HashMap::new(),
@@ -53,13 +53,13 @@ impl OwnEcho {
     }
 
     /// Sets the bound: additions older than `bound_ms` count as seen.
-    pub fn set_bound(&mut self, bound_ms: u64) {
+    pub(crate) fn set_bound(&mut self, bound_ms: u64) {
         self.bound_ms = bound_ms;
     }
 
     /// Notes that this node added `units` to `key` (unseen by every peer until
     /// the write carrying it succeeded and the bound has passed since).
-    pub fn added(&mut self, key: &str, units: u64) {
+    pub(crate) fn added(&mut self, key: &str, units: u64) {
         if units == 0 {
             return;
         }
@@ -71,7 +71,7 @@ impl OwnEcho {
     }
 
     /// The write carrying every pending addition succeeded at `now_ms`.
-    pub fn published(&mut self, now_ms: u64) {
+    pub(crate) fn published(&mut self, now_ms: u64) {
         let drained = self.pending.len();
         for (key, units) in self.pending.drain() {
             let entries = self.added.entry(key).or_default();
@@ -93,7 +93,7 @@ impl OwnEcho {
     }
 
     /// What this node added to `key` that some peer may not have seen at `now_ms`.
-    pub fn unseen(&self, key: &str, now_ms: u64) -> u64 {
+    pub(crate) fn unseen(&self, key: &str, now_ms: u64) -> u64 {
         let seen_before = now_ms.saturating_sub(self.bound_ms);
         let pending = self.pending.get(key).copied().unwrap_or(0);
         self.added.get(key).map_or(pending, |entries| {
@@ -104,12 +104,12 @@ impl OwnEcho {
     }
 
     /// `used` as every peer has surely seen it at `now_ms`.
-    pub fn seen(&self, key: &str, used: u64, now_ms: u64) -> u64 {
+    pub(crate) fn seen(&self, key: &str, used: u64, now_ms: u64) -> u64 {
         used.saturating_sub(self.unseen(key, now_ms))
     }
 
     /// Forgets additions every peer has by now, and keys left with none.
-    pub fn forget_seen(&mut self, now_ms: u64) {
+    pub(crate) fn forget_seen(&mut self, now_ms: u64) {
         let seen_before = now_ms.saturating_sub(self.bound_ms);
         self.added.retain(|_, entries| {
             while entries.front().is_some_and(|(at, _)| *at <= seen_before) {
@@ -121,14 +121,9 @@ impl OwnEcho {
     }
 
     /// How many keys hold additions (bounded by the keys active within the bound).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         let pending_only = (self.pending.keys()).filter(|k| !self.added.contains_key(*k));
         self.added.len() + pending_only.count()
-    }
-
-    /// Whether no key holds an addition.
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.pending.is_empty()
     }
 }
 
@@ -194,7 +189,7 @@ mod tests {
     fn keys_with_nothing_unseen_keep_no_entry() {
         let mut echo = OwnEcho::new(400);
         echo.added("k", 0);
-        assert!(echo.is_empty());
+        assert_eq!(echo.len(), 0);
         echo.added("k", 1);
         echo.published(1_000);
         echo.added("j", 1);
@@ -205,7 +200,7 @@ mod tests {
         assert_eq!(echo.len(), 1);
         assert_eq!(echo.unseen("j", 1_400), 1);
         echo.forget_seen(1_700);
-        assert!(echo.is_empty());
+        assert_eq!(echo.len(), 0);
     }
 
     #[test]

@@ -39,7 +39,7 @@ struct Freeze {
 
 /// The demand records of every key on this node.
 #[derive(Debug)]
-pub struct DemandHistory {
+pub(crate) struct DemandHistory {
     /// Own demand per key, recorded on change.
     own: HashMap<String, VecDeque<(u64, u64)>>,
     /// Each key's demand vector (own figure lagged), recorded on change.
@@ -70,7 +70,7 @@ pub struct DemandHistory {
 
 impl DemandHistory {
     /// Records kept `3 x look_back_ms`.
-    pub fn new(look_back_ms: u64) -> Self {
+    pub(crate) fn new(look_back_ms: u64) -> Self {
         Self {
             own: HashMap::new(),
             vectors: HashMap::new(),
@@ -87,20 +87,15 @@ impl DemandHistory {
 
     /// Keys with records (the largest of own, vector and last-seen records; every
     /// key that is not quiet has all three).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         (self.own.len())
             .max(self.vectors.len())
             .max(self.last_seen.len())
     }
 
-    /// Whether no key has records.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Once per round, before the keys: the members live (`live`, this node
     /// included) or awaiting GC (`dead`).
-    pub fn set_members(&mut self, live: &[String], dead: &[String]) {
+    pub(crate) fn set_members(&mut self, live: &[String], dead: &[String]) {
         (self.members_seen).retain(|n| live.contains(n) || dead.contains(n));
         self.members_seen.extend(live.iter().cloned());
     }
@@ -109,7 +104,7 @@ impl DemandHistory {
     /// node's entry as peers have it, or none); on return this node's entry is its
     /// own demand as it stood at `horizon_ms`, the figure every share is computed
     /// with. `dead`: members awaiting GC (their last figures are kept).
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         key: &str,
         own_demand: u64,
@@ -155,7 +150,7 @@ impl DemandHistory {
 
     /// Freezes every key's vector as it stood at `before_cut_ms` (the figures as
     /// last seen live where no record is that old).
-    pub fn freeze(&mut self, before_cut_ms: u64) {
+    pub(crate) fn freeze(&mut self, before_cut_ms: u64) {
         if self.frozen_quiet.is_empty() {
             self.first_members = self.members_seen.iter().cloned().collect();
         } else {
@@ -195,7 +190,7 @@ impl DemandHistory {
     /// key this node has seen, so one member seen dead for a moment (a late
     /// heartbeat) would leave that much allocated for good: ~0.3 MB at 301
     /// tenants (docs/BENCHMARKS.md, "Used once, now idle: the census").
-    pub fn thaw(&mut self) {
+    pub(crate) fn thaw(&mut self) {
         self.frozen = HashMap::new();
         self.frozen_quiet = Vec::new();
         self.earlier = Vec::new();
@@ -206,13 +201,13 @@ impl DemandHistory {
     /// when nothing is frozen). Not a later freeze's: a member that joined
     /// during the cut would enlarge this side's part of L by its own count
     /// while the far side still counts its part over the first members.
-    pub fn frozen_members(&self) -> Vec<String> {
+    pub(crate) fn frozen_members(&self) -> Vec<String> {
         self.first_members.clone()
     }
 
     /// Every vector of `key` frozen while this cut goes on, the latest first
     /// (empty when nothing is frozen).
-    pub fn frozen_all(&self, key: &str) -> Vec<&[(String, u64)]> {
+    pub(crate) fn frozen_all(&self, key: &str) -> Vec<&[(String, u64)]> {
         let latest = self.frozen(key).into_iter();
         let earlier = (self.earlier.iter().rev()).map(|f| match f.by_key.get(key) {
             Some(v) => v.as_slice(),
@@ -222,7 +217,7 @@ impl DemandHistory {
     }
 
     /// `key`'s vector frozen at the cut (`None` when nothing is frozen).
-    pub fn frozen(&self, key: &str) -> Option<&[(String, u64)]> {
+    pub(crate) fn frozen(&self, key: &str) -> Option<&[(String, u64)]> {
         match self.frozen.get(key) {
             Some(v) => Some(v),
             None if !self.frozen_quiet.is_empty() => Some(&self.frozen_quiet),
@@ -272,14 +267,6 @@ impl DemandHistory {
         {
             history.pop_front();
         }
-    }
-
-    /// Keys with records (the memory an idle tenant would cost).
-    pub fn tracked_keys(&self) -> usize {
-        self.own
-            .len()
-            .max(self.vectors.len())
-            .max(self.last_seen.len())
     }
 }
 

@@ -12,10 +12,10 @@
 //! - [`successor`]: when a crashed member's floor ends after it restarted.
 //! - [`redis_loss`]: `redis` mode: who charges whom while a node cannot reach Redis.
 
-pub mod cut;
-pub mod demand;
-pub mod echo;
-pub mod history;
-pub mod redis_loss;
-pub mod sightings;
-pub mod successor;
+pub(crate) mod cut;
+pub(crate) mod demand;
+pub(crate) mod echo;
+pub(crate) mod history;
+pub(crate) mod redis_loss;
+pub(crate) mod sightings;
+pub(crate) mod successor;

@@ -35,11 +35,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use tollgate_cluster::membership::MemberId;
 
 /// The key a node publishes the losses it charges under.
-pub const REDIS_CHARGING_KEY: &str = "redis:charging";
+pub(crate) const REDIS_CHARGING_KEY: &str = "redis:charging";
 
 /// One member's `redis:*` values as read this round.
 #[derive(Debug, Clone)]
-pub struct Announced {
+pub(crate) struct Announced {
     /// The member.
     pub id: MemberId,
     /// Whether it is live (else departed: dead, or a superseded incarnation).
@@ -55,7 +55,7 @@ pub struct Announced {
 
 /// A loss as announced: when it began, and what the lost node divides by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Loss {
+pub(crate) struct Loss {
     /// The unix ms the loss began (never 0).
     pub epoch: u64,
     /// The lost node spends at most `capacity / divisor` per key (never 0).
@@ -64,7 +64,7 @@ pub struct Loss {
 
 impl Loss {
     /// Its `redis:lost` value.
-    pub fn value(&self) -> String {
+    pub(crate) fn value(&self) -> String {
         format!("{} {}", self.epoch, self.divisor)
     }
 
@@ -77,7 +77,7 @@ impl Loss {
     }
 
     /// What this loss is charged (and may spend) of `capacity`.
-    pub fn share_of(&self, capacity: u64) -> u64 {
+    pub(crate) fn share_of(&self, capacity: u64) -> u64 {
         capacity / self.divisor
     }
 }
@@ -102,7 +102,7 @@ fn parse_charging(value: &str, member: &str) -> Confirmation {
 
 /// One round's reading of who lost Redis and who charges it.
 #[derive(Debug, Clone, Default)]
-pub struct RedisLosses {
+pub(crate) struct RedisLosses {
     /// How many members are counted, this one included (0: not read yet).
     members: u64,
     /// Other members' losses this node charges.
@@ -114,7 +114,11 @@ pub struct RedisLosses {
 impl RedisLosses {
     /// Reads `announced` (live and departed members, this one included) from
     /// `me`'s point of view; `left`: members that left gracefully.
-    pub fn read(me: &MemberId, announced: &[Announced], left: &BTreeSet<String>) -> RedisLosses {
+    pub(crate) fn read(
+        me: &MemberId,
+        announced: &[Announced],
+        left: &BTreeSet<String>,
+    ) -> RedisLosses {
         let self_id = me.to_string();
         // The newest live generation of each node id: older ones are superseded.
         let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
@@ -150,18 +154,18 @@ impl RedisLosses {
 
     /// Whether the members were read at all (a node lost before its first round
     /// knows no divisor yet).
-    pub fn is_read(&self) -> bool {
+    pub(crate) fn is_read(&self) -> bool {
         self.members > 0
     }
 
     /// The other members' losses this node charges.
-    pub fn charged(&self) -> impl Iterator<Item = &Loss> {
+    pub(crate) fn charged(&self) -> impl Iterator<Item = &Loss> {
         self.lost.values()
     }
 
     /// This node's `redis:charging` value: its member count, then each loss it
     /// charges.
-    pub fn charging_value(&self) -> String {
+    pub(crate) fn charging_value(&self) -> String {
         let mut value = self.members.to_string();
         for (member, loss) in &self.lost {
             value.push_str(&format!("\n{} {member}", loss.epoch));
@@ -171,7 +175,7 @@ impl RedisLosses {
 
     /// Whether every member whose confirmation is needed charges this node's loss
     /// of `epoch`; with nobody to ask, only a node alone by design.
-    pub fn confirmed(&self, epoch: u64, alone_by_design: bool) -> bool {
+    pub(crate) fn confirmed(&self, epoch: u64, alone_by_design: bool) -> bool {
         epoch > 0
             && (alone_by_design || !self.confirmers.is_empty())
             && (self.confirmers.values()).all(|c| c.listed == Some(epoch))
@@ -179,7 +183,7 @@ impl RedisLosses {
 
     /// The largest member count this node knows of: its own, or any confirmer's.
     /// A loss beginning now divides by it.
-    pub fn known_members(&self) -> u64 {
+    pub(crate) fn known_members(&self) -> u64 {
         (self.confirmers.values().map(|c| c.members))
             .fold(self.members, u64::max)
             .max(1)

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 
 /// Per member: its last round's stamp, and the last time it was fresh here.
 #[derive(Debug, Default)]
-pub struct Sightings {
+pub(crate) struct Sightings {
     /// Each member's last `sync:at` value (its clock, ms), live or departed.
     round: HashMap<String, u64>,
     /// When (this node's clock, ms) each member was last seen live with a round
@@ -31,7 +31,7 @@ pub struct Sightings {
 
 impl Sightings {
     /// `node` is live with round `at`, read at `now_ms`.
-    pub fn live_round(&mut self, node: &str, at: u64, now_ms: u64) {
+    pub(crate) fn live_round(&mut self, node: &str, at: u64, now_ms: u64) {
         let first_live = !self.fresh.contains_key(node);
         if first_live || self.round.get(node) != Some(&at) {
             self.round.insert(node.to_owned(), at);
@@ -41,28 +41,28 @@ impl Sightings {
 
     /// `node` is departed (dead, or an earlier incarnation) with last round `at`:
     /// recorded for [`Self::round`], not a sign of life.
-    pub fn departed_round(&mut self, node: &str, at: u64) {
+    pub(crate) fn departed_round(&mut self, node: &str, at: u64) {
         self.round.insert(node.to_owned(), at);
     }
 
     /// `node`'s last round's stamp, if any came.
-    pub fn round(&self, node: &str) -> Option<u64> {
+    pub(crate) fn round(&self, node: &str) -> Option<u64> {
         self.round.get(node).copied()
     }
 
     /// When `node` was last fresh here, `None` if never seen live.
-    pub fn last_fresh(&self, node: &str) -> Option<u64> {
+    pub(crate) fn last_fresh(&self, node: &str) -> Option<u64> {
         self.fresh.get(node).copied()
     }
 
     /// Every member ever seen live, with when it was last fresh.
-    pub fn fresh(&self) -> impl Iterator<Item = (&String, u64)> {
+    pub(crate) fn fresh(&self) -> impl Iterator<Item = (&String, u64)> {
         self.fresh.iter().map(|(n, t)| (n, *t))
     }
 
     /// Forgets members chitchat no longer holds (bounded memory). A member that
     /// just went silent is kept: its last fresh round dates the cut.
-    pub fn retain(&mut self, known: &HashSet<String>) {
+    pub(crate) fn retain(&mut self, known: &HashSet<String>) {
         self.round.retain(|n, _| known.contains(n));
         self.fresh.retain(|n, _| known.contains(n));
     }

@@ -28,7 +28,7 @@ use tollgate_cluster::membership::MemberId;
 
 /// Dead incarnations with a live successor, and when this node first saw one.
 #[derive(Debug)]
-pub struct Successors {
+pub(crate) struct Successors {
     /// How long after the first sighting the floor ends (ms).
     hold_ms: u64,
     /// Dead incarnation (its `MemberId` as text) -> first round that saw a later
@@ -38,7 +38,7 @@ pub struct Successors {
 
 impl Successors {
     /// Floors end `hold_ms` after a successor is first seen.
-    pub fn new(hold_ms: u64) -> Successors {
+    pub(crate) fn new(hold_ms: u64) -> Successors {
         Successors {
             hold_ms,
             seen: BTreeMap::new(),
@@ -48,7 +48,7 @@ impl Successors {
     /// The hold for a window of `window_ms` in buckets of `bucket_ms`: everything
     /// the old incarnation spent has left the window by then, on any clock within
     /// the counters' skew tolerance.
-    pub fn hold_for(window_ms: u64, bucket_ms: u64) -> u64 {
+    pub(crate) fn hold_for(window_ms: u64, bucket_ms: u64) -> u64 {
         use tollgate_cluster::counter::SKEW_TOLERANCE_MS;
         window_ms
             .saturating_add(bucket_ms)
@@ -58,7 +58,7 @@ impl Successors {
     /// One round: notes each dead incarnation that now has a live successor (a
     /// later generation of its node id among `live`), and forgets incarnations
     /// that are no longer dead (collected by chitchat, or back after a cut).
-    pub fn observe(&mut self, dead: &[MemberId], live: &[MemberId], now_ms: u64) {
+    pub(crate) fn observe(&mut self, dead: &[MemberId], live: &[MemberId], now_ms: u64) {
         self.seen
             .retain(|id, _| dead.iter().any(|d| d.to_string() == *id));
         for d in dead {
@@ -71,7 +71,7 @@ impl Successors {
     }
 
     /// Whether the floor of `dead` (a `MemberId` as text) has ended.
-    pub fn ended(&self, dead: &str, now_ms: u64) -> bool {
+    pub(crate) fn ended(&self, dead: &str, now_ms: u64) -> bool {
         (self.seen.get(dead)).is_some_and(|seen| now_ms.saturating_sub(*seen) >= self.hold_ms)
     }
 

@@ -26,7 +26,7 @@ use tollgate_cluster::lease::line::{SyncReply, SyncRequest};
 use tollgate_cluster::lease::rendezvous;
 
 /// The id the holder loop gives Redis as a key's owner (`redis-lease`).
-pub const REDIS_OWNER: &str = "redis";
+pub(crate) const REDIS_OWNER: &str = "redis";
 
 /// Shortest gap between two rounds woken by actors (coalesces a burst of wakes).
 const MIN_WAKE_GAP: Duration = Duration::from_millis(5);
@@ -39,7 +39,7 @@ const MIN_WAKE_GAP: Duration = Duration::from_millis(5);
 const FAILURES_BEFORE_BACKOFF: u32 = 2;
 
 /// Settings of the holder loop.
-pub struct HolderSettings {
+pub(crate) struct HolderSettings {
     /// Cluster id sent with every batch.
     pub cluster_id: String,
     /// Shared secret.
@@ -57,7 +57,7 @@ pub struct HolderSettings {
 }
 
 /// The holder loop's state.
-pub struct Holder {
+pub(crate) struct Holder {
     node: Arc<NodeParts>,
     owners: Box<dyn Owners>,
     view: Arc<RwLock<Arc<View>>>,
@@ -89,7 +89,7 @@ pub struct Holder {
 
 /// The per-key entries a holder keeps, counted each round.
 #[derive(Debug, Default)]
-pub struct HolderHeld {
+pub(crate) struct HolderHeld {
     /// Keys used here whose credit is not dropped at rest yet.
     pub active: AtomicUsize,
     /// `redis-lease`: keys whose reservation Redis still keeps for this node.
@@ -127,7 +127,7 @@ struct ActiveKey {
 
 /// What a round does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Round {
+pub(crate) enum Round {
     /// State what is due (owner changed, asked for, heartbeat), renew, return unused.
     Normal,
     /// As `Normal`, started by an actor asking for credit rather than the sync
@@ -151,7 +151,7 @@ type Answered = Result<Vec<Result<SyncReply, String>>, CallError>;
 
 impl Holder {
     /// A holder loop over `node`'s credit bindings.
-    pub fn new(
+    pub(crate) fn new(
         node: Arc<NodeParts>,
         owners: Box<dyn Owners>,
         view: Arc<RwLock<Arc<View>>>,
@@ -179,7 +179,7 @@ impl Holder {
     }
 
     /// Runs rounds every sync interval and whenever an actor asks, until `stop`.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let wake = self.node.credit_wake.clone();
         let mut ticker = tokio::time::interval(self.settings.sync_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -211,7 +211,7 @@ impl Holder {
     }
 
     /// One round: snapshot what is due, send, adopt.
-    pub async fn round(&mut self, round: Round) {
+    pub(crate) async fn round(&mut self, round: Round) {
         let view = self.view.read().clone();
         if view.members.is_empty() {
             return;
@@ -498,9 +498,9 @@ mod statement;
 #[cfg(test)]
 mod tests;
 
-pub use owners::Owners;
+pub(crate) use owners::Owners;
 use owners::Sender;
-pub use peers::PeerOwners;
-pub use plan::max_credit;
+pub(crate) use peers::PeerOwners;
+pub(crate) use plan::max_credit;
 use plan::*;
-pub use redis_owner::RedisOwner;
+pub(crate) use redis_owner::RedisOwner;

@@ -13,7 +13,7 @@ use futures_util::future::BoxFuture;
 /// What a statement travels with: the node's bindings and clock, the RPC
 /// client, the holder's settings.
 #[derive(Clone, Copy)]
-pub struct Sender<'a> {
+pub(crate) struct Sender<'a> {
     /// The node's parts (bindings, clock).
     pub node: &'a NodeParts,
     /// The internal RPC's client.
@@ -24,13 +24,13 @@ pub struct Sender<'a> {
 
 impl Sender<'_> {
     /// The node's clock (unix ms).
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.node.registry.clock().now_ns() / 1_000_000
     }
 }
 
 /// The owners of a leased mode's keys.
-pub trait Owners: Send + Sync {
+pub(crate) trait Owners: Send + Sync {
     /// `key`'s owner in `view`.
     fn owner_of<'v>(&self, view: &'v View, key: &str) -> Option<&'v MemberAddr>;
 

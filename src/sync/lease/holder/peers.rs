@@ -13,13 +13,13 @@ use futures_util::future::BoxFuture;
 use std::sync::Arc;
 
 /// `lease`: the members own the keys; this node's share of them is its book.
-pub struct PeerOwners {
+pub(crate) struct PeerOwners {
     book: Arc<OwnerBook>,
 }
 
 impl PeerOwners {
     /// Owners over this node's book.
-    pub fn new(book: Arc<OwnerBook>) -> PeerOwners {
+    pub(crate) fn new(book: Arc<OwnerBook>) -> PeerOwners {
         PeerOwners { book }
     }
 }

@@ -131,6 +131,6 @@ pub(super) fn add_to_batch(
 }
 
 /// Most credit one holder holds for a key of capacity `capacity`.
-pub fn max_credit(capacity: u64, fraction: f64) -> u64 {
+pub(crate) fn max_credit(capacity: u64, fraction: f64) -> u64 {
     ((capacity as f64 * fraction).floor() as u64).clamp(1, capacity.max(1))
 }

@@ -27,7 +27,7 @@ pub(super) static REDIS: std::sync::LazyLock<MemberAddr> =
 type RedisAsk = (Option<Reserve>, Vec<(String, u64)>);
 
 /// `redis-lease`: Redis owns every key (`lease.lua`).
-pub struct RedisOwner {
+pub(crate) struct RedisOwner {
     store: RedisStore,
     /// Key prefix.
     prefix: String,
@@ -39,7 +39,7 @@ pub struct RedisOwner {
 
 impl RedisOwner {
     /// Redis as the owner, through `store`, under `prefix`.
-    pub fn new(store: RedisStore, prefix: String, bucket_ms: u64) -> RedisOwner {
+    pub(crate) fn new(store: RedisStore, prefix: String, bucket_ms: u64) -> RedisOwner {
         RedisOwner {
             store,
             prefix,

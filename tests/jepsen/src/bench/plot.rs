@@ -17,7 +17,7 @@ const H: f64 = 440.0;
 const MARGIN: (f64, f64, f64, f64) = (70.0, 190.0, 30.0, 50.0);
 
 /// Writes every picture of the matrix into the spec's directory.
-pub fn write_all(spec: &BenchSpec, cells: &[Cell]) -> anyhow::Result<()> {
+pub(super) fn write_all(spec: &BenchSpec, cells: &[Cell]) -> anyhow::Result<()> {
     if cells.is_empty() {
         return Ok(());
     }
@@ -51,7 +51,7 @@ pub fn write_all(spec: &BenchSpec, cells: &[Cell]) -> anyhow::Result<()> {
 /// Every cell as a point: utilisation (what the upstream accepted over L)
 /// across, overshoot (the worst window over L, minus 1) up; the promise lines at
 /// 0 and +0.2.
-pub fn accuracy_vs_throughput(modes: &[String], cells: &[Cell]) -> String {
+pub(super) fn accuracy_vs_throughput(modes: &[String], cells: &[Cell]) -> String {
     let x_max = (cells.iter().map(|c| c.utilisation).fold(1.0, f64::max) * 10.0).ceil() / 10.0;
     let x_min = (cells.iter().map(|c| c.utilisation).fold(x_max, f64::min) * 10.0).floor() / 10.0;
     let y_max = (cells.iter().map(|c| c.overshoot).fold(0.3, f64::max) * 10.0).ceil() / 10.0;
@@ -104,7 +104,7 @@ pub fn accuracy_vs_throughput(modes: &[String], cells: &[Cell]) -> String {
 
 /// The cumulative distribution of each mode's latencies (sorted, ms), on a log
 /// scale from 1 ms.
-pub fn latency_cdf(title: &str, curves: &[(String, Vec<u64>)]) -> String {
+pub(super) fn latency_cdf(title: &str, curves: &[(String, Vec<u64>)]) -> String {
     let longest = (curves.iter())
         .filter_map(|(_, ms)| ms.last().copied())
         .max()

@@ -77,7 +77,7 @@ pub struct SeedFigures {
 
 /// Runs the spec's seed cells (subnets from `first_index` on); returns their
 /// figures in order.
-pub async fn run(spec: &BenchSpec, first_index: u8) -> anyhow::Result<Vec<SeedFigures>> {
+pub(super) async fn run(spec: &BenchSpec, first_index: u8) -> anyhow::Result<Vec<SeedFigures>> {
     let mut out = Vec::new();
     for (i, cell) in spec.seed_cells.iter().enumerate() {
         let dir_name = format!("seed-{}-{}", cell.mode, cell.estimate);
@@ -170,7 +170,7 @@ fn tokens_kept(report: &str) -> bool {
 }
 
 /// The seed scenario's table (markdown).
-pub fn table(spec: &BenchSpec, cells: &[SeedFigures]) -> String {
+pub(super) fn table(spec: &BenchSpec, cells: &[SeedFigures]) -> String {
     let scenario = TaskSpec::seed_scenario("max-tokens", false);
     let mut out = format!(
         "\n### Seed scenario\n\n{} workers over {SEED_NODES} nodes; the upstream grants {} tokens and 500 requests per {} s window (the provider's minute, compressed 10x: tasks per window read as tasks per minute); prompts of {} tokens, `max_tokens` {}, real completions {}-{} tokens; {} s per cell, seed {}. Ideal reserving `max_tokens`: {:.0} tasks per window.\n\n| workers | tasks / window | of ideal | upstream 429s | gateway 429s | token overshoot | task latency p50 / p99 (ms) | requests per task | promise kept |\n|---|---|---|---|---|---|---|---|---|\n",
