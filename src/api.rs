@@ -14,11 +14,23 @@ pub enum Api {
     Embeddings,
     /// `POST /v1/messages` (Anthropic).
     Messages,
+    /// `POST /v1/responses` (OpenAI's Responses API).
+    Responses,
+    /// `POST /v1/messages/count_tokens` (Anthropic): the provider's count of a
+    /// message's input, no completion.
+    CountTokens,
 }
 
 impl Api {
     /// Every API, in [`Api::index`] order.
-    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Embeddings, Api::Messages];
+    pub const ALL: [Api; 6] = [
+        Api::Chat,
+        Api::Completions,
+        Api::Embeddings,
+        Api::Messages,
+        Api::Responses,
+        Api::CountTokens,
+    ];
 
     /// Path below the upstream's base URL.
     pub fn path(self) -> &'static str {
@@ -27,10 +39,12 @@ impl Api {
             Api::Completions => "/completions",
             Api::Embeddings => "/embeddings",
             Api::Messages => "/messages",
+            Api::Responses => "/responses",
+            Api::CountTokens => "/messages/count_tokens",
         }
     }
 
-    /// Position in per-API tables (0..4).
+    /// Position in per-API tables (0..6).
     pub fn index(self) -> usize {
         self as usize
     }
@@ -38,7 +52,7 @@ impl Api {
     /// Upstream kind that serves this API.
     pub fn upstream_kind(self) -> UpstreamKind {
         match self {
-            Api::Messages => UpstreamKind::Anthropic,
+            Api::Messages | Api::CountTokens => UpstreamKind::Anthropic,
             _ => UpstreamKind::Openai,
         }
     }
@@ -50,6 +64,8 @@ impl Api {
             Api::Completions => "completions",
             Api::Embeddings => "embeddings",
             Api::Messages => "messages",
+            Api::Responses => "responses",
+            Api::CountTokens => "count_tokens",
         }
     }
 }

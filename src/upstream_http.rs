@@ -214,8 +214,28 @@ impl UpstreamHttp {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<UpstreamResponse, BoxError> {
+        self.send(http::Method::POST, endpoint, headers, body).await
+    }
+
+    /// GETs `endpoint` with `headers`: the answer's head, its body still to read.
+    pub async fn get(
+        &self,
+        endpoint: &Endpoint,
+        headers: HeaderMap,
+    ) -> Result<UpstreamResponse, BoxError> {
+        self.send(http::Method::GET, endpoint, headers, Bytes::new())
+            .await
+    }
+
+    async fn send(
+        &self,
+        method: http::Method,
+        endpoint: &Endpoint,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<UpstreamResponse, BoxError> {
         if endpoint.via_reqwest {
-            let response = (self.proxied.post(endpoint.url.clone()))
+            let response = (self.proxied.request(method, endpoint.url.clone()))
                 .headers(headers)
                 .body(body)
                 .send()
@@ -223,7 +243,7 @@ impl UpstreamHttp {
             return Ok(http::Response::from(response).map(UpstreamBody::Proxied));
         }
         let mut request = http::Request::new(Full::new(body));
-        *request.method_mut() = http::Method::POST;
+        *request.method_mut() = method;
         *request.uri_mut() = endpoint.uri.clone();
         *request.headers_mut() = headers;
         (request.headers_mut()).insert(http::header::HOST, endpoint.host.clone());

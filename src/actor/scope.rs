@@ -262,6 +262,19 @@ impl ScopeLimits {
         worst.0.map_or(Ok(()), Err)
     }
 
+    /// What the local windows (and a cooldown) alone keep `tokens` in `lane`
+    /// out for, if they do. Exact while nothing admitted here is unsettled:
+    /// only a settlement (a refund below the reservation, a charge re-dated to
+    /// its answer) moves a window's contents other than time does.
+    pub fn window_wait(&self, now: Nanos, tokens: u64, lane: Lane) -> Option<Blocked> {
+        let mut worst = Worst::default();
+        if self.cooling_until_ns > now {
+            worst.retry(Dimension::Cooldown, self.cooling_until_ns - now);
+        }
+        self.check_windows(now, tokens, lane, None, &mut worst);
+        worst.0
+    }
+
     /// The local windows (requests, tokens) under the lane's ceiling, and how
     /// busy they are.
     fn check_windows(

@@ -274,6 +274,9 @@ impl Core {
                 }
                 Err(_) => {}
             }
+            if let Some(blocked) = self.outlasts_deadline(now, tokens, request) {
+                return Decision::Refused(self.refusal(now, blocked));
+            }
         } else if let Err(blocked) = self.limits.check(now, tokens, request.lane, None)
             && blocked.never
         {
@@ -290,9 +293,30 @@ impl Core {
                 never: false,
             };
             return Decision::Refused(self.unrecorded(now, behind));
+        } else if let Some(blocked) = self.outlasts_deadline(now, tokens, request) {
+            return Decision::Refused(self.refusal(now, blocked));
         }
         self.forwarded += 1;
         Decision::Forward(tokens)
+    }
+
+    /// The local windows' block, when it is known to last past the request's
+    /// deadline: they keep it out for longer than it may wait, and nothing
+    /// admitted here is unsettled (a settlement below its reservation could
+    /// free room sooner). Such a request is answered at once, with the exact
+    /// retry-after, instead of after its whole wait; however the queue moves,
+    /// it could not have been admitted in time.
+    fn outlasts_deadline(
+        &self,
+        now: Nanos,
+        tokens: u64,
+        request: &AcquireRequest,
+    ) -> Option<Blocked> {
+        if self.limits.in_flight() > 0 {
+            return None;
+        }
+        (self.limits.window_wait(now, tokens, request.lane))
+            .filter(|b| b.never || b.retry_after_ns > request.max_wait_ns)
     }
 
     /// The request's cost in tokens (prompt + completion estimate).

@@ -38,6 +38,8 @@ pub enum Api {
     Embeddings,
     /// Anthropic `POST {url}/messages`, authenticated with `x-api-key`.
     Messages,
+    /// OpenAI Responses API `POST {url}/responses`.
+    Responses,
 }
 
 /// Lane requested from the gateway with the `x-tollgate-priority` header.
@@ -58,6 +60,7 @@ impl Api {
             Api::Completions => "completions",
             Api::Embeddings => "embeddings",
             Api::Messages => "messages",
+            Api::Responses => "responses",
         }
     }
 }

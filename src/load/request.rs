@@ -53,6 +53,7 @@ impl Target {
             Api::Completions => "completions",
             Api::Embeddings => "embeddings",
             Api::Messages => "messages",
+            Api::Responses => "responses",
         };
         let base = args.url.trim_end_matches('/');
         let endpoint = Endpoint::direct(&format!("{base}/{path}"))
@@ -156,6 +157,11 @@ fn body(args: &LoadArgs, prompt: &str) -> anyhow::Result<Bytes> {
             "max_tokens": args.max_tokens,
         }),
         Api::Embeddings => json!({"model": args.model, "input": prompt}),
+        Api::Responses => json!({
+            "model": args.model,
+            "input": prompt,
+            "max_output_tokens": args.max_tokens,
+        }),
     };
     if args.stream {
         value["stream"] = json!(true);

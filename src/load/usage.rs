@@ -5,7 +5,8 @@
 //! `input_tokens`/`output_tokens`. Streams: OpenAI sends one final chunk with `usage`
 //! when asked (`stream_options.include_usage`); Anthropic sends `message_start`
 //! (`message.usage`, input and a first output count) and `message_delta` (`usage`,
-//! cumulative output). The last value seen for each field wins.
+//! cumulative output); the Responses API sends the response with its usage in
+//! `response.completed`. The last value seen for each field wins.
 
 use serde::Deserialize;
 
@@ -46,11 +47,12 @@ struct UsageFields {
 }
 
 /// A JSON body or SSE event: `usage` at the top, or inside `message` (Anthropic's
-/// `message_start`).
+/// `message_start`) or `response` (the Responses API's `response.completed`).
 #[derive(Deserialize)]
 struct Envelope {
     usage: Option<UsageFields>,
     message: Option<Message>,
+    response: Option<Message>,
 }
 
 #[derive(Deserialize)]
@@ -60,8 +62,10 @@ struct Message {
 
 impl Envelope {
     fn merge_into(&self, usage: &mut Usage) {
-        if let Some(fields) = self.message.as_ref().and_then(|m| m.usage.as_ref()) {
-            usage.merge(fields);
+        for inner in [&self.message, &self.response] {
+            if let Some(fields) = inner.as_ref().and_then(|m| m.usage.as_ref()) {
+                usage.merge(fields);
+            }
         }
         if let Some(fields) = &self.usage {
             usage.merge(fields);

@@ -41,10 +41,18 @@ impl MockState {
                 self.counters
                     .admitted(charge.prompt_tokens, charge.completion_tokens);
                 let slot = Slot(Arc::clone(self));
-                Ok(Admission {
-                    slot,
-                    headers: rate_limit_headers(limits, usage),
-                })
+                let mut headers = rate_limit_headers(limits, usage);
+                // The provider's id of the request: OpenAI's header, or
+                // Anthropic's, which the gateway passes on to its client.
+                let name = match charge.api {
+                    Api::Messages => "request-id",
+                    _ => "x-request-id",
+                };
+                let id = format!("req_mock{:016x}", rand::random::<u64>());
+                if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
+                    headers.insert(name, value);
+                }
+                Ok(Admission { slot, headers })
             }
             Decision::Refused {
                 kind,

@@ -87,6 +87,41 @@ async fn messages_response(
     Ok(sse.into_response(headers, slot))
 }
 
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, the count a
+/// message with this input would be charged. Free, as Anthropic's is: nothing
+/// is charged to the limits or logged.
+pub(crate) async fn count_tokens(
+    State(mock): State<Arc<MockState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let counted = (|| {
+        let bytes = request::read_body(&mock, &headers, body)?;
+        let req: CountTokensRequest = request::parse(&bytes)?;
+        request::non_empty("messages", req.messages.len())?;
+        mock.check_model(&req.model)?;
+        Ok::<_, ApiError>(count_input(&req.model, req.system, req.messages))
+    })();
+    match counted {
+        Ok(input_tokens) => {
+            let body = to_json(&json!({"input_tokens": input_tokens}));
+            json_response(body, HeaderMap::new())
+        }
+        Err(error) => error.into_response(Flavor::Anthropic),
+    }
+}
+
+/// The input of a `count_tokens` request (`max_tokens` not needed).
+#[derive(serde::Deserialize)]
+struct CountTokensRequest<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    messages: Vec<ChatMessage<'a>>,
+    #[serde(default, borrow)]
+    system: Option<crate::tokens::Content<'a>>,
+}
+
 /// The system prompt (as a system message) plus the messages, counted as a chat.
 fn count_input<'a>(
     model: &str,

@@ -31,6 +31,8 @@ pub enum Api {
     Embeddings,
     /// `POST /v1/messages` (Anthropic).
     Messages,
+    /// `POST /v1/responses` (OpenAI's Responses API).
+    Responses,
 }
 
 /// Whether the request was served.

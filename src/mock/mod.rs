@@ -5,7 +5,7 @@
 //! - `limits`: its own exact sliding log (RPM, TPM, concurrency), sharing no code with
 //!   the gateway's limiter.
 //! - `state` / `admit`: the one shared state and the admission step every API uses.
-//! - `openai`, `completions`, `embeddings`, `anthropic`: the provider APIs.
+//! - `openai`, `completions`, `embeddings`, `anthropic`, `responses`: the provider APIs.
 //! - `stream`: SSE bodies that hold the concurrency slot until their last byte.
 //! - `log`: the JSONL decision log and its writer task.
 //! - `stats`: counters behind `GET /stats`.
@@ -27,6 +27,7 @@ mod limits;
 mod log;
 mod openai;
 mod request;
+mod responses;
 mod state;
 mod stats;
 mod stream;
@@ -66,6 +67,8 @@ pub fn app(state: Arc<MockState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/models", get(models))
         .route("/stats", get(stats))
         .route("/healthz", get(|| async { "ok" }))

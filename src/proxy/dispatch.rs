@@ -175,7 +175,7 @@ fn upstream_headers(req: &Admitted<'_>, upstream: &Upstream) -> HeaderMap {
     headers.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
     let credentials = upstream.credentials.as_ref();
     match req.api {
-        Api::Messages => {
+        Api::Messages | Api::CountTokens => {
             let version = req
                 .client_headers
                 .get(&ANTHROPIC_VERSION)
@@ -360,7 +360,25 @@ async fn send_and_wait(
 /// Acts on the upstream's answer: the provider's own exhaustion headers pause
 /// it; a 429 cools it down and moves on; a 5xx is retried with backoff; a
 /// redirect is refused; a success streams or is read whole and settled.
+/// An answer: taken as the client's, with the provider's request id, or
+/// retried.
 async fn on_answer(
+    state: &AppState,
+    req: &Admitted<'_>,
+    upstream: &Upstream,
+    held: Charges,
+    response: UpstreamResponse,
+) -> Attempt {
+    let provider_id = super::request_id::of_upstream(response.headers());
+    let mut attempt = take_answer(state, req, upstream, held, response).await;
+    if let (Attempt::Done(out), Some(id)) = (&mut attempt, provider_id) {
+        out.headers_mut()
+            .insert(super::request_id::X_REQUEST_ID, id);
+    }
+    attempt
+}
+
+async fn take_answer(
     state: &AppState,
     req: &Admitted<'_>,
     upstream: &Upstream,

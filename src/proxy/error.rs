@@ -23,7 +23,7 @@ impl Flavor {
     /// The error shape a client of `api` reads.
     pub fn of(api: crate::api::Api) -> Flavor {
         match api {
-            crate::api::Api::Messages => Flavor::Anthropic,
+            crate::api::Api::Messages | crate::api::Api::CountTokens => Flavor::Anthropic,
             _ => Flavor::OpenAi,
         }
     }

@@ -5,6 +5,7 @@ use super::dispatch::{Admitted, dispatch};
 use super::error::ApiError;
 use super::headers::RateHeaders;
 use super::request::{Api, ParseSettings, parse};
+use super::request_id;
 use super::select::UpstreamDemand;
 use super::spill::{self, Refused};
 use super::state::{AppState, Route, Tenant};
@@ -83,17 +84,19 @@ pub async fn handle(
         tenant: None,
         status: None,
     };
-    let response = match serve(&state, api, hop, &headers, body, &mut outcome.tenant).await {
+    let mut response = match serve(&state, api, hop, &headers, body, &mut outcome.tenant).await {
         Ok(response) => response,
         Err(error) => {
+            let id = request_id::new();
             if error.status.is_server_error() {
-                tracing::warn!(api = api.as_str(), status = error.status.as_u16(), message = %error.message, "request failed");
+                tracing::warn!(request_id = ?id, api = api.as_str(), status = error.status.as_u16(), message = %error.message, "request failed");
             }
-            error
-                .with_flavor(super::error::Flavor::of(api))
-                .into_response()
+            let mut response = (error.with_flavor(super::error::Flavor::of(api))).into_response();
+            response.headers_mut().insert(request_id::X_REQUEST_ID, id);
+            response
         }
     };
+    request_id::stamp(&mut response);
     outcome.status = Some(response.status().as_u16());
     response
 }

@@ -4,15 +4,18 @@
 //! [`handler`] authenticates, reads hints, parses ([`request`]) and admits on the
 //! tenant's actor; [`dispatch`] picks upstreams ([`select`]), forwards, retries
 //! and settles; [`stream`] meters SSE responses; [`usage`] reads what providers
-//! report; [`headers`] writes the `x-ratelimit-*` headers; [`error`] maps every
-//! failure to the caller's error shape.
+//! report; [`models`] lists the models the routes serve; [`headers`] writes the `x-ratelimit-*` headers; [`request_id`]
+//! gives every answer its `x-request-id`; [`error`] maps every failure to the
+//! caller's error shape.
 
 pub mod charges;
 pub mod dispatch;
 pub mod error;
 pub mod handler;
 pub mod headers;
+pub mod models;
 pub mod request;
+pub mod request_id;
 pub mod select;
 pub mod spill;
 pub mod stall;
@@ -24,11 +27,9 @@ pub use state::AppState;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use request::Api;
-use serde_json::json;
 use std::sync::Arc;
 
 macro_rules! api_route {
@@ -52,30 +53,20 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/completions", api_route!(Api::Completions))
         .route("/v1/embeddings", api_route!(Api::Embeddings))
         .route("/v1/messages", api_route!(Api::Messages))
-        .route("/v1/models", get(models))
-}
-
-async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = handler::authenticate(&state, &headers) {
-        return e.into_response();
-    }
-    let data: Vec<_> = state
-        .routes
-        .iter()
-        .flat_map(|r| r.exact_models())
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tollgate"}))
-        .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+        .route("/v1/messages/count_tokens", api_route!(Api::CountTokens))
+        .route("/v1/responses", api_route!(Api::Responses))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::one))
 }
 
 /// A known path, another method (`GET /v1/chat/completions`): in the caller's
 /// error shape, with an `allow` header, not axum's empty 405.
 pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
     let path = uri.path();
-    let (allow, error) = if path.starts_with("/v1/") && path != "/v1/models" {
+    let (allow, error) = if path.starts_with("/v1/") && !path.starts_with("/v1/models") {
         let e = error::ApiError::method_not_allowed(format!("{path} takes POST."));
         let flavor = match path {
-            "/v1/messages" => error::Flavor::Anthropic,
+            "/v1/messages" | "/v1/messages/count_tokens" => error::Flavor::Anthropic,
             _ => error::Flavor::OpenAi,
         };
         ("POST", e.with_flavor(flavor))
@@ -94,7 +85,7 @@ pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
 /// An unknown path, in the caller's error shape.
 pub async fn not_found(uri: axum::http::Uri) -> Response {
     let mut e = error::ApiError::bad_request(
-        "Unknown path. tollgate serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/messages.",
+        "Unknown path. tollgate serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models, /v1/messages and /v1/messages/count_tokens.",
         None,
     );
     e.status = axum::http::StatusCode::NOT_FOUND;

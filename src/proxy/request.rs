@@ -5,7 +5,9 @@
 //! did not ask for it).
 
 use super::error::ApiError;
-use crate::tokens::{ChatMessage, Content, TokenCounter, count_chat_prompt};
+use crate::tokens::{
+    ChatMessage, Content, TokenCounter, count_chat_prompt, count_responses_prompt,
+};
 use bytes::Bytes;
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -67,6 +69,15 @@ enum TextInput<'a> {
 }
 
 impl TextInput<'_> {
+    /// How many prompts: each gets its own completion(s).
+    fn prompts(&self) -> u64 {
+        match self {
+            TextInput::One(_) | TextInput::Tokens(_) => 1,
+            TextInput::Many(texts) => texts.len().max(1) as u64,
+            TextInput::TokenLists(lists) => lists.len().max(1) as u64,
+        }
+    }
+
     fn count(&self, counter: TokenCounter<'_>) -> u64 {
         match self {
             TextInput::One(text) => counter.count_text(text),
@@ -107,6 +118,29 @@ struct MessagesBody<'a> {
     #[serde(default, borrow)]
     system: Option<Content<'a>>,
     max_tokens: Option<i64>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct CountTokensBody<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesBody<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    /// A string or a list of items (absent when a stored prompt or an earlier
+    /// response supplies it).
+    #[serde(default)]
+    input: Option<serde_json::Value>,
+    #[serde(default, borrow)]
+    instructions: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    max_output_tokens: Option<i64>,
     #[serde(default)]
     stream: Option<bool>,
 }
@@ -177,6 +211,20 @@ pub fn parse<'c>(
             }
         }
         Api::Messages => messages_fields(&body, default, &counter_for)?,
+        Api::Responses => responses_fields(&body, default, &counter_for)?,
+        Api::CountTokens => {
+            let b: CountTokensBody = serde_json::from_slice(&body).map_err(|e| json_error(&e))?;
+            // The model must be routed; nothing is reserved: the provider
+            // counts, and bills nothing.
+            counter_for(&b.model)?;
+            Fields {
+                model: Arc::from(b.model),
+                prompt_tokens: 0,
+                max_completion: 0,
+                stream: false,
+                wants_usage: true,
+            }
+        }
     };
     let openai_stream = fields.stream && matches!(api, Api::Chat | Api::Completions);
     let strip_usage_chunk = openai_stream && !fields.wants_usage;
@@ -234,7 +282,9 @@ fn completions_fields<'c>(
 ) -> Result<Fields, ApiError> {
     let b: CompletionsBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
     let counter = counter_for(&b.model)?;
-    let max = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
+    // Every prompt of a list gets its own `n` completions.
+    let per_prompt = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
+    let max = per_prompt.saturating_mul(b.prompt.prompts());
     Ok(Fields {
         wants_usage: b.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prompt_tokens: b.prompt.count(counter),
@@ -269,6 +319,29 @@ fn messages_fields<'c>(
         max_completion: max,
         stream: b.stream.unwrap_or(false),
         // Anthropic streams always carry usage.
+        wants_usage: true,
+        model: Arc::from(b.model),
+    })
+}
+
+fn responses_fields<'c>(
+    body: &[u8],
+    default: u64,
+    counter_for: &impl Fn(&str) -> Result<TokenCounter<'c>, ApiError>,
+) -> Result<Fields, ApiError> {
+    let b: ResponsesBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
+    let counter = counter_for(&b.model)?;
+    let prompt_tokens = count_responses_prompt(
+        counter,
+        b.instructions.as_deref(),
+        b.input.as_ref(),
+        b.tools.as_ref(),
+    );
+    Ok(Fields {
+        prompt_tokens,
+        max_completion: check_max_tokens(b.max_output_tokens, "max_output_tokens", default)?,
+        stream: b.stream.unwrap_or(false),
+        // The stream's `response.completed` event always carries the usage.
         wants_usage: true,
         model: Arc::from(b.model),
     })
@@ -392,6 +465,55 @@ mod tests {
         .unwrap();
         assert_eq!(p.max_completion_tokens, 7);
         assert!(p.prompt_tokens > 3 + 3 + 3);
+    }
+
+    #[test]
+    fn a_list_of_prompts_reserves_every_prompts_completions() {
+        let completions = |body: &'static str| {
+            parse(
+                Api::Completions,
+                Bytes::from_static(body.as_bytes()),
+                SETTINGS,
+                |_| Ok(Encoding::Cl100kBase.into()),
+            )
+            .unwrap()
+        };
+        let one = completions(r#"{"model":"m","prompt":"a b","max_tokens":10,"n":2}"#);
+        assert_eq!(one.max_completion_tokens, 20);
+        let three = completions(r#"{"model":"m","prompt":["a","b","c"],"max_tokens":10,"n":2}"#);
+        assert_eq!(
+            three.max_completion_tokens, 60,
+            "10 x 2 choices x 3 prompts"
+        );
+        let lists = completions(r#"{"model":"m","prompt":[[1,2],[3]],"max_tokens":10}"#);
+        assert_eq!((lists.prompt_tokens, lists.max_completion_tokens), (3, 20));
+    }
+
+    #[test]
+    fn a_responses_request_counts_its_input_and_caps_by_max_output_tokens() {
+        let p = parse(
+            Api::Responses,
+            Bytes::from_static(
+                br#"{"model":"m","instructions":"Be brief.","input":"Hello!","max_output_tokens":12,"stream":true}"#,
+            ),
+            SETTINGS,
+            |_| Ok(Encoding::Cl100kBase.into()),
+        )
+        .unwrap();
+        assert_eq!(p.max_completion_tokens, 12);
+        assert!(
+            p.stream && !p.strip_usage_chunk,
+            "usage comes with response.completed"
+        );
+        assert!(p.prompt_tokens > 3 + 3 + 3);
+        let e = parse(
+            Api::Responses,
+            Bytes::from_static(br#"{"model":"m","input":"x","max_output_tokens":0}"#),
+            SETTINGS,
+            |_| Ok(Encoding::Cl100kBase.into()),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
     }
 
     #[test]

@@ -39,7 +39,10 @@ pub struct Upstream {
     pub kind: UpstreamKind,
     /// Endpoint per API, parsed once (`base_url` + the API's path), indexed by
     /// [`Api::index`].
-    pub endpoints: [Endpoint; 4],
+    pub endpoints: [Endpoint; crate::api::Api::ALL.len()],
+    /// Its model list, `base_url` + `/models` (`GET /v1/models` for routes
+    /// with patterns).
+    pub models: Endpoint,
     /// The provider key as the header each API family sends it in, made once
     /// (marked sensitive: never logged): `authorization: Bearer <key>` and
     /// `x-api-key: <key>`. `None` without a key.
@@ -133,6 +136,19 @@ impl Route {
         })
     }
 
+    /// Whether the route has patterns (`*`, `prefix*`), whose models only its
+    /// upstreams can list.
+    pub fn has_patterns(&self) -> bool {
+        self.patterns.iter().any(|p| p.ends_with('*'))
+    }
+
+    /// Whether `model` is one of the route's patterns' (not its exact names).
+    pub fn pattern_matches(&self, model: &str) -> bool {
+        (self.patterns.iter())
+            .filter_map(|p| p.strip_suffix('*'))
+            .any(|prefix| model.starts_with(prefix))
+    }
+
     /// Exact model names (for `/v1/models`).
     pub fn exact_models(&self) -> impl Iterator<Item = &str> {
         self.patterns
@@ -189,6 +205,8 @@ pub struct AppState {
     /// Whether this process stalled since a request was admitted (its ticker is
     /// started with the server).
     pub stall_watch: Arc<super::stall::StallWatch>,
+    /// Each upstream's model list, for routes with patterns (`super::models`).
+    pub model_lists: super::models::ModelLists,
     /// `lease` mode with `cluster.lease.spillover`: the peers' room, which the
     /// sync engine writes each round (`super::spill`).
     pub spill: Option<Arc<crate::sync::spill::Board>>,

@@ -15,7 +15,7 @@
 
 use super::charges::Charges;
 use super::request::Api;
-use super::usage::{OpenAiEvent, Usage, anthropic_event, openai_event};
+use super::usage::{OpenAiEvent, Usage, anthropic_event, openai_event, responses_event};
 use crate::actor::SettleWith;
 use crate::upstream_http::{UpstreamBody, describe};
 use bytes::{Bytes, BytesMut};
@@ -43,7 +43,8 @@ pub struct SseScanner {
     /// Usage seen so far.
     pub usage: Option<Usage>,
     /// Whether `usage` is the response's final figure (OpenAI's usage chunk,
-    /// Anthropic's `message_delta`); else the stream settles as reserved.
+    /// Anthropic's `message_delta`, the Responses API's `response.completed`);
+    /// else the stream settles as reserved.
     pub complete: bool,
 }
 
@@ -102,6 +103,8 @@ impl SseScanner {
         for data in data_lines(event) {
             if api == Api::Messages {
                 self.complete |= anthropic_event(data, &mut self.usage);
+            } else if api == Api::Responses {
+                self.complete |= responses_event(data, &mut self.usage);
             } else if let OpenAiEvent::Usage { usage, usage_only } = openai_event(data) {
                 self.usage = Some(usage);
                 self.complete = true;

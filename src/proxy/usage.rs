@@ -1,6 +1,6 @@
 //! Reading the real usage out of upstream responses: OpenAI's `usage` object
-//! (`prompt_tokens`/`completion_tokens`), Anthropic's (`input_tokens`/
-//! `output_tokens`), in whole bodies and in SSE events.
+//! (`prompt_tokens`/`completion_tokens`), Anthropic's and the Responses API's
+//! (`input_tokens`/`output_tokens`), in whole bodies and in SSE events.
 
 use crate::actor::SettleWith;
 use serde::Deserialize;
@@ -16,10 +16,10 @@ pub struct Usage {
     /// OpenAI completion tokens.
     #[serde(default, deserialize_with = "zero_if_null")]
     pub completion_tokens: u64,
-    /// Anthropic input tokens.
+    /// Anthropic and Responses API input tokens.
     #[serde(default, deserialize_with = "zero_if_null")]
     pub input_tokens: u64,
-    /// Anthropic output tokens.
+    /// Anthropic and Responses API output tokens.
     #[serde(default, deserialize_with = "zero_if_null")]
     pub output_tokens: u64,
     /// Anthropic prompt-cache writes: input the provider processed (and counts
@@ -136,6 +136,34 @@ pub fn anthropic_event(data: &[u8], usage: &mut Option<Usage>) -> bool {
     }
 }
 
+#[derive(Deserialize)]
+struct ResponsesEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    response: Option<WithUsage>,
+}
+
+/// Reads a Responses API SSE data payload: the events that end a response
+/// (`response.completed`, `response.incomplete`, `response.failed`) carry the
+/// response with its usage. Returns whether this was one with usage: the
+/// response's final figure.
+pub fn responses_event(data: &[u8], usage: &mut Option<Usage>) -> bool {
+    let Ok(event) = serde_json::from_slice::<ResponsesEvent>(data) else {
+        return false;
+    };
+    let ends = matches!(
+        event.kind.as_str(),
+        "response.completed" | "response.incomplete" | "response.failed"
+    );
+    match event.response.and_then(|r| r.usage) {
+        Some(final_usage) if ends => {
+            *usage = Some(final_usage);
+            true
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,5 +207,26 @@ mod tests {
                 completion: 30
             }
         );
+    }
+
+    #[test]
+    fn a_responses_stream_settles_from_its_completed_event() {
+        let mut usage = None;
+        let created = br#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","usage":null}}"#;
+        assert!(!responses_event(created, &mut usage));
+        let delta = br#"{"type":"response.output_text.delta","sequence_number":3,"delta":"hi"}"#;
+        assert!(!responses_event(delta, &mut usage));
+        let done = br#"{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","usage":{"input_tokens":21,"input_tokens_details":{"cached_tokens":0},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":28}}}"#;
+        assert!(responses_event(done, &mut usage), "the final count");
+        assert_eq!(
+            usage.unwrap().settle_with(),
+            SettleWith::Usage {
+                prompt: 21,
+                completion: 7
+            }
+        );
+        // A whole (non-stream) response reads the same top-level usage.
+        let body = br#"{"id":"resp_1","object":"response","usage":{"input_tokens":21,"output_tokens":7,"total_tokens":28}}"#;
+        assert_eq!(from_body(body).unwrap(), usage);
     }
 }

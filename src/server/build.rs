@@ -137,8 +137,8 @@ fn bind_allowances(
     (bindings, credits)
 }
 
-/// The four endpoints of an upstream; validate() already proved the base URL parses.
-fn endpoints(http: &UpstreamHttp, base_url: &str) -> Result<[Endpoint; 4], ApiError> {
+/// An upstream's endpoint per API; validate() already proved the base URL parses.
+fn endpoints(http: &UpstreamHttp, base_url: &str) -> Result<[Endpoint; Api::ALL.len()], ApiError> {
     let base = base_url.trim_end_matches('/');
     let parse = |api: Api| {
         http.endpoint(&format!("{base}{}", api.path()))
@@ -149,6 +149,8 @@ fn endpoints(http: &UpstreamHttp, base_url: &str) -> Result<[Endpoint; 4], ApiEr
         parse(Api::Completions)?,
         parse(Api::Embeddings)?,
         parse(Api::Messages)?,
+        parse(Api::Responses)?,
+        parse(Api::CountTokens)?,
     ])
 }
 
@@ -170,6 +172,9 @@ fn routes(
                 id: scope.id.clone(),
                 kind: u.kind,
                 endpoints: endpoints(upstream_http, &u.base_url)?,
+                models: (upstream_http)
+                    .endpoint(&format!("{}/models", u.base_url.trim_end_matches('/')))
+                    .map_err(ApiError::bad_gateway)?,
                 credentials: u.api_key.as_deref().map(Credentials::new).transpose()?,
                 timeout: u.timeout,
                 stream_idle_timeout: u.stream_idle_timeout,
@@ -302,5 +307,6 @@ pub fn node_state(mut config: Config) -> Result<AppState, ApiError> {
         redis_gate: Arc::default(),
         cluster_status,
         spill,
+        model_lists: Default::default(),
     })
 }

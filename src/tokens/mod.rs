@@ -16,10 +16,12 @@
 
 mod bpe;
 mod memo;
+mod responses;
 
 use crate::config::bounds::EncodingName;
 use bpe::BpeCounter;
 pub use memo::{COUNT_MEMO_SLOTS_RANGE, CountMemo, MIN_MEMO_BYTES};
+pub use responses::count_responses_prompt;
 use serde::Deserialize;
 use std::sync::OnceLock;
 use tiktoken_rs::tokenizer::Tokenizer;

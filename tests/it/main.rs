@@ -18,6 +18,7 @@ mod layers;
 mod mock_upstream;
 mod ops;
 mod product_words;
+mod proxy_apis;
 mod proxy_bad_input;
 mod proxy_limits;
 mod proxy_sdk;

@@ -172,8 +172,8 @@ async fn client_mistakes_get_openai_errors_and_leak_nothing() {
     assert_eq!(wrong.status(), 405);
     assert_eq!(json(wrong).await["type"], "error", "Anthropic's shape");
     // An unknown path: 404, in Anthropic's shape under /v1/messages/ (its SDK's
-    // count_tokens and batches), OpenAI's elsewhere.
-    let unknown = raw(&node, "/messages/count_tokens", b"{}".to_vec(), &auth).await;
+    // batches), OpenAI's elsewhere.
+    let unknown = raw(&node, "/messages/batches", b"{}".to_vec(), &auth).await;
     assert_eq!(unknown.status(), 404);
     let body = json(unknown).await;
     assert_eq!(body["type"], "error", "Anthropic's shape: {body}");

@@ -17,9 +17,18 @@ async fn tenant_429_has_retry_headers_and_openai_body() {
         assert_eq!(ok.status(), 200);
         assert_eq!(ok.headers()["x-ratelimit-limit-requests"], "2");
         assert!(ok.headers().contains_key("x-ratelimit-reset-requests"));
+        // The provider's request id, passed on.
+        let id = ok.headers()["x-request-id"].to_str().unwrap();
+        assert!(id.starts_with("req_mock"), "{id}");
     }
     let refused = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
     assert_eq!(refused.status(), 429);
+    // The node's own id on its own answer.
+    let id = refused.headers()["x-request-id"].to_str().unwrap();
+    assert!(
+        id.starts_with("req_") && id.len() == 36 && !id.starts_with("req_mock"),
+        "{id}"
+    );
     let retry_ms: u64 = refused.headers()["retry-after-ms"]
         .to_str()
         .unwrap()

@@ -1,6 +1,6 @@
 use super::*;
-use crate::actor::Lane;
 use crate::actor::permit::{Permit, SettleWith};
+use crate::actor::{Dimension, Lane};
 use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
 fn registry(idle_secs: u64) -> (Registry, ScopeId) {
@@ -495,4 +495,56 @@ async fn dropped_permits_settle_once_and_free_their_slot() {
     let status = registry.status(&scope).await.unwrap();
     assert_eq!(status.tokens.unwrap().used, 20);
     assert_eq!(status.requests.unwrap().used, 2);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_whose_wait_is_known_to_outlast_its_deadline_is_refused_at_once() {
+    let (registry, scope) = registry(60);
+    // Five requests spend the 10 s window of 5; each is settled, so nothing
+    // unsettled could free room early.
+    for _ in 0..5 {
+        let permit = acquire(&registry, &scope).await.unwrap();
+        permit.settle(SettleWith::Usage {
+            prompt: 10,
+            completion: 10,
+        });
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let asked = tokio::time::Instant::now();
+    let refused = acquire_waiting(&registry, &scope, 2 * NANOS_PER_SEC)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        asked.elapsed(),
+        std::time::Duration::ZERO,
+        "answered at once"
+    );
+    assert_eq!(refused.blocked.dimension, Dimension::Requests);
+    assert!(
+        refused.blocked.retry_after_ns > 2 * NANOS_PER_SEC,
+        "the exact wait, past the deadline: {} ns",
+        refused.blocked.retry_after_ns
+    );
+    // A wait that ends before the deadline is waited out, and admitted.
+    let waited = acquire_waiting(&registry, &scope, 12 * NANOS_PER_SEC).await;
+    assert!(waited.is_ok());
+    assert!(asked.elapsed() > std::time::Duration::from_secs(2));
+    // While a request is unsettled its settlement may free room sooner: the
+    // caller waits its whole wait instead.
+    let unsettled = waited.unwrap();
+    for _ in 0..4 {
+        let permit = acquire(&registry, &scope).await.unwrap();
+        permit.settle(SettleWith::Usage {
+            prompt: 10,
+            completion: 10,
+        });
+    }
+    let asked = tokio::time::Instant::now();
+    let refused = acquire_waiting(&registry, &scope, 2 * NANOS_PER_SEC).await;
+    assert!(refused.is_err());
+    assert!(
+        asked.elapsed() >= std::time::Duration::from_secs(2),
+        "waited"
+    );
+    drop(unsettled);
 }
