@@ -14,7 +14,7 @@
 //! [`MAX_NAME_BYTES`].
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, Flavor};
 use super::handler;
 use super::state::Upstream;
 use crate::config::UpstreamKind;
@@ -170,9 +170,18 @@ async fn served(state: &AppState) -> BTreeMap<String, Option<Arc<str>>> {
     models
 }
 
-/// Whether the caller speaks Anthropic's API (its SDK sends `anthropic-version`).
-fn anthropic(headers: &HeaderMap) -> bool {
-    headers.contains_key("anthropic-version")
+/// The caller's API (Anthropic's SDK sends `anthropic-version`), once it is
+/// authenticated; its refusal, in its shape, otherwise.
+fn caller(state: &AppState, headers: &HeaderMap) -> Result<Flavor, Box<ApiError>> {
+    let flavor = if headers.contains_key("anthropic-version") {
+        Flavor::Anthropic
+    } else {
+        Flavor::OpenAi
+    };
+    match handler::authenticate(state, headers) {
+        Ok(_) => Ok(flavor),
+        Err(e) => Err(Box::new(e.with_flavor(flavor))),
+    }
 }
 
 fn entry(id: &str, owner: Option<&Arc<str>>, anthropic: bool) -> Value {
@@ -186,16 +195,12 @@ fn entry(id: &str, owner: Option<&Arc<str>>, anthropic: bool) -> Value {
 
 /// `GET /v1/models`.
 pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let flavor = if anthropic(&headers) {
-        super::error::Flavor::Anthropic
-    } else {
-        super::error::Flavor::OpenAi
+    let flavor = match caller(&state, &headers) {
+        Ok(flavor) => flavor,
+        Err(refused) => return refused.into_response(),
     };
-    if let Err(e) = handler::authenticate(&state, &headers) {
-        return e.with_flavor(flavor).into_response();
-    }
     let models = served(&state).await;
-    let anthropic = anthropic(&headers);
+    let anthropic = flavor == Flavor::Anthropic;
     let data: Vec<Value> = (models.iter())
         .map(|(id, owner)| entry(id, owner.as_ref(), anthropic))
         .collect();
@@ -214,18 +219,15 @@ pub async fn one(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let flavor = if anthropic(&headers) {
-        super::error::Flavor::Anthropic
-    } else {
-        super::error::Flavor::OpenAi
+    let flavor = match caller(&state, &headers) {
+        Ok(flavor) => flavor,
+        Err(refused) => return refused.into_response(),
     };
-    if let Err(e) = handler::authenticate(&state, &headers) {
-        return e.with_flavor(flavor).into_response();
-    }
     let models = served(&state).await;
     match models.get_key_value(&id) {
         Some((id, owner)) => {
-            axum::Json(entry(id, owner.as_ref(), anthropic(&headers))).into_response()
+            let anthropic = flavor == Flavor::Anthropic;
+            axum::Json(entry(id, owner.as_ref(), anthropic)).into_response()
         }
         None => {
             let mut e = ApiError::bad_request(
