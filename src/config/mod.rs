@@ -8,10 +8,12 @@
 pub mod bounds;
 pub mod duration;
 pub mod model;
+pub mod passthrough;
 pub mod validate;
 
 pub use bounds::Algorithm;
 pub use model::*;
+pub use passthrough::Passthrough;
 
 use sha2::{Digest, Sha256};
 use std::path::Path;

@@ -14,6 +14,9 @@ pub mod defaults {
     pub const LISTEN: &str = "127.0.0.1:8080";
     /// Largest accepted request body (4 MiB).
     pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    /// Largest body a passed-through request streams (512 MiB, OpenAI's file
+    /// limit).
+    pub const MAX_PASSTHROUGH_BODY_BYTES: u64 = 512 * 1024 * 1024;
     /// Requests in flight across the node before new ones get 503.
     pub const MAX_IN_FLIGHT: usize = 4096;
     /// Most worker threads `server.worker_threads` may ask for.
@@ -323,6 +326,8 @@ pub struct ServerConfig {
     pub admin_token: Option<String>,
     /// Largest request body accepted, in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// Largest body a passed-through request may stream (an upload), in bytes.
+    pub max_passthrough_body_bytes: u64,
     /// Requests in flight on this node before new ones get 503.
     pub max_in_flight: usize,
     /// How long shutdown waits for in-flight requests to finish.
@@ -354,6 +359,7 @@ impl Default for ServerConfig {
                 .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
             admin_token: None,
             max_body_bytes: defaults::MAX_BODY_BYTES,
+            max_passthrough_body_bytes: defaults::MAX_PASSTHROUGH_BODY_BYTES,
             max_in_flight: defaults::MAX_IN_FLIGHT,
             shutdown_grace: defaults::SHUTDOWN_GRACE,
             request_timeout: defaults::REQUEST_TIMEOUT,
@@ -578,6 +584,10 @@ pub struct RouteConfig {
     /// table and `estimation.default_encoding`).
     #[serde(default)]
     pub encoding: Option<String>,
+    /// Provider endpoints passed through unmetered to this route's first
+    /// OpenAI upstream (the first route listing a family serves it).
+    #[serde(default)]
+    pub passthrough: Vec<super::Passthrough>,
 }
 
 /// `[builtin_mock]`: an in-process mock upstream, for the demo and tests.

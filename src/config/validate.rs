@@ -3,7 +3,7 @@
 
 use super::Algorithm;
 use super::bounds::{self, EncodingName};
-use super::{Config, Quota, normalize_key_hash};
+use super::{Config, Quota, UpstreamKind, normalize_key_hash};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -258,6 +258,12 @@ fn validate_server(config: &Config) -> Result<(), Violation> {
     let server = &config.server;
     if server.max_body_bytes < 1024 {
         return fail("server.max_body_bytes", "must be at least 1024 bytes");
+    }
+    if server.max_passthrough_body_bytes < 1024 {
+        return fail(
+            "server.max_passthrough_body_bytes",
+            "must be at least 1024 bytes",
+        );
     }
     if server.max_in_flight == 0 {
         return fail("server.max_in_flight", "must be at least 1");
@@ -525,6 +531,15 @@ fn validate_routes(config: &Config) -> Result<(), Violation> {
         }
         if let Some(enc) = &route.encoding {
             EncodingName::parse(enc).or_else(|reason| fail(format!("{path}.encoding"), reason))?;
+        }
+        let openai = (route.upstreams.iter())
+            .filter_map(|id| config.upstreams.iter().find(|u| u.id == *id))
+            .any(|u| u.kind == UpstreamKind::Openai);
+        if !route.passthrough.is_empty() && !openai {
+            return fail(
+                format!("{path}.passthrough"),
+                "needs an openai upstream in the route to pass requests to",
+            );
         }
     }
     Ok(())

@@ -9,6 +9,7 @@
 //! - `stream`: SSE bodies that hold the concurrency slot until their last byte.
 //! - `log`: the JSONL decision log and its writer task.
 //! - `stats`: counters behind `GET /stats`.
+//! - `stored`: responses kept for `GET /v1/responses/{id}`, files by size.
 //!
 //! Prompt tokens are counted as OpenAI counts them ([`crate::tokens`]; `cl100k_base`
 //! for models tiktoken does not know); completion lengths are drawn from a seeded
@@ -30,6 +31,7 @@ mod request;
 mod responses;
 mod state;
 mod stats;
+mod stored;
 mod stream;
 
 use std::future::Future;
@@ -69,6 +71,12 @@ pub fn app(state: Arc<MockState>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::responses))
+        .route(
+            "/v1/responses/{id}",
+            get(stored::get_response).delete(stored::delete_response),
+        )
+        .route("/v1/files", post(stored::upload))
+        .route("/v1/files/{id}/content", get(stored::content))
         .route("/v1/models", get(models))
         .route("/stats", get(stats))
         .route("/healthz", get(|| async { "ok" }))

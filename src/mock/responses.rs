@@ -98,9 +98,10 @@ async fn responses_response(
         input_tokens,
         completion,
     };
+    let whole = reply.response("completed", &completion::text(completion.tokens));
+    mock.stored.keep(&whole);
     if !stream {
-        let body = reply.response("completed", &completion::text(completion.tokens));
-        return Ok(json_response(to_json(&body), headers));
+        return Ok(json_response(to_json(&whole), headers));
     }
     let mut sse = SseBuilder::default();
     reply.stream(&mut sse, mock.config().inter_token_ms);

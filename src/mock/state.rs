@@ -33,6 +33,9 @@ pub struct MockState {
     /// that are longer or shorter than the provider's (src/clock/wall.rs).
     clock: Clock,
     pub(super) started_unix_ms: u64,
+    /// The last responses the Responses API made, for `GET
+    /// /v1/responses/{id}` (`super::stored`).
+    pub(super) stored: super::stored::Stored,
 }
 
 /// What an admitted request is charged.
@@ -93,6 +96,7 @@ impl MockState {
             seq: AtomicU64::new(0),
             clock,
             started_unix_ms,
+            stored: super::stored::Stored::default(),
         }))
     }
 
@@ -158,6 +162,11 @@ impl MockState {
 
     /// Numbers the next valid request and draws its completion, capped by
     /// `max_tokens`: `(sequence number, completion)`.
+    /// The next request sequence number (ids of the mock's objects).
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
     pub(crate) fn draw(&self, max_tokens: Option<u64>) -> (u64, Completion) {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let (min, max) = (

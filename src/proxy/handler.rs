@@ -194,7 +194,7 @@ async fn read_body(
     }
 }
 
-fn tenant_refusal(refusal: &Refusal) -> ApiError {
+pub(super) fn tenant_refusal(refusal: &Refusal) -> ApiError {
     let headers = Some(RateHeaders::from_status(&refusal.status));
     let dimension = refusal.blocked.dimension.as_str();
     if refusal.blocked.never {
@@ -305,7 +305,7 @@ async fn serve(
 }
 
 /// A slot of the node's in-flight bound, unless the node no longer serves.
-fn take_a_slot(state: &Arc<AppState>) -> Result<InFlight, ApiError> {
+pub(super) fn take_a_slot(state: &Arc<AppState>) -> Result<InFlight, ApiError> {
     if state.superseded.load(std::sync::atomic::Ordering::Relaxed) {
         // Its peers follow the newer process: spending here would go uncounted.
         return Err(ApiError::unavailable(

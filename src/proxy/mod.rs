@@ -4,7 +4,8 @@
 //! [`handler`] authenticates, reads hints, parses ([`request`]) and admits on the
 //! tenant's actor; [`dispatch`] picks upstreams ([`select`]), forwards, retries
 //! and settles; [`stream`] meters SSE responses; [`usage`] reads what providers
-//! report; [`models`] lists the models the routes serve; [`headers`] writes the `x-ratelimit-*` headers; [`request_id`]
+//! report; [`models`] lists the models the routes serve; [`passthrough`]
+//! passes the provider's other endpoints through; [`headers`] writes the `x-ratelimit-*` headers; [`request_id`]
 //! gives every answer its `x-request-id`; [`error`] maps every failure to the
 //! caller's error shape.
 
@@ -14,6 +15,7 @@ pub mod error;
 pub mod handler;
 pub mod headers;
 pub mod models;
+pub mod passthrough;
 pub mod request;
 pub mod request_id;
 pub mod select;
@@ -28,7 +30,7 @@ pub use state::AppState;
 use axum::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use request::Api;
 use std::sync::Arc;
 
@@ -57,6 +59,16 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/responses", api_route!(Api::Responses))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::one))
+        .route("/v1/responses/{*rest}", any(passthrough::handle))
+        .route("/v1/files", any(passthrough::handle))
+        .route("/v1/files/{*rest}", any(passthrough::handle))
+        .route("/v1/uploads", any(passthrough::handle))
+        .route("/v1/uploads/{*rest}", any(passthrough::handle))
+        .route("/v1/batches", any(passthrough::handle))
+        .route("/v1/batches/{*rest}", any(passthrough::handle))
+        .route("/v1/images/{*rest}", any(passthrough::handle))
+        .route("/v1/audio/{*rest}", any(passthrough::handle))
+        .route("/v1/moderations", any(passthrough::handle))
 }
 
 /// A known path, another method (`GET /v1/chat/completions`): in the caller's

@@ -43,6 +43,8 @@ pub struct Upstream {
     /// Its model list, `base_url` + `/models` (`GET /v1/models` for routes
     /// with patterns).
     pub models: Endpoint,
+    /// Its `base_url`, without a trailing `/`: where passed-through paths go.
+    pub base_url: Arc<str>,
     /// The provider key as the header each API family sends it in, made once
     /// (marked sensitive: never logged): `authorization: Bearer <key>` and
     /// `x-api-key: <key>`. `None` without a key.
@@ -91,6 +93,8 @@ pub struct Route {
     by_kind: [Vec<Arc<Upstream>>; 2],
     /// Encoding override.
     pub encoding: Option<Encoding>,
+    /// The endpoint families passed through to its first OpenAI upstream.
+    pub passthrough: Vec<crate::config::Passthrough>,
 }
 
 fn kind_index(kind: UpstreamKind) -> usize {
@@ -116,6 +120,7 @@ impl Route {
             patterns,
             by_kind,
             encoding,
+            passthrough: Vec::new(),
         }
     }
 
@@ -222,6 +227,14 @@ impl AppState {
     /// The first route serving `model`.
     pub fn route_for(&self, model: &str) -> Option<&Route> {
         self.routes.iter().find(|r| r.matches(model))
+    }
+
+    /// Where `family` is passed through: the first OpenAI upstream of the
+    /// first route that lists it.
+    pub fn passthrough_to(&self, family: crate::config::Passthrough) -> Option<&Arc<Upstream>> {
+        (self.routes.iter())
+            .find(|r| r.passthrough.contains(&family))
+            .and_then(|r| r.upstreams_for(UpstreamKind::Openai).first())
     }
 
     /// Encoding for `model` on `route`.

@@ -172,6 +172,7 @@ fn routes(
                 id: scope.id.clone(),
                 kind: u.kind,
                 endpoints: endpoints(upstream_http, &u.base_url)?,
+                base_url: Arc::from(u.base_url.trim_end_matches('/')),
                 models: (upstream_http)
                     .endpoint(&format!("{}/models", u.base_url.trim_end_matches('/')))
                     .map_err(ApiError::bad_gateway)?,
@@ -194,7 +195,9 @@ fn routes(
                 .filter_map(|id| upstreams.get(id))
                 .cloned();
             let encoding = r.encoding.as_deref().and_then(|e| Encoding::parse(e).ok());
-            Route::new(r.models.clone(), chosen, encoding)
+            let mut route = Route::new(r.models.clone(), chosen, encoding);
+            route.passthrough.clone_from(&r.passthrough);
+            route
         })
         .collect();
     Ok(routes)

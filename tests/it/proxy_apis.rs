@@ -1,5 +1,6 @@
 //! The API surface beyond the metered calls: Anthropic's `count_tokens`,
-//! answered by the provider and charged as one request with no tokens.
+//! answered by the provider and charged as one request with no tokens, and
+//! the provider endpoints passed through (`[[routes]] passthrough`).
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
@@ -57,6 +58,111 @@ async fn count_tokens_is_the_providers_count_and_costs_a_request_but_no_tokens()
         .unwrap();
     assert_eq!(refused.status(), 400);
     assert_eq!(json(refused).await["type"], "error");
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// `single` with the catch-all route passing `responses` and `files` through.
+fn passing(tenant_limits: &str) -> String {
+    single(tenant_limits).replace(
+        "models = [\"*\"]\nupstreams = [\"mock\"]",
+        "models = [\"*\"]\nupstreams = [\"mock\"]\npassthrough = [\"responses\", \"files\"]",
+    )
+}
+
+#[tokio::test]
+async fn passed_through_endpoints_stream_both_ways_and_cost_one_request_each() {
+    let upstream = mock(|_| {}).await;
+    let toml = format!(
+        "[server]\nmax_body_bytes = 65536\nmax_passthrough_body_bytes = 4000000\n{}",
+        passing("rpm = 100\ntpm = 100000")
+    );
+    let node = node(&toml, &[&upstream]).await;
+    let client = reqwest::Client::new();
+    // A stored response, fetched and deleted through the node.
+    let created = post(
+        &node,
+        "/responses",
+        serde_json::json!({"model": "gpt-4o-mini", "input": "Hi", "max_output_tokens": 8}),
+        &[],
+    )
+    .await;
+    let id = json(created).await["id"].as_str().unwrap().to_owned();
+    let fetched = client
+        .get(format!("{}/responses/{id}", node.url()))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fetched.status(), 200);
+    assert!(
+        fetched
+            .headers()
+            .contains_key("x-ratelimit-remaining-requests")
+    );
+    assert_eq!(json(fetched).await["id"], id);
+    let deleted = client
+        .delete(format!("{}/responses/{id}", node.url()))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json(deleted).await["deleted"], true);
+    // A 3 MB upload, past the metered body bound, streams through; and back.
+    let upload = vec![b'a'; 3_000_000];
+    let file = client
+        .post(format!("{}/files", node.url()))
+        .bearer_auth(KEY)
+        .header("content-type", "application/octet-stream")
+        .body(upload)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(file.status(), 200);
+    let file = json(file).await;
+    assert_eq!(file["bytes"], 3_000_000);
+    let content = client
+        .get(format!(
+            "{}/files/{}/content",
+            node.url(),
+            file["id"].as_str().unwrap()
+        ))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(content.bytes().await.unwrap().len(), 3_000_000);
+    // Past the pass-through bound: 413, before anything is sent.
+    let too_big = client
+        .post(format!("{}/files", node.url()))
+        .bearer_auth(KEY)
+        .body(vec![b'a'; 4_000_001])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(too_big.status(), 413);
+    // A family no route lists, and a caller without a key.
+    let unlisted = client
+        .get(format!("{}/batches", node.url()))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unlisted.status(), 404);
+    let anonymous = client
+        .get(format!("{}/responses/{id}", node.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    // Each call through the node was one request of the tenant's, no tokens.
+    let status = node.wait_idle("t").await;
+    assert_eq!(status["requests"]["used"], 1 + 4);
+    let stats = upstream.stats();
+    assert_eq!(
+        status["tokens"]["used"],
+        stats.prompt_tokens + stats.completion_tokens
+    );
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
