@@ -17,13 +17,14 @@ use axum::response::Response;
 use serde_json::json;
 
 use super::completion::{self, Completion};
+use super::count::Counter;
 use super::error::{ApiError, Flavor};
 use super::log::Api;
 use super::openai::token_groups;
 use super::request::{self, MessagesRequest};
 use super::state::{Admission, Charge, MockState};
 use super::stream::{SseBuilder, json_response, to_json};
-use crate::tokens::{ChatMessage, TokenCounter, count_chat_prompt};
+use crate::tokens::ChatMessage;
 
 /// `POST /v1/messages`.
 pub(crate) async fn messages(
@@ -59,7 +60,7 @@ async fn messages_response(
     }
     let stream = req.stream.unwrap_or(false);
     mock.check_model(&req.model)?;
-    let input_tokens = count_input(&req.model, req.system, req.messages);
+    let input_tokens = count_input(&req.model, &bytes)?;
     let (seq, completion) = mock.draw(Some(max_tokens));
     let charge = Charge {
         api: Api::Messages,
@@ -100,7 +101,7 @@ pub(crate) async fn count_tokens(
         let req: CountTokensRequest = request::parse(&bytes)?;
         request::non_empty("messages", req.messages.len())?;
         mock.check_model(&req.model)?;
-        Ok::<_, ApiError>(count_input(&req.model, req.system, req.messages))
+        count_input(&req.model, &bytes)
     })();
     match counted {
         Ok(input_tokens) => {
@@ -118,27 +119,28 @@ struct CountTokensRequest<'a> {
     model: Cow<'a, str>,
     #[serde(borrow)]
     messages: Vec<ChatMessage<'a>>,
-    #[serde(default, borrow)]
-    system: Option<crate::tokens::Content<'a>>,
 }
 
-/// The system prompt (as a system message) plus the messages, counted as a chat.
-fn count_input<'a>(
-    model: &str,
-    system: Option<crate::tokens::Content<'a>>,
-    messages: Vec<ChatMessage<'a>>,
-) -> u64 {
-    let encoding = completion::encoding_for(model);
-    let mut all = Vec::with_capacity(messages.len() + 1);
-    if let Some(system) = system {
-        all.push(ChatMessage {
-            role: Cow::Borrowed("system"),
-            content: Some(system),
-            name: None,
-        });
+/// Anthropic's input: the system prompt (as a system message) plus the
+/// messages, counted as a chat, and the tools (`super::count`).
+fn count_input(model: &str, body: &[u8]) -> Result<u64, ApiError> {
+    let counted: request::Counted = request::parse(body)?;
+    if counted
+        .system
+        .as_ref()
+        .is_some_and(|s| !(s.is_string() || s.is_array()))
+    {
+        return Err(ApiError::Invalid(
+            "system: Input should be a valid string or a list of content blocks".into(),
+        ));
     }
-    all.extend(messages);
-    count_chat_prompt(TokenCounter::reference(encoding), &all)
+    let counter = Counter::for_model(model);
+    let system = counted
+        .system
+        .as_ref()
+        .map_or(0, |s| 3 + counter.text("system") + counter.content(s));
+    let tools = counted.tools.as_deref().unwrap_or_default();
+    Ok(system + counter.chat(&counted.messages) + counter.anthropic_tools(tools))
 }
 
 fn stop_reason(completion: Completion) -> &'static str {

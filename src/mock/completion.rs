@@ -4,8 +4,6 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::tokens::Encoding;
-
 /// The word the completion repeats: one token in both `cl100k_base` and `o200k_base`,
 /// also when repeated (checked by the tests below).
 pub(super) const WORD: &str = " hello";
@@ -53,15 +51,10 @@ pub(super) fn text(tokens: u64) -> String {
     WORD.repeat(usize::try_from(tokens).unwrap_or(usize::MAX))
 }
 
-/// The encoding the mock counts `model` with: tiktoken's if it knows the model, else
-/// `cl100k_base`.
-pub(super) fn encoding_for(model: &str) -> Encoding {
-    Encoding::for_openai_model(model).unwrap_or(Encoding::Cl100kBase)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::Encoding;
 
     #[test]
     fn text_has_exactly_the_drawn_token_count() {

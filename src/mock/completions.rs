@@ -13,6 +13,7 @@ use axum::response::Response;
 use serde::Serialize;
 
 use super::completion;
+use super::count::Counter;
 use super::error::{ApiError, Flavor};
 use super::log::Api;
 use super::openai::{Reply, Usage, token_groups};
@@ -66,7 +67,7 @@ async fn completions_response(
     request::single_choice(req.n)?;
     req.prompt.validate("prompt", true)?;
     mock.check_model(&req.model)?;
-    let prompt_tokens = req.prompt.count(completion::encoding_for(&req.model));
+    let prompt_tokens = req.prompt.count(Counter::for_model(&req.model));
     let (seq, completion) = mock.draw(Some(max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)));
     let prompts = req.prompt.len() as u64;
     let charge = Charge {

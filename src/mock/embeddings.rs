@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::Serialize;
 
-use super::completion;
+use super::count::Counter;
 use super::error::{ApiError, Flavor};
 use super::log::Api;
 use super::request::{self, EmbeddingsRequest, Prompt};
@@ -87,7 +87,7 @@ async fn embeddings_response(
         )));
     }
     mock.check_model(&req.model)?;
-    let prompt_tokens = req.input.count(completion::encoding_for(&req.model));
+    let prompt_tokens = req.input.count(Counter::for_model(&req.model));
     let charge = Charge {
         api: Api::Embeddings,
         model: &req.model,

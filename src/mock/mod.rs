@@ -11,8 +11,9 @@
 //! - `stats`: counters behind `GET /stats`.
 //! - `stored`: responses kept for `GET /v1/responses/{id}`, files by size.
 //!
-//! Prompt tokens are counted as OpenAI counts them ([`crate::tokens`]; `cl100k_base`
-//! for models tiktoken does not know); completion lengths are drawn from a seeded
+//! Prompt tokens are counted by the mock's own rules (`count`: tiktoken-rs and
+//! the providers' documented rules, no code of the gateway's estimator);
+//! completion lengths are drawn from a seeded
 //! uniform distribution, never above the request's `max_tokens`, and the completion
 //! text is exactly that many tokens long. See `docs/mock-upstream.md`.
 
@@ -21,6 +22,7 @@ mod anthropic;
 mod completion;
 mod completions;
 pub mod config;
+mod count;
 mod embeddings;
 mod error;
 mod headers;

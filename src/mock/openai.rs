@@ -12,12 +12,12 @@ use axum::response::Response;
 use serde::Serialize;
 
 use super::completion::{self, Completion, TOKENS_PER_FAST_CHUNK};
+use super::count::Counter;
 use super::error::{ApiError, Flavor};
 use super::log::Api;
 use super::request::{self, ChatRequest};
 use super::state::{Admission, Charge, MockState};
 use super::stream::{SseBuilder, json_response, to_json};
-use crate::tokens::{TokenCounter, count_chat_prompt};
 
 const FINGERPRINT: &str = "fp_tollgate_mock";
 
@@ -156,10 +156,10 @@ async fn chat_response(
     request::single_choice(req.n)?;
     request::non_empty("messages", req.messages.len())?;
     mock.check_model(&req.model)?;
-    let prompt_tokens = count_chat_prompt(
-        TokenCounter::reference(completion::encoding_for(&req.model)),
-        &req.messages,
-    );
+    let counted: request::Counted = request::parse(&bytes)?;
+    let counter = Counter::for_model(&req.model);
+    let tools = counted.tools.as_deref().unwrap_or_default();
+    let prompt_tokens = counter.chat(&counted.messages) + counter.openai_tools(tools);
     let (seq, completion) = mock.draw(max_tokens);
     let charge = Charge {
         api: Api::Chat,

@@ -9,9 +9,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use serde::Deserialize;
 
+use super::count::Counter;
 use super::error::ApiError;
 use super::state::MockState;
-use crate::tokens::{ChatMessage, Content, Encoding};
+use crate::tokens::ChatMessage;
 
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Deserialize)]
@@ -71,10 +72,20 @@ pub(crate) struct MessagesRequest<'a> {
     pub(crate) messages: Vec<ChatMessage<'a>>,
     #[serde(default)]
     pub(crate) max_tokens: Option<u64>,
-    #[serde(default, borrow)]
-    pub(crate) system: Option<Content<'a>>,
     #[serde(default)]
     pub(crate) stream: Option<bool>,
+}
+
+/// What the mock counts of a chat or messages body: the messages (and an
+/// Anthropic `system`) as sent, and the tools (`super::count`).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Counted {
+    #[serde(default)]
+    pub(crate) messages: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub(crate) system: Option<serde_json::Value>,
+    #[serde(default)]
+    pub(crate) tools: Option<Vec<serde_json::Value>>,
 }
 
 /// `stream_options`.
@@ -111,10 +122,10 @@ impl Prompt<'_> {
     }
 
     /// Tokens of all prompts, without chat framing.
-    pub(crate) fn count(&self, encoding: Encoding) -> u64 {
+    pub(crate) fn count(&self, counter: Counter) -> u64 {
         match self {
-            Prompt::Text(text) => encoding.count_text_reference(text),
-            Prompt::Texts(texts) => texts.iter().map(|t| encoding.count_text_reference(t)).sum(),
+            Prompt::Text(text) => counter.text(text),
+            Prompt::Texts(texts) => texts.iter().map(|t| counter.text(t)).sum(),
             Prompt::Tokens(tokens) => tokens.len() as u64,
             Prompt::TokenLists(lists) => lists.iter().map(|l| l.len() as u64).sum(),
         }

@@ -6,8 +6,8 @@
 //! `response.output_text.delta`s, `response.output_text.done`,
 //! `response.content_part.done`, `response.output_item.done` and
 //! `response.completed` (with the usage), each with its `sequence_number`.
-//! Input tokens: the `instructions`, every `input` item and the tools
-//! (`tokens::count_responses_prompt`, counted with tiktoken-rs).
+//! Input tokens: the `instructions`, every `input` item and the tools, by
+//! the mock's own rule (`super::count`).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -22,13 +22,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::completion::{self, Completion};
+use super::count::Counter;
 use super::error::{ApiError, Flavor};
 use super::log::Api;
 use super::openai::token_groups;
 use super::request;
 use super::state::{Admission, Charge, MockState};
 use super::stream::{SseBuilder, json_response, to_json};
-use crate::tokens::{TokenCounter, count_responses_prompt};
 
 /// `POST /v1/responses`.
 #[derive(Debug, Deserialize)]
@@ -73,11 +73,11 @@ async fn responses_response(
         ));
     }
     mock.check_model(&req.model)?;
-    let input_tokens = count_responses_prompt(
-        TokenCounter::reference(completion::encoding_for(&req.model)),
+    let tools = (req.tools.as_ref().and_then(Value::as_array)).map_or(&[][..], Vec::as_slice);
+    let input_tokens = Counter::for_model(&req.model).responses(
         req.instructions.as_deref(),
         req.input.as_ref(),
-        req.tools.as_ref(),
+        tools,
     );
     let stream = req.stream.unwrap_or(false);
     let (seq, completion) = mock.draw(max_tokens);

@@ -76,8 +76,8 @@ impl MockState {
             None => None,
         };
         let warm = tokio::task::spawn_blocking(|| {
-            crate::tokens::Encoding::Cl100kBase.warm_up_reference();
-            crate::tokens::Encoding::O200kBase.warm_up_reference();
+            let _ = tiktoken_rs::cl100k_base_singleton();
+            let _ = tiktoken_rs::o200k_base_singleton();
         });
         warm.await.map_err(std::io::Error::other)?;
         let limits = Limits {

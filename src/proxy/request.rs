@@ -6,7 +6,7 @@
 
 use super::error::ApiError;
 use crate::tokens::{
-    ChatMessage, Content, TokenCounter, count_chat_prompt, count_responses_prompt,
+    ChatMessage, Content, TokenCounter, count_chat_prompt, count_json, count_responses_prompt,
 };
 use bytes::Bytes;
 use serde::Deserialize;
@@ -42,12 +42,31 @@ struct StreamOptions {
     include_usage: bool,
 }
 
+/// The tokens of what a request defines for the model beside its messages
+/// (tools and their choice, the legacy functions, a response format's
+/// schema): each counted as its JSON text (`tokens::count_json`).
+fn count_definitions(counter: TokenCounter<'_>, definitions: &[&Option<serde_json::Value>]) -> u64 {
+    (definitions.iter().copied().flatten())
+        .map(|value| count_json(counter, value))
+        .sum()
+}
+
 #[derive(Deserialize)]
 struct ChatBody<'a> {
     #[serde(borrow)]
     model: Cow<'a, str>,
     #[serde(borrow)]
     messages: Vec<ChatMessage<'a>>,
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    #[serde(default)]
+    tool_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    functions: Option<serde_json::Value>,
+    #[serde(default)]
+    function_call: Option<serde_json::Value>,
+    #[serde(default)]
+    response_format: Option<serde_json::Value>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
     n: Option<i64>,
@@ -115,6 +134,10 @@ struct MessagesBody<'a> {
     model: Cow<'a, str>,
     #[serde(borrow)]
     messages: Vec<ChatMessage<'a>>,
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    #[serde(default)]
+    tool_choice: Option<serde_json::Value>,
     #[serde(default, borrow)]
     system: Option<Content<'a>>,
     max_tokens: Option<i64>,
@@ -268,7 +291,17 @@ fn chat_fields<'c>(
     };
     Ok(Fields {
         wants_usage: b.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        prompt_tokens: count_chat_prompt(counter, &b.messages),
+        prompt_tokens: count_chat_prompt(counter, &b.messages)
+            + count_definitions(
+                counter,
+                &[
+                    &b.tools,
+                    &b.tool_choice,
+                    &b.functions,
+                    &b.function_call,
+                    &b.response_format,
+                ],
+            ),
         max_completion: max * check_n(b.n)?,
         stream: b.stream.unwrap_or(false),
         model: Arc::from(b.model),
@@ -312,10 +345,14 @@ fn messages_fields<'c>(
         role: "system".into(),
         content: Some(content),
         name: None,
+        tool_calls: None,
+        function_call: None,
     });
     let messages: Vec<_> = system.into_iter().chain(b.messages).collect();
     Ok(Fields {
-        prompt_tokens: count_chat_prompt(counter, &messages),
+        prompt_tokens: count_chat_prompt(counter, &messages)
+            + count_definitions(counter, &[&b.tools, &b.tool_choice])
+            + anthropic_tool_prompt(&b.tools),
         max_completion: max,
         stream: b.stream.unwrap_or(false),
         // Anthropic streams always carry usage.
@@ -345,6 +382,19 @@ fn responses_fields<'c>(
         wants_usage: true,
         model: Arc::from(b.model),
     })
+}
+
+/// Anthropic's tool-use system prompt, once a request defines tools.
+fn anthropic_tool_prompt(tools: &Option<serde_json::Value>) -> u64 {
+    let defined = tools
+        .as_ref()
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    if defined {
+        crate::tokens::ANTHROPIC_TOOL_PROMPT_TOKENS
+    } else {
+        0
+    }
 }
 
 /// Rewrites a streaming body to ask for the final usage chunk, keeping every other
@@ -465,6 +515,63 @@ mod tests {
         .unwrap();
         assert_eq!(p.max_completion_tokens, 7);
         assert!(p.prompt_tokens > 3 + 3 + 3);
+    }
+
+    #[test]
+    fn tools_tool_calls_and_tool_results_are_counted() {
+        let enc = Encoding::Cl100kBase;
+        let plain = chat(r#"{"model":"m","messages":[{"role":"user","content":"Weather?"}]}"#)
+            .unwrap()
+            .prompt_tokens;
+        let tools = r#"[{"type":"function","function":{"name":"get_weather","description":"Current weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]"#;
+        let with_tools = chat(&format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"Weather?"}}],"tools":{tools},"tool_choice":"auto"}}"#
+        ))
+        .unwrap()
+        .prompt_tokens;
+        let tools_json: serde_json::Value = serde_json::from_str(tools).unwrap();
+        assert_eq!(
+            with_tools - plain,
+            enc.count_text(&tools_json.to_string()) + enc.count_text("\"auto\""),
+            "each definition by its JSON text"
+        );
+        // An assistant's call and the tool's result: the call's name and
+        // arguments, the result as the tool message's content.
+        let turn = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"Weather?"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"sunny"}]}"#,
+        )
+        .unwrap()
+        .prompt_tokens;
+        let call = 3 + enc.count_text("get_weather") + enc.count_text(r#"{"city":"Paris"}"#);
+        let result = 3 + enc.count_text("tool") + enc.count_text("sunny");
+        assert_eq!(
+            turn - plain,
+            (3 + enc.count_text("assistant") + call) + result
+        );
+        // Anthropic: tools, a tool_use and its tool_result.
+        let messages = |extra: &str| {
+            parse(
+                Api::Messages,
+                Bytes::from(format!(
+                    r#"{{"model":"c","max_tokens":5,"messages":[{{"role":"user","content":"Weather?"}}{extra}]}}"#
+                )),
+                SETTINGS,
+                |_| Ok(Encoding::Cl100kBase.into()),
+            )
+            .unwrap()
+            .prompt_tokens
+        };
+        let base = messages("");
+        let used = messages(
+            r#",{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"get_weather","input":{"city":"Paris"}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"sunny"}]}"#,
+        );
+        let tool_use = 3 + enc.count_text("get_weather") + enc.count_text(r#"{"city":"Paris"}"#);
+        let tool_result = 3 + enc.count_text("sunny");
+        let framing = 2 * 3 + enc.count_text("assistant") + enc.count_text("user");
+        assert_eq!(used - base, framing + tool_use + tool_result);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Token counting: the rule OpenAI documents for chat prompts, shared by the gateway's
-//! estimator and the mock upstream's usage figures.
+//! Token counting for the gateway's estimates: the rule OpenAI documents for
+//! chat prompts, tool calls and results, definitions (tools, schemas) by their
+//! JSON text, images by a bound (docs/design/estimates.md).
 //!
 //! Chat prompts cost `3` tokens of framing per message, `1` more when a message has a
 //! `name`, the tokens of every text part, and `3` tokens that prime the reply (the
@@ -9,9 +10,10 @@
 //! The gateway counts BPE tokens with [`bpe::BpeCounter`], tiktoken's pattern
 //! and merge on the `regex` crate's engine (0.19-0.42x tiktoken-rs's time,
 //! docs/BENCHMARKS.md), with counts equal to tiktoken-rs's. The mock
-//! upstream counts with tiktoken-rs itself ([`TokenCounter::reference`]): it
-//! plays the provider, whose counts are the ground truth the gateway's
-//! estimates are judged by, so they do not come from the code under test.
+//! upstream counts on its own (`crate::mock`'s `count`, tiktoken-rs and the
+//! providers' rules): it plays the provider, whose counts are the ground
+//! truth the gateway's estimates are judged by, so they do not come from the
+//! code under test.
 //! Each encoding's tables load once per process, all at a node's start (~250 ms).
 
 mod bpe;
@@ -32,9 +34,35 @@ pub const TOKENS_PER_MESSAGE: u64 = 3;
 pub const TOKENS_PER_NAME: u64 = 1;
 /// Tokens that prime the assistant's reply, counted once per prompt.
 pub const REPLY_PRIMING_TOKENS: u64 = 3;
-/// Flat cost charged for a non-text content part (an image, audio), whose real cost
-/// depends on details the gateway does not decode. Conservative for low-detail images.
+/// Flat cost charged for a content part the gateway does not measure (audio,
+/// a file, a type it does not know).
 pub const NON_TEXT_PART_TOKENS: u64 = 85;
+
+/// An OpenAI image at `detail: low`: one 512 px tile's worth, whatever its size.
+pub const IMAGE_LOW_DETAIL_TOKENS: u64 = 85;
+
+/// The most an OpenAI image at high (or automatic) detail costs: scaled into
+/// 2048 x 2048 and to 768 px on its short side, 2048 x 768 is 4 x 2 tiles of
+/// 170 tokens, plus 85. The gateway does not fetch or decode the image, so it
+/// reserves this bound; the settlement charges what the provider counted.
+pub const IMAGE_HIGH_DETAIL_MOST_TOKENS: u64 = 85 + 170 * 8;
+
+/// Anthropic's tool-use system prompt, added to the input once a request
+/// defines tools (its documented figure for `tool_choice` `auto` or `none`,
+/// the larger of two).
+pub const ANTHROPIC_TOOL_PROMPT_TOKENS: u64 = 346;
+
+/// The most an image costs at Anthropic (width x height / 750 at the largest
+/// size it keeps, about 1.15 megapixels).
+pub const ANTHROPIC_IMAGE_MOST_TOKENS: u64 = 1_600;
+
+/// An image's reservation by its `detail` (OpenAI's vision rule, bounded).
+pub fn openai_image_tokens(detail: Option<&str>) -> u64 {
+    match detail {
+        Some("low") => IMAGE_LOW_DETAIL_TOKENS,
+        _ => IMAGE_HIGH_DETAIL_MOST_TOKENS,
+    }
+}
 
 /// How text turns into tokens for one model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -167,9 +195,8 @@ pub const COMMON_ROLES: [&str; 6] = [
 ];
 
 /// Counts texts under one encoding: through a node's [`CountMemo`] for one
-/// tenant (the gateway's estimates), without one (an [`Encoding`] is such a
-/// counter), or with tiktoken-rs itself ([`TokenCounter::reference`], the
-/// mock upstream, whose counts are the ground truth: it counts every text).
+/// tenant (the gateway's estimates), or without one (an [`Encoding`] is such a
+/// counter).
 #[derive(Clone, Copy)]
 pub struct TokenCounter<'a> {
     encoding: Encoding,
@@ -180,7 +207,6 @@ pub struct TokenCounter<'a> {
 enum Counting<'a> {
     Direct,
     Memoized(&'a CountMemo, &'a str),
-    Reference,
 }
 
 impl From<Encoding> for TokenCounter<'_> {
@@ -201,19 +227,10 @@ impl<'a> TokenCounter<'a> {
         }
     }
 
-    /// Counts every text with tiktoken-rs ([`Encoding::count_text_reference`]).
-    pub fn reference(encoding: Encoding) -> Self {
-        TokenCounter {
-            encoding,
-            how: Counting::Reference,
-        }
-    }
-
     /// Tokens in a message's `role` (never memoized: [`Encoding::count_role`]
     /// already knows the common ones).
     pub fn count_role(self, role: &str) -> u64 {
         match self.how {
-            Counting::Reference => self.encoding.count_text_reference(role),
             Counting::Direct | Counting::Memoized(..) => self.encoding.count_role(role),
         }
     }
@@ -223,7 +240,6 @@ impl<'a> TokenCounter<'a> {
         match self.how {
             Counting::Direct => self.encoding.count_text(text),
             Counting::Memoized(memo, tenant) => memo.count(tenant, self.encoding, text),
-            Counting::Reference => self.encoding.count_text_reference(text),
         }
     }
 }
@@ -240,6 +256,42 @@ pub struct ChatMessage<'a> {
     /// Optional participant name (costs [`TOKENS_PER_NAME`]).
     #[serde(default, borrow)]
     pub name: Option<std::borrow::Cow<'a, str>>,
+    /// An assistant message's tool calls: each costs its function's name and
+    /// arguments.
+    #[serde(default, borrow)]
+    pub tool_calls: Option<Vec<ToolCall<'a>>>,
+    /// The legacy single function call of an assistant message.
+    #[serde(default, borrow)]
+    pub function_call: Option<FunctionCall<'a>>,
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Deserialize)]
+pub struct ToolCall<'a> {
+    /// The function called (absent for other tool types, counted as nothing).
+    #[serde(default, borrow)]
+    pub function: Option<FunctionCall<'a>>,
+}
+
+/// A function call: its name and its arguments (a JSON text).
+#[derive(Debug, Deserialize)]
+pub struct FunctionCall<'a> {
+    /// The function's name.
+    #[serde(default, borrow)]
+    pub name: Option<std::borrow::Cow<'a, str>>,
+    /// Its arguments, as the JSON text the model wrote.
+    #[serde(default, borrow)]
+    pub arguments: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl FunctionCall<'_> {
+    /// Its name and arguments, after the framing of a call.
+    fn count(&self, counter: TokenCounter<'_>) -> u64 {
+        let text = |t: &Option<std::borrow::Cow<'_, str>>| {
+            t.as_deref().map_or(0, |t| counter.count_text(t))
+        };
+        TOKENS_PER_MESSAGE + text(&self.name) + text(&self.arguments)
+    }
 }
 
 /// Message content: a plain string or a list of typed parts.
@@ -257,12 +309,35 @@ pub enum Content<'a> {
 /// One part of a multi-part message.
 #[derive(Debug, Deserialize)]
 pub struct ContentPart<'a> {
-    /// `text` for text parts; anything else is charged [`NON_TEXT_PART_TOKENS`].
+    /// `text` for text parts; `tool_use` and `tool_result` (Anthropic) by what
+    /// they carry; images by [`openai_image_tokens`] or
+    /// [`ANTHROPIC_IMAGE_MOST_TOKENS`]; anything else is charged
+    /// [`NON_TEXT_PART_TOKENS`].
     #[serde(rename = "type", borrow)]
     pub kind: std::borrow::Cow<'a, str>,
     /// The text of a `text` part.
     #[serde(default, borrow)]
     pub text: Option<std::borrow::Cow<'a, str>>,
+    /// A `tool_use` part's tool name.
+    #[serde(default, borrow)]
+    pub name: Option<std::borrow::Cow<'a, str>>,
+    /// A `tool_use` part's input (counted as its JSON text).
+    #[serde(default)]
+    pub input: Option<serde_json::Value>,
+    /// A `tool_result` part's content: text or parts.
+    #[serde(default, borrow)]
+    pub content: Option<Box<Content<'a>>>,
+    /// An `image_url` part's image (its `detail` decides its cost).
+    #[serde(default, borrow)]
+    pub image_url: Option<ImageUrl<'a>>,
+}
+
+/// An `image_url` part's image, as far as counting needs it.
+#[derive(Debug, Deserialize)]
+pub struct ImageUrl<'a> {
+    /// `low`, `high` or `auto` (absent: `auto`).
+    #[serde(default, borrow)]
+    pub detail: Option<std::borrow::Cow<'a, str>>,
 }
 
 impl Content<'_> {
@@ -275,6 +350,20 @@ impl Content<'_> {
                 .iter()
                 .map(|part| match (&*part.kind, &part.text) {
                     ("text", Some(text)) => counter.count_text(text),
+                    ("tool_use", _) => {
+                        let name = part.name.as_deref().map_or(0, |n| counter.count_text(n));
+                        let input = part.input.as_ref().map_or(0, |i| count_json(counter, i));
+                        TOKENS_PER_MESSAGE + name + input
+                    }
+                    ("tool_result", _) => {
+                        let content = part.content.as_ref().map_or(0, |c| c.count(counter));
+                        TOKENS_PER_MESSAGE + content
+                    }
+                    ("image_url", _) => {
+                        let detail = part.image_url.as_ref().and_then(|i| i.detail.as_deref());
+                        openai_image_tokens(detail)
+                    }
+                    ("image", _) => ANTHROPIC_IMAGE_MOST_TOKENS,
                     _ => NON_TEXT_PART_TOKENS,
                 })
                 .sum(),
@@ -291,15 +380,32 @@ pub fn count_chat_prompt<'c>(
     let per_message: u64 = messages
         .iter()
         .map(|m| {
+            let calls: u64 = (m.tool_calls.iter().flatten())
+                .filter_map(|call| call.function.as_ref())
+                .chain(&m.function_call)
+                .map(|call| call.count(counter))
+                .sum();
             TOKENS_PER_MESSAGE
                 + counter.count_role(&m.role)
                 + m.content.as_ref().map_or(0, |c| c.count(counter))
                 + m.name
                     .as_ref()
                     .map_or(0, |n| TOKENS_PER_NAME + counter.count_text(n))
+                + calls
         })
         .sum();
     per_message + REPLY_PRIMING_TOKENS
+}
+
+/// The tokens of `value`'s JSON text: what a definition (tools, a response
+/// schema) or a tool's input costs at most. Providers render them in formats
+/// of their own, terser than JSON (no quotes around keys, no braces per
+/// level), so this counts more than they do, never less for text they bill.
+pub fn count_json<'c>(counter: impl Into<TokenCounter<'c>>, value: &serde_json::Value) -> u64 {
+    match value {
+        serde_json::Value::Null => 0,
+        other => counter.into().count_text(&other.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -326,9 +432,27 @@ mod tests {
             + TOKENS_PER_NAME
             + enc.count_text("bob")
             + enc.count_text("hi")
-            + NON_TEXT_PART_TOKENS
+            + IMAGE_HIGH_DETAIL_MOST_TOKENS
             + REPLY_PRIMING_TOKENS;
         assert_eq!(count_chat_prompt(enc, &messages), expected);
+    }
+
+    #[test]
+    fn an_image_costs_by_its_detail_and_an_unknown_part_the_flat_cost() {
+        let parts: Content = serde_json::from_str(
+            r#"[{"type":"image_url","image_url":{"url":"x","detail":"low"}},
+                {"type":"image_url","image_url":{"url":"x","detail":"high"}},
+                {"type":"image","source":{"type":"base64","media_type":"image/png","data":"..."}},
+                {"type":"input_audio","input_audio":{"data":"...","format":"wav"}}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            parts.count(Encoding::Cl100kBase),
+            IMAGE_LOW_DETAIL_TOKENS
+                + IMAGE_HIGH_DETAIL_MOST_TOKENS
+                + ANTHROPIC_IMAGE_MOST_TOKENS
+                + NON_TEXT_PART_TOKENS
+        );
     }
 
     #[test]

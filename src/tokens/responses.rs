@@ -2,8 +2,9 @@
 //! `instructions`, every `input` item, and the `tools` definitions.
 //!
 //! The input is a string (one user message) or a list of items. Messages are
-//! counted as chat messages are (framing, role, text parts; a non-text part at
-//! the flat [`NON_TEXT_PART_TOKENS`]); a function call by its name and
+//! counted as chat messages are (framing, role, text parts; an image by its
+//! `detail`, `super::openai_image_tokens`; another part at the flat
+//! [`NON_TEXT_PART_TOKENS`]); a function call by its name and
 //! arguments, a tool's output by its text. Any other item (a type this counter
 //! does not know, a reasoning item, a built-in tool's call) is counted as the
 //! tokens of its JSON text, which its syntax only inflates: more than the
@@ -12,6 +13,7 @@
 
 use super::{
     NON_TEXT_PART_TOKENS, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TokenCounter,
+    count_json, openai_image_tokens,
 };
 use serde_json::Value;
 
@@ -79,6 +81,9 @@ fn count_content(counter: TokenCounter<'_>, content: &Value) -> u64 {
                     (Some("input_text" | "output_text" | "text"), Some(text)) => {
                         counter.count_text(text)
                     }
+                    (Some("input_image"), _) => {
+                        openai_image_tokens(part.get("detail").and_then(Value::as_str))
+                    }
                     (Some("refusal"), _) => {
                         let refusal = part.get("refusal").and_then(Value::as_str);
                         counter.count_text(refusal.unwrap_or(""))
@@ -90,11 +95,6 @@ fn count_content(counter: TokenCounter<'_>, content: &Value) -> u64 {
         Value::Null => 0,
         other => count_json(counter, other),
     }
-}
-
-/// The tokens of `value`'s JSON text.
-fn count_json(counter: TokenCounter<'_>, value: &Value) -> u64 {
-    counter.count_text(&value.to_string())
 }
 
 #[cfg(test)]
@@ -131,7 +131,7 @@ mod tests {
         let expected = (TOKENS_PER_MESSAGE
             + ENC.count_text("user")
             + ENC.count_text("What is in this image?")
-            + NON_TEXT_PART_TOKENS)
+            + crate::tokens::IMAGE_HIGH_DETAIL_MOST_TOKENS)
             + (TOKENS_PER_MESSAGE
                 + ENC.count_text("get_weather")
                 + ENC.count_text("{\"city\":\"Paris\"}"))

@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use tollgate::mock::{self, Api, LogLine, MockConfig, MockHandle, MockStats, Outcome, Reason};
-use tollgate::tokens::{ChatMessage, Encoding, TokenCounter, count_chat_prompt};
+use tollgate::tokens::{ChatMessage, Encoding, count_chat_prompt};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -91,7 +91,7 @@ fn chat_body(content: &str) -> Value {
 fn prompt_tokens(encoding: Encoding, messages: &Value) -> u64 {
     let text = messages.to_string();
     let messages: Vec<ChatMessage> = serde_json::from_str(&text).unwrap();
-    count_chat_prompt(TokenCounter::reference(encoding), &messages)
+    count_chat_prompt(encoding, &messages)
 }
 
 fn fixed_completion(tokens: u64) -> MockConfig {

@@ -1,0 +1,265 @@
+//! The mock's own token counts, as the providers document them, sharing no
+//! code with the gateway's estimator (`crate::tokens`): the mock plays the
+//! provider, and its counts are the ground truth the gateway's estimates are
+//! judged by, so a blind spot of the estimator must show as a difference
+//! here, not be copied.
+//!
+//! - Text: tiktoken-rs, with the encoding tiktoken names for the model
+//!   (`cl100k_base` when it names none).
+//! - Chat messages: OpenAI's cookbook ("How to count tokens with tiktoken"):
+//!   3 tokens per message, its `role`, `content` and `name` (1 more for a
+//!   name), 3 to prime the reply. A content part: its text; an image by
+//!   OpenAI's vision rule (`detail: low` 85 tokens; otherwise 85 + 170 per
+//!   512 px tile, which needs the image: the mock fetches nothing, so it
+//!   charges the most a high-detail image can cost, [`IMAGE_MOST`]); another
+//!   part 85. An assistant's tool calls: each function's name and arguments.
+//! - Tools: the cookbook's `num_tokens_for_tools` (per function 7 tokens, or
+//!   10 on `cl100k_base` models, its `name:description`, 3 more and per
+//!   property 3 plus `name:type:description`, enums 3 per item less 3, and 12
+//!   to end).
+//! - Responses API: `instructions` as a system message, the input's items
+//!   as messages or calls, the tools as chat's.
+//! - Anthropic: the same message rule; tools add Anthropic's documented tool
+//!   system prompt ([`ANTHROPIC_TOOL_PROMPT`]) and each definition's JSON
+//!   text; an image the most one costs ([`ANTHROPIC_IMAGE_MOST`], width x
+//!   height / 750 at the largest size Anthropic keeps).
+
+use serde_json::Value;
+use tiktoken_rs::CoreBPE;
+use tiktoken_rs::tokenizer::{Tokenizer, get_tokenizer};
+
+/// The most a high-detail image costs on OpenAI's vision rule: scaled into
+/// 2048 x 2048 and to 768 px on its short side, 2048 x 768 is 4 x 2 tiles.
+pub(super) const IMAGE_MOST: u64 = 85 + 170 * 8;
+
+/// Anthropic's tool-use system prompt, with `tool_choice` `auto` or `none`
+/// (the larger of its two figures), added once when tools are defined.
+pub(super) const ANTHROPIC_TOOL_PROMPT: u64 = 346;
+
+/// The most an image costs at Anthropic: about 1.15 megapixels kept, / 750.
+pub(super) const ANTHROPIC_IMAGE_MOST: u64 = 1_600;
+
+/// Counts for one model.
+#[derive(Clone, Copy)]
+pub(super) struct Counter {
+    bpe: &'static CoreBPE,
+    /// The cookbook's per-function start: 7 on `o200k_base` models, 10 before.
+    function_start: u64,
+}
+
+impl Counter {
+    /// The counter of `model`'s encoding.
+    pub(super) fn for_model(model: &str) -> Counter {
+        match get_tokenizer(model) {
+            Some(Tokenizer::O200kBase | Tokenizer::O200kHarmony) => Counter {
+                bpe: tiktoken_rs::o200k_base_singleton(),
+                function_start: 7,
+            },
+            _ => Counter {
+                bpe: tiktoken_rs::cl100k_base_singleton(),
+                function_start: 10,
+            },
+        }
+    }
+
+    /// Tokens of a text.
+    pub(super) fn text(self, text: &str) -> u64 {
+        self.bpe.count_ordinary(text) as u64
+    }
+
+    /// Prompt tokens of chat `messages` (each a message object).
+    pub(super) fn chat(self, messages: &[Value]) -> u64 {
+        let per_message: u64 = messages.iter().map(|m| self.message(m)).sum();
+        per_message + 3
+    }
+
+    fn message(self, message: &Value) -> u64 {
+        let text = |field: &str| message.get(field).and_then(Value::as_str);
+        let role = text("role").map_or(0, |r| self.text(r));
+        let name = text("name").map_or(0, |n| 1 + self.text(n));
+        let content = message.get("content").map_or(0, |c| self.content(c));
+        let calls: u64 = (message.get("tool_calls").and_then(Value::as_array))
+            .into_iter()
+            .flatten()
+            .filter_map(|call| call.get("function"))
+            .chain(message.get("function_call"))
+            .map(|f| self.function_call(f))
+            .sum();
+        3 + role + name + content + calls
+    }
+
+    fn function_call(self, function: &Value) -> u64 {
+        let text = |field: &str| function.get(field).and_then(Value::as_str).unwrap_or("");
+        self.text(text("name")) + self.text(text("arguments"))
+    }
+
+    /// A message's content: a text, or parts.
+    pub(super) fn content(self, content: &Value) -> u64 {
+        match content {
+            Value::String(text) => self.text(text),
+            Value::Array(parts) => parts.iter().map(|p| self.part(p)).sum(),
+            _ => 0,
+        }
+    }
+
+    fn part(self, part: &Value) -> u64 {
+        let text = part.get("text").and_then(Value::as_str);
+        match (part.get("type").and_then(Value::as_str), text) {
+            (Some("text" | "input_text" | "output_text"), Some(text)) => self.text(text),
+            (Some("image_url"), _) => {
+                let detail = part.pointer("/image_url/detail").and_then(Value::as_str);
+                openai_image(detail)
+            }
+            (Some("input_image"), _) => openai_image(part.get("detail").and_then(Value::as_str)),
+            (Some("image"), _) => ANTHROPIC_IMAGE_MOST,
+            (Some("tool_use"), _) => {
+                let name = part.get("name").and_then(Value::as_str).unwrap_or("");
+                let input = part.get("input").map_or(0, |i| self.text(&i.to_string()));
+                self.text(name) + input
+            }
+            (Some("tool_result"), _) => part.get("content").map_or(0, |c| self.content(c)),
+            _ => 85,
+        }
+    }
+
+    /// OpenAI's tool definitions, by the cookbook's `num_tokens_for_tools`.
+    pub(super) fn openai_tools(self, tools: &[Value]) -> u64 {
+        if tools.is_empty() {
+            return 0;
+        }
+        let functions = tools.iter().filter_map(|t| t.get("function").or(Some(t)));
+        let counted: u64 = functions.map(|f| self.function(f)).sum();
+        counted + 12
+    }
+
+    fn function(self, function: &Value) -> u64 {
+        fn text<'v>(v: &'v Value, field: &str) -> &'v str {
+            v.get(field).and_then(Value::as_str).unwrap_or("")
+        }
+        let description = text(function, "description");
+        let line = format!(
+            "{}:{}",
+            text(function, "name"),
+            description.trim_end_matches('.')
+        );
+        let mut count = self.function_start + self.text(&line);
+        let properties = function
+            .pointer("/parameters/properties")
+            .and_then(Value::as_object);
+        if let Some(properties) = properties.filter(|p| !p.is_empty()) {
+            count += 3;
+            for (key, property) in properties {
+                count += 3;
+                if let Some(items) = property.get("enum").and_then(Value::as_array) {
+                    count = count.saturating_sub(3);
+                    for item in items {
+                        count += 3 + self.text(
+                            &item
+                                .as_str()
+                                .map_or_else(|| item.to_string(), str::to_owned),
+                        );
+                    }
+                }
+                let described = text(property, "description").trim_end_matches('.');
+                let kind = property.get("type").map_or_else(String::new, |t| match t {
+                    Value::String(t) => t.clone(),
+                    other => other.to_string(),
+                });
+                count += self.text(&format!("{key}:{kind}:{described}"));
+            }
+        }
+        count
+    }
+
+    /// A Responses API request's input: `instructions` as a system message, a
+    /// string `input` as a user message, items as messages, function calls by
+    /// name and arguments, tool outputs by their text, other items by their
+    /// JSON text; the tools as chat's; 3 to prime the reply.
+    pub(super) fn responses(
+        self,
+        instructions: Option<&str>,
+        input: Option<&Value>,
+        tools: &[Value],
+    ) -> u64 {
+        let instructions = instructions.map_or(0, |text| 3 + self.text("system") + self.text(text));
+        let input = match input {
+            Some(Value::String(text)) => 3 + self.text("user") + self.text(text),
+            Some(Value::Array(items)) => items.iter().map(|item| self.item(item)).sum(),
+            _ => 0,
+        };
+        instructions + input + self.openai_tools(tools) + 3
+    }
+
+    fn item(self, item: &Value) -> u64 {
+        match item.get("type").and_then(Value::as_str) {
+            None | Some("message") if item.get("role").is_some() => self.message(item),
+            Some("function_call") => self.function_call(item),
+            Some("function_call_output") => item.get("output").map_or(0, |o| self.content(o)),
+            _ => self.text(&item.to_string()),
+        }
+    }
+
+    /// Anthropic's tool definitions: its tool system prompt and each
+    /// definition's JSON text.
+    pub(super) fn anthropic_tools(self, tools: &[Value]) -> u64 {
+        if tools.is_empty() {
+            return 0;
+        }
+        let definitions: u64 = tools.iter().map(|t| self.text(&t.to_string())).sum();
+        ANTHROPIC_TOOL_PROMPT + definitions
+    }
+}
+
+/// OpenAI's image rule without the image's size.
+fn openai_image(detail: Option<&str>) -> u64 {
+    match detail {
+        Some("low") => 85,
+        _ => IMAGE_MOST,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_cookbook_example_counts_19_and_its_tools_example_as_published() {
+        let counter = Counter::for_model("gpt-4");
+        let messages = [
+            json!({"role": "system", "content": "You are a helpful assistant."}),
+            json!({"role": "user", "content": "Hello!"}),
+        ];
+        assert_eq!(counter.chat(&messages), 19);
+        // One function with a described string property: 10 + "name:desc",
+        // 3, 3 + "key:type:desc", 12 to end.
+        let tools = [json!({"type": "function", "function": {
+            "name": "get_weather", "description": "Weather now.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "description": "The city."}}}}})];
+        let expected = 10
+            + counter.text("get_weather:Weather now")
+            + 3
+            + 3
+            + counter.text("city:string:The city")
+            + 12;
+        assert_eq!(counter.openai_tools(&tools), expected);
+        assert_eq!(Counter::for_model("gpt-4o").function_start, 7);
+    }
+
+    #[test]
+    fn images_cost_by_detail_and_tool_traffic_by_its_text() {
+        let counter = Counter::for_model("gpt-4o");
+        let low = json!([{"type": "image_url", "image_url": {"url": "x", "detail": "low"}}]);
+        let high = json!([{"type": "image_url", "image_url": {"url": "x"}}]);
+        assert_eq!(counter.content(&low), 85);
+        assert_eq!(counter.content(&high), 1_445);
+        let call = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]});
+        let plain = json!({"role": "assistant", "content": null});
+        assert_eq!(
+            counter.chat(&[call]) - counter.chat(&[plain]),
+            counter.text("f") + counter.text("{\"a\":1}")
+        );
+    }
+}
