@@ -111,3 +111,137 @@ async fn redis_stays_within_l_and_uses_95_percent() {
 async fn redis_lease_stays_within_l_and_uses_95_percent() {
     conformance("redis-lease", "full").await;
 }
+
+/// The token limit of the agentic runs: the tenant's, and the mock's own.
+const TOKEN_LIMIT: u64 = 8_000;
+
+/// One request of each kind an agent sends, in turn: a tool-heavy chat, an
+/// image, a list of prompts, a Responses call with items and tools.
+fn agent_requests() -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::json;
+    let tools = json!([{"type": "function", "function": {"name": "search_documents",
+        "description": "Search the knowledge base and return the best passages.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "description": "What to look for."},
+            "top_k": {"type": "integer", "description": "How many passages."},
+            "lang": {"type": "string", "enum": ["en", "fr", "de"]}}}}}]);
+    vec![
+        (
+            "/chat/completions",
+            json!({"model": "gpt-4o-mini", "max_tokens": 8, "tools": tools,
+            "messages": [{"role": "user", "content": "Find the refund policy."},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "search_documents", "arguments": "{\"query\":\"refund policy\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Refunds within 30 days."}]}),
+        ),
+        (
+            "/chat/completions",
+            json!({"model": "gpt-4o", "max_tokens": 8, "messages": [{"role": "user",
+            "content": [{"type": "text", "text": "Describe this."},
+                {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}]}]}),
+        ),
+        (
+            "/completions",
+            json!({"model": "gpt-3.5-turbo-instruct", "max_tokens": 8,
+            "prompt": ["Summarise A.", "Summarise B.", "Summarise C."]}),
+        ),
+        (
+            "/responses",
+            json!({"model": "gpt-4o-mini", "max_output_tokens": 8,
+            "instructions": "Answer briefly.", "tools": [{"type": "function", "name": "lookup",
+                "description": "Look a term up.", "parameters": {"type": "object",
+                "properties": {"term": {"type": "string"}}}}],
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "What is GCRA?"}]}]}),
+        ),
+    ]
+}
+
+/// Agents on each node at `per_second` requests a second for `seconds`,
+/// waiting out no 429 (each is counted, none retried): 200s per node.
+async fn agent_load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<u64> {
+    let mut tasks = Vec::new();
+    for (url, rate) in urls.into_iter().zip(per_second) {
+        let gap = std::time::Duration::from_millis(1000 / rate);
+        let end = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
+        tasks.push(tokio::spawn(async move {
+            let (requests, mut admitted) = (agent_requests(), 0);
+            for (path, body) in requests.iter().cycle() {
+                if tokio::time::Instant::now() >= end {
+                    break;
+                }
+                if post_url(&url, path, body.clone()).await.status() == 200 {
+                    admitted += 1;
+                }
+                tokio::time::sleep(gap).await;
+            }
+            admitted
+        }));
+    }
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.unwrap());
+    }
+    out
+}
+
+async fn agents_within_the_token_limit(mode: &str, share: &str) {
+    let redis = mode.starts_with("redis").then(RedisServer::start);
+    let upstream = mock(|c| c.tpm = TOKEN_LIMIT).await;
+    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut toml = cluster_toml(i, &ports, mode, share).replace(
+            &format!("rpm = {LIMIT}\nmax_wait = \"0s\""),
+            &format!("tpm = {TOKEN_LIMIT}\nmax_wait = \"300ms\""),
+        );
+        if let Some(redis) = &redis {
+            toml.push_str(&format!(
+                "\n[redis]\nurl = \"{}\"\ntimeout = \"50ms\"\n",
+                redis.url()
+            ));
+        }
+        nodes.push(Arc::new(node(&toml, &[&upstream]).await));
+    }
+    for n in &nodes {
+        wait_members(n, 3).await;
+    }
+    let admitted = agent_load(urls(&nodes), &[10, 6, 3], 3.0).await;
+    let stats = upstream.stats();
+    let tokens = stats.prompt_tokens + stats.completion_tokens;
+    println!(
+        "{mode} {share} agents: {admitted:?} served, {tokens} of {TOKEN_LIMIT} tokens at the upstream, {} refused there",
+        stats.refused.tokens
+    );
+    assert_eq!(admitted.iter().sum::<u64>(), stats.admitted);
+    assert!(tokens <= TOKEN_LIMIT, "{mode}: {tokens} > {TOKEN_LIMIT}");
+    assert_eq!(
+        stats.refused.tokens, 0,
+        "{mode}: the upstream refused tokens"
+    );
+    assert!(
+        tokens >= TOKEN_LIMIT / 2,
+        "{mode}: only {tokens} of {TOKEN_LIMIT} used"
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_stay_within_the_token_limit_in_local_split() {
+    agents_within_the_token_limit("local", "split").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_stay_within_the_token_limit_in_lease() {
+    agents_within_the_token_limit("lease", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_stay_within_the_token_limit_in_redis() {
+    agents_within_the_token_limit("redis", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_stay_within_the_token_limit_in_redis_lease() {
+    agents_within_the_token_limit("redis-lease", "full").await;
+}
