@@ -11,6 +11,7 @@ use crate::common::cluster::*;
 use crate::common::redis::RedisServer;
 use crate::common::*;
 use std::sync::Arc;
+use tollgate::mock::MockHandle;
 
 /// What a mode promises for the cluster total, as (at most, at least).
 fn promise(mode: &str, share: &str) -> (u64, u64) {
@@ -25,25 +26,38 @@ fn promise(mode: &str, share: &str) -> (u64, u64) {
     }
 }
 
-async fn conformance(mode: &str, share: &str) {
+/// Three nodes of `mode` (and the Redis server the Redis modes need) in
+/// front of `upstream`, formed; the tenant's limit lines are `tenant`.
+async fn three_nodes(
+    mode: &str,
+    share: &str,
+    tenant: &str,
+    upstream: &MockHandle,
+) -> (Option<RedisServer>, Vec<Arc<Node>>) {
     let redis = mode.starts_with("redis").then(RedisServer::start);
-    let upstream = mock(|_| {}).await;
     let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
     let mut nodes = Vec::new();
     for i in 0..3 {
         let mut toml = cluster_toml(i, &ports, mode, share)
-            .replace("max_wait = \"0s\"", "max_wait = \"300ms\"");
+            .replace(&format!("rpm = {LIMIT}\nmax_wait = \"0s\""), tenant);
         if let Some(redis) = &redis {
             toml.push_str(&format!(
                 "\n[redis]\nurl = \"{}\"\ntimeout = \"50ms\"\n",
                 redis.url()
             ));
         }
-        nodes.push(Arc::new(node(&toml, &[&upstream]).await));
+        nodes.push(Arc::new(node(&toml, &[upstream]).await));
     }
     for n in &nodes {
         wait_members(n, 3).await;
     }
+    (redis, nodes)
+}
+
+async fn conformance(mode: &str, share: &str) {
+    let upstream = mock(|_| {}).await;
+    let tenant = format!("rpm = {LIMIT}\nmax_wait = \"300ms\"");
+    let (_redis, nodes) = three_nodes(mode, share, &tenant, &upstream).await;
     let admitted = load(urls(&nodes), &[20, 10, 4], 4.0).await;
     let truth = upstream.stats().admitted;
     let (at_most, at_least) = promise(mode, share);
@@ -185,26 +199,9 @@ async fn agent_load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<
 }
 
 async fn agents_within_the_token_limit(mode: &str, share: &str) {
-    let redis = mode.starts_with("redis").then(RedisServer::start);
     let upstream = mock(|c| c.tpm = TOKEN_LIMIT).await;
-    let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let mut toml = cluster_toml(i, &ports, mode, share).replace(
-            &format!("rpm = {LIMIT}\nmax_wait = \"0s\""),
-            &format!("tpm = {TOKEN_LIMIT}\nmax_wait = \"300ms\""),
-        );
-        if let Some(redis) = &redis {
-            toml.push_str(&format!(
-                "\n[redis]\nurl = \"{}\"\ntimeout = \"50ms\"\n",
-                redis.url()
-            ));
-        }
-        nodes.push(Arc::new(node(&toml, &[&upstream]).await));
-    }
-    for n in &nodes {
-        wait_members(n, 3).await;
-    }
+    let tenant = format!("tpm = {TOKEN_LIMIT}\nmax_wait = \"300ms\"");
+    let (_redis, nodes) = three_nodes(mode, share, &tenant, &upstream).await;
     let admitted = agent_load(urls(&nodes), &[10, 6, 3], 3.0).await;
     let stats = upstream.stats();
     let tokens = stats.prompt_tokens + stats.completion_tokens;
