@@ -10,8 +10,9 @@
 //!   3 tokens per message, its `role`, `content` and `name` (1 more for a
 //!   name), 3 to prime the reply. A content part: its text; an image by
 //!   OpenAI's vision rule (`detail: low` 85 tokens; otherwise 85 + 170 per
-//!   512 px tile, which needs the image: the mock fetches nothing, so it
-//!   charges the most a high-detail image can cost, [`IMAGE_MOST`]); another
+//!   512 px tile, by the image's size when the request carries the image as
+//!   a `data:` URL; the mock fetches nothing, so an image given by address is
+//!   charged the most a high-detail image can cost, [`IMAGE_MOST`]); another
 //!   part 85. An assistant's tool calls: each function's name and arguments.
 //! - Tools: the cookbook's `num_tokens_for_tools` (per function 7 tokens, or
 //!   10 on `cl100k_base` models, its `name:description`, 3 more and per
@@ -108,9 +109,15 @@ impl Counter {
             (Some("text" | "input_text" | "output_text"), Some(text)) => self.text(text),
             (Some("image_url"), _) => {
                 let detail = part.pointer("/image_url/detail").and_then(Value::as_str);
-                openai_image(detail)
+                openai_image(
+                    detail,
+                    part.pointer("/image_url/url").and_then(Value::as_str),
+                )
             }
-            (Some("input_image"), _) => openai_image(part.get("detail").and_then(Value::as_str)),
+            (Some("input_image"), _) => openai_image(
+                part.get("detail").and_then(Value::as_str),
+                part.get("image_url").and_then(Value::as_str),
+            ),
             (Some("image"), _) => ANTHROPIC_IMAGE_MOST,
             (Some("tool_use"), _) => {
                 let name = part.get("name").and_then(Value::as_str).unwrap_or("");
@@ -210,12 +217,45 @@ impl Counter {
     }
 }
 
-/// OpenAI's image rule without the image's size.
-fn openai_image(detail: Option<&str>) -> u64 {
-    match detail {
-        Some("low") => 85,
-        _ => IMAGE_MOST,
+/// OpenAI's image rule: `low` 85; otherwise by the image's size when the
+/// request carries it (a base64 `data:` URL: the size from its header), 85
+/// plus 170 per 512 px tile of the image fitted into 2048 x 2048 and brought
+/// down to 768 px on its short side; [`IMAGE_MOST`] without it.
+fn openai_image(detail: Option<&str>, url: Option<&str>) -> u64 {
+    if detail == Some("low") {
+        return 85;
     }
+    let Some((width, height)) = url.and_then(data_url_image_size) else {
+        return IMAGE_MOST;
+    };
+    // In integers, scaled by 1,000 (thousandths of a pixel), rounding the
+    // scaled sides up: a tile is only saved by a whole pixel.
+    let (mut w, mut h) = (width.max(1) * 1_000, height.max(1) * 1_000);
+    let long = w.max(h);
+    if long > 2_048_000 {
+        w = (w * 2_048_000).div_ceil(long);
+        h = (h * 2_048_000).div_ceil(long);
+    }
+    let short = w.min(h);
+    if short > 768_000 {
+        w = (w * 768_000).div_ceil(short);
+        h = (h * 768_000).div_ceil(short);
+    }
+    85 + 170 * w.div_ceil(512_000) * h.div_ceil(512_000)
+}
+
+/// The size of the image in a base64 `data:` URL, read from its header.
+fn data_url_image_size(url: &str) -> Option<(u64, u64)> {
+    use base64::Engine;
+    let rest = url.strip_prefix("data:")?;
+    let data = rest.split_once(";base64,")?.1;
+    // The header is near the start: decode at most 128 KiB of it.
+    let take = data.len().min(128 * 1024) / 4 * 4;
+    let bytes = (base64::engine::general_purpose::STANDARD)
+        .decode(&data.as_bytes()[..take])
+        .ok()?;
+    let size = imagesize::blob_size(&bytes).ok()?;
+    Some((size.width as u64, size.height as u64))
 }
 
 #[cfg(test)]

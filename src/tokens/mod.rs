@@ -17,6 +17,7 @@
 //! Each encoding's tables load once per process, all at a node's start (~250 ms).
 
 mod bpe;
+mod image;
 mod memo;
 mod responses;
 
@@ -56,10 +57,12 @@ pub const ANTHROPIC_TOOL_PROMPT_TOKENS: u64 = 346;
 /// size it keeps, about 1.15 megapixels).
 pub const ANTHROPIC_IMAGE_MOST_TOKENS: u64 = 1_600;
 
-/// An image's reservation by its `detail` (OpenAI's vision rule, bounded).
-pub fn openai_image_tokens(detail: Option<&str>) -> u64 {
-    match detail {
-        Some("low") => IMAGE_LOW_DETAIL_TOKENS,
+/// An image's reservation by its `detail` and, when the request carries the
+/// image (a `data:` URL), its size (OpenAI's tile rule); else the rule's bound.
+pub fn openai_image_tokens(detail: Option<&str>, url: Option<&str>) -> u64 {
+    match (detail, url.and_then(image::data_url_size)) {
+        (Some("low"), _) => IMAGE_LOW_DETAIL_TOKENS,
+        (_, Some((width, height))) => image::openai_tiles_tokens(width, height),
         _ => IMAGE_HIGH_DETAIL_MOST_TOKENS,
     }
 }
@@ -335,6 +338,9 @@ pub struct ContentPart<'a> {
 /// An `image_url` part's image, as far as counting needs it.
 #[derive(Debug, Deserialize)]
 pub struct ImageUrl<'a> {
+    /// Its address, or the image itself as a `data:` URL.
+    #[serde(default, borrow)]
+    pub url: Option<std::borrow::Cow<'a, str>>,
     /// `low`, `high` or `auto` (absent: `auto`).
     #[serde(default, borrow)]
     pub detail: Option<std::borrow::Cow<'a, str>>,
@@ -360,8 +366,9 @@ impl Content<'_> {
                         TOKENS_PER_MESSAGE + content
                     }
                     ("image_url", _) => {
-                        let detail = part.image_url.as_ref().and_then(|i| i.detail.as_deref());
-                        openai_image_tokens(detail)
+                        let image = part.image_url.as_ref();
+                        let detail = image.and_then(|i| i.detail.as_deref());
+                        openai_image_tokens(detail, image.and_then(|i| i.url.as_deref()))
                     }
                     ("image", _) => ANTHROPIC_IMAGE_MOST_TOKENS,
                     _ => NON_TEXT_PART_TOKENS,

@@ -81,9 +81,10 @@ fn count_content(counter: TokenCounter<'_>, content: &Value) -> u64 {
                     (Some("input_text" | "output_text" | "text"), Some(text)) => {
                         counter.count_text(text)
                     }
-                    (Some("input_image"), _) => {
-                        openai_image_tokens(part.get("detail").and_then(Value::as_str))
-                    }
+                    (Some("input_image"), _) => openai_image_tokens(
+                        part.get("detail").and_then(Value::as_str),
+                        part.get("image_url").and_then(Value::as_str),
+                    ),
                     (Some("refusal"), _) => {
                         let refusal = part.get("refusal").and_then(Value::as_str);
                         counter.count_text(refusal.unwrap_or(""))

@@ -262,7 +262,24 @@ async fn estimates_cover_what_the_provider_counts_for_tools_images_and_responses
             "city": {"type": "string", "description": "The city."},
             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
             "required": ["city"]}}}]);
+    // A 1024 x 1024 PNG's signature and header, as a data URL: 4 tiles.
+    let png = {
+        use base64::Engine;
+        let mut bytes = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+        bytes.extend_from_slice(&1024u32.to_be_bytes());
+        bytes.extend_from_slice(&1024u32.to_be_bytes());
+        bytes.extend_from_slice(&[8, 2, 0, 0, 0, 0, 0, 0, 0]);
+        let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+        format!("data:image/png;base64,{data}")
+    };
     let cases = [
+        (
+            Api::Chat,
+            "/chat/completions",
+            json!({"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user",
+                "content": [{"type": "text", "text": "And this?"},
+                    {"type": "image_url", "image_url": {"url": png}}]}]}),
+        ),
         (
             Api::Chat,
             "/chat/completions",

@@ -1,0 +1,73 @@
+//! An image's token cost from its size, when the request carries the image
+//! itself (a `data:` URL): OpenAI's tile rule, for the models that count
+//! images by 512 px tiles (gpt-4o, gpt-4.1, the o-series). The gateway fetches
+//! no image, so one given by address is reserved the rule's bound
+//! ([`super::IMAGE_HIGH_DETAIL_MOST_TOKENS`]).
+
+use base64::Engine;
+
+/// Most of a data URL's text decoded to find the image's size: a JPEG's size
+/// follows its metadata, which is seldom longer (96 KiB of base64 is 72 KiB).
+const MAX_HEADER_BASE64: usize = 96 * 1024;
+
+/// The width and height of the image in a base64 `data:` URL, if its header
+/// says them.
+pub(super) fn data_url_size(url: &str) -> Option<(u64, u64)> {
+    let (meta, data) = url.strip_prefix("data:")?.split_once(',')?;
+    if !meta.ends_with(";base64") {
+        return None;
+    }
+    let prefix = &data.as_bytes()[..data.len().min(MAX_HEADER_BASE64)];
+    let whole = &prefix[..prefix.len() / 4 * 4];
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(whole)
+        .ok()?;
+    let size = imagesize::blob_size(&bytes).ok()?;
+    Some((size.width as u64, size.height as u64))
+}
+
+/// OpenAI's high-detail cost of a `width` x `height` image: scaled to fit
+/// 2048 x 2048, then down to 768 px on its short side, 170 tokens per 512 px
+/// tile of that, plus 85.
+pub(super) fn openai_tiles_tokens(width: u64, height: u64) -> u64 {
+    let (mut w, mut h) = (width.max(1) as f64, height.max(1) as f64);
+    let longest = w.max(h);
+    if longest > 2048.0 {
+        (w, h) = (w * 2048.0 / longest, h * 2048.0 / longest);
+    }
+    let shortest = w.min(h);
+    if shortest > 768.0 {
+        (w, h) = (w * 768.0 / shortest, h * 768.0 / shortest);
+    }
+    let tiles = (w / 512.0).ceil() as u64 * (h / 512.0).ceil() as u64;
+    85 + 170 * tiles
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PNG of `width` x `height`: its signature and header chunk (what the
+    /// size is read from).
+    fn png(width: u32, height: u32) -> String {
+        let mut bytes = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+        bytes.extend_from_slice(&width.to_be_bytes());
+        bytes.extend_from_slice(&height.to_be_bytes());
+        bytes.extend_from_slice(&[8, 2, 0, 0, 0, 0, 0, 0, 0]);
+        let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+        format!("data:image/png;base64,{data}")
+    }
+
+    #[test]
+    fn a_data_urls_size_is_read_and_costed_by_the_tile_rule() {
+        assert_eq!(data_url_size(&png(1024, 1024)), Some((1024, 1024)));
+        assert_eq!(data_url_size("https://example.com/a.png"), None);
+        assert_eq!(data_url_size("data:image/png;base64,!!!!"), None);
+        // OpenAI's published examples: 1024 x 1024 is 4 tiles (765 tokens),
+        // 2048 x 4096 is scaled to 768 x 1536, 6 tiles (1,105).
+        assert_eq!(openai_tiles_tokens(1024, 1024), 765);
+        assert_eq!(openai_tiles_tokens(2048, 4096), 1_105);
+        assert_eq!(openai_tiles_tokens(100, 100), 255);
+        assert!(openai_tiles_tokens(2048, 768) <= super::super::IMAGE_HIGH_DETAIL_MOST_TOKENS);
+    }
+}
