@@ -141,6 +141,18 @@ async fn passed_through_endpoints_stream_both_ways_and_cost_one_request_each() {
         .await
         .unwrap();
     assert_eq!(too_big.status(), 413);
+    // Past it with no declared length (chunked): the stream is cut, 413.
+    let chunks = (0..40).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'a'; 100_001])));
+    let streamed = client
+        .post(format!("{}/files", node.url()))
+        .bearer_auth(KEY)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 413);
     // A family no route lists, and a caller without a key.
     let unlisted = client
         .get(format!("{}/batches", node.url()))
