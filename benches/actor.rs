@@ -64,15 +64,23 @@ fn allowances(bound: Bound, clock: Clock) -> Allowances {
     match bound {
         Bound::Local => Allowances::default(),
         Bound::Gossip => Allowances {
-            requests: Some(Allowance::new(1 << 40)),
-            tokens: Some(Allowance::new(1 << 50)),
+            windows: [
+                Some(Allowance::new(1 << 40)),
+                Some(Allowance::new(1 << 50)),
+                None,
+                None,
+            ],
             concurrency: Some(Allowance::new(1 << 20)),
             ..Allowances::default()
         },
         Bound::Lease => Allowances {
             credits: Credits {
-                requests: Some(held_credit("tenant:bench:requests", false, 1 << 40, clock)),
-                tokens: Some(held_credit("tenant:bench:tokens", false, 1 << 50, clock)),
+                windows: [
+                    Some(held_credit("tenant:bench:requests", false, 1 << 40, clock)),
+                    Some(held_credit("tenant:bench:tokens", false, 1 << 50, clock)),
+                    None,
+                    None,
+                ],
                 concurrency: Some(held_credit(
                     "tenant:bench:concurrency",
                     true,
@@ -95,8 +103,8 @@ fn registry(clock: Clock, bound: Bound) -> (Registry, ScopeId) {
         ))
     };
     let spec = ScopeSpec {
-        requests: limit(1 << 40),
-        tokens: limit(1 << 50),
+        windows: [limit(1 << 40), limit(1 << 50), None, None],
+        counts_cache_reads: false,
         concurrency: Some(1 << 20),
         adaptive: None,
         allowances: allowances(bound, clock),
@@ -139,6 +147,7 @@ async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
     let grant = answer.expect("roomy limits admit");
     Permit::new(&handle, &grant).settle(SettleWith::Usage {
         prompt: 100,
+        cache_read: 0,
         completion: 50,
     });
 }

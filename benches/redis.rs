@@ -18,7 +18,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use tollgate::redis::{Algorithm, DimSpec, RedisStore, Reservation, ScopeKeys};
+use tollgate::actor::scope::Cost;
+use tollgate::redis::{Algorithm, DimSpec, RedisStore, Reservation, ScopeKeys, Settled};
 
 const CLIENTS: usize = 50;
 const BIG: u64 = 1 << 40;
@@ -48,9 +49,11 @@ struct Outcome {
 /// One request's reservation (cost 1 token) under `requests` and `tokens`.
 fn one(requests: Algorithm, tokens: Algorithm) -> Reservation {
     Reservation {
-        requests: dim(requests),
-        tokens: dim(tokens),
-        token_cost: 1,
+        windows: [dim(requests), dim(tokens), DimSpec::NONE, DimSpec::NONE],
+        cost: Cost {
+            input: 1,
+            output: 0,
+        },
         concurrency: 0,
         permit_id: String::new(),
         slot_ttl_ms: 0,
@@ -236,15 +239,29 @@ async fn main() {
         async move {
             let keys = ScopeKeys::new("bench", &format!("tenant:settle:{client}"));
             let r = Reservation {
-                requests: dim(Algorithm::Window { bucket_ms: 1_000 }),
-                tokens: dim(Algorithm::Window { bucket_ms: 1_000 }),
-                token_cost: 10,
+                windows: [
+                    dim(Algorithm::Window { bucket_ms: 1_000 }),
+                    dim(Algorithm::Window { bucket_ms: 1_000 }),
+                    DimSpec::NONE,
+                    DimSpec::NONE,
+                ],
+                cost: Cost {
+                    input: 10,
+                    output: 0,
+                },
                 concurrency: 0,
                 permit_id: String::new(),
                 slot_ttl_ms: 0,
             };
-            let refs = ("0", "0");
-            store.settle(&keys, &r, refs, (1, 5), None).await.unwrap();
+            let refs = ["0", "0", "0", "0"].map(String::from);
+            let actual = Settled {
+                requests: 1,
+                tokens: Cost {
+                    input: 5,
+                    output: 0,
+                },
+            };
+            store.settle(&keys, &r, &refs, actual, None).await.unwrap();
         }
     })
     .await;
@@ -272,9 +289,11 @@ async fn main() {
         for alg in [Algorithm::Window { bucket_ms: 1_000 }, Algorithm::Log] {
             let keys = ScopeKeys::new("bench", &format!("tenant:scale:{n}:{alg:?}"));
             let r = Reservation {
-                requests: DimSpec::NONE,
-                tokens: dim(alg),
-                token_cost: 1,
+                windows: [DimSpec::NONE, dim(alg), DimSpec::NONE, DimSpec::NONE],
+                cost: Cost {
+                    input: 1,
+                    output: 0,
+                },
                 concurrency: 0,
                 permit_id: String::new(),
                 slot_ttl_ms: 0,

@@ -99,6 +99,8 @@ pub async fn up(
     let mock_config = crate::mock::MockConfig {
         rpm: mock_limits.rpm.unwrap_or(0),
         tpm: mock_limits.tpm.unwrap_or(0),
+        itpm: mock_limits.itpm.unwrap_or(0),
+        otpm: mock_limits.otpm.unwrap_or(0),
         concurrency: mock_limits.concurrency.unwrap_or(0),
         latency_ms: mock_limits.latency_ms,
         ..crate::mock::MockConfig::default()

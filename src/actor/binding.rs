@@ -19,6 +19,9 @@ pub struct Binding {
     pub capacity: u64,
     /// The allowance the actor reads (`local split`, `gossip`).
     pub allowance: Option<Allowance>,
+    /// Cache-read input tokens count toward it (its scope's
+    /// `input_counts_cache_reads`; `redis` mode settles by it in Redis).
+    pub counts_cache_reads: bool,
     /// Leased (`lease`, `redis-lease`): its credit is in the node's
     /// [`CreditTable`](super::credit::CreditTable), made at the key's first use here.
     pub leased: bool,

@@ -162,11 +162,11 @@ impl CreditTable {
             .take_while(|i| self.bindings[*i].scope == *scope && self.bindings[*i].leased);
         for i in same_scope {
             let credit = Some(self.get_or_make(i as u32));
-            match self.bindings[i].dimension {
-                Dimension::Requests => credits.requests = credit,
-                Dimension::Tokens => credits.tokens = credit,
-                Dimension::Concurrency => credits.concurrency = credit,
-                Dimension::Queue | Dimension::Cooldown => {}
+            let dimension = self.bindings[i].dimension;
+            match dimension.window_index() {
+                Some(w) => credits.windows[w] = credit,
+                None if dimension == Dimension::Concurrency => credits.concurrency = credit,
+                None => {}
             }
         }
         credits
@@ -277,10 +277,8 @@ impl Credit {
 /// Credits of a scope's dimensions (`lease` mode); `None` = not leased.
 #[derive(Clone, Debug, Default)]
 pub struct Credits {
-    /// Requests per window.
-    pub requests: Option<Credit>,
-    /// Tokens per window.
-    pub tokens: Option<Credit>,
+    /// Per window dimension, in [`Dimension::WINDOWED`] order.
+    pub windows: [Option<Credit>; crate::actor::WINDOWS],
     /// Requests in flight (slots).
     pub concurrency: Option<Credit>,
 }
@@ -288,7 +286,20 @@ pub struct Credits {
 impl Credits {
     /// Whether any dimension is leased.
     pub fn any(&self) -> bool {
-        self.requests.is_some() || self.tokens.is_some() || self.concurrency.is_some()
+        self.windows.iter().any(Option::is_some) || self.concurrency.is_some()
+    }
+
+    /// Each dimension's credit: the window dimensions in
+    /// [`Dimension::WINDOWED`] order, then the slots.
+    pub fn each(&self) -> [(Option<&Credit>, Dimension); crate::actor::WINDOWS + 1] {
+        let [requests, tokens, input, output] = &self.windows;
+        [
+            (requests.as_ref(), Dimension::Requests),
+            (tokens.as_ref(), Dimension::Tokens),
+            (input.as_ref(), Dimension::InputTokens),
+            (output.as_ref(), Dimension::OutputTokens),
+            (self.concurrency.as_ref(), Dimension::Concurrency),
+        ]
     }
 }
 
@@ -311,6 +322,7 @@ mod tests {
             dimension,
             capacity: 100,
             allowance: None,
+            counts_cache_reads: false,
             leased: true,
         }
     }
@@ -329,8 +341,11 @@ mod tests {
         assert!(table.take_made().is_empty());
         // b's actor starts: its two keys, and no neighbour's.
         let credits = table.credits_for(1);
-        assert!(credits.requests.is_none());
-        let (tokens, slots) = (credits.tokens.unwrap(), credits.concurrency.unwrap());
+        assert!(credits.windows[0].is_none());
+        let (tokens, slots) = (
+            credits.windows[1].clone().unwrap(),
+            credits.concurrency.unwrap(),
+        );
         let made: Vec<u32> = table.take_made().into_iter().map(|(i, _)| i).collect();
         assert_eq!(made, vec![1, 2]);
         assert!(table.get(0).is_none() && table.get(3).is_none());
@@ -351,7 +366,7 @@ mod tests {
         let table = CreditTable::new(recipe, Arc::from([binding("a", Dimension::Requests)]));
         let actors = table.credits_for(0);
         let holders = table.take_made();
-        let credit = actors.requests.clone().unwrap();
+        let credit = actors.windows[0].clone().unwrap();
         // Spent from a granted credit: not at rest while that counts.
         credit.with(|b| {
             let s = b.snapshot(5, 1_000);
@@ -382,9 +397,8 @@ mod tests {
         drop(holders);
         // Used again: a new credit, and the holder loop takes it anew.
         assert_eq!(
-            table
-                .credits_for(0)
-                .requests
+            table.credits_for(0).windows[0]
+                .clone()
                 .unwrap()
                 .with(|b| b.last_seq()),
             0

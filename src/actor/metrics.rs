@@ -143,7 +143,7 @@ impl ActorMetrics {
 /// few atomic adds (no label lookup per message).
 pub struct ScopeMetrics {
     admitted: Counter,
-    refused: [Counter; 5],
+    refused: [Counter; DIMENSIONS.len()],
     cancelled: Counter,
     queue_wait: [Histogram; 2],
     queue_depth: Gauge,
@@ -154,16 +154,28 @@ pub struct ScopeMetrics {
     settlements: [Counter; 4],
 }
 
-const DIMENSIONS: [Dimension; 5] = [
+const DIMENSIONS: [Dimension; 7] = [
     Dimension::Requests,
     Dimension::Tokens,
+    Dimension::InputTokens,
+    Dimension::OutputTokens,
     Dimension::Concurrency,
     Dimension::Cooldown,
     Dimension::Queue,
 ];
 
+/// `d`'s place in [`DIMENSIONS`]; a match, so a new dimension cannot compile
+/// without a place of its own (a search with a default counted it as another).
 fn dimension_index(d: Dimension) -> usize {
-    DIMENSIONS.iter().position(|x| *x == d).unwrap_or(0)
+    match d {
+        Dimension::Requests => 0,
+        Dimension::Tokens => 1,
+        Dimension::InputTokens => 2,
+        Dimension::OutputTokens => 3,
+        Dimension::Concurrency => 4,
+        Dimension::Cooldown => 5,
+        Dimension::Queue => 6,
+    }
 }
 
 impl ScopeMetrics {
@@ -205,5 +217,17 @@ impl ScopeMetrics {
             SettleWith::Cancel => 3,
         };
         self.settlements[index].inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dimension_has_its_own_refusal_counter() {
+        for d in DIMENSIONS {
+            assert_eq!(DIMENSIONS[dimension_index(d)], d);
+        }
     }
 }

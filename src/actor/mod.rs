@@ -129,6 +129,10 @@ pub enum Dimension {
     Requests,
     /// Prompt + completion tokens per window.
     Tokens,
+    /// Input (prompt) tokens per window: Anthropic's ITPM.
+    InputTokens,
+    /// Output (completion) tokens per window: Anthropic's OTPM.
+    OutputTokens,
     /// Requests in flight.
     Concurrency,
     /// An upstream cooling down after it answered 429.
@@ -137,12 +141,31 @@ pub enum Dimension {
     Queue,
 }
 
+/// Window dimensions a scope may limit (requests, tokens, input and output
+/// tokens), the length of the arrays that keep one entry per window dimension.
+pub const WINDOWS: usize = 4;
+
 impl Dimension {
+    /// The window dimensions, in the order scopes keep them.
+    pub const WINDOWED: [Dimension; WINDOWS] = [
+        Dimension::Requests,
+        Dimension::Tokens,
+        Dimension::InputTokens,
+        Dimension::OutputTokens,
+    ];
+
+    /// This dimension's place in [`Self::WINDOWED`]; `None` for the others.
+    pub fn window_index(self) -> Option<usize> {
+        Self::WINDOWED.iter().position(|d| *d == self)
+    }
+
     /// Label value for metrics, keys and error messages.
     pub fn as_str(self) -> &'static str {
         match self {
             Dimension::Requests => "requests",
             Dimension::Tokens => "tokens",
+            Dimension::InputTokens => "input_tokens",
+            Dimension::OutputTokens => "output_tokens",
             Dimension::Concurrency => "concurrency",
             Dimension::Cooldown => "cooldown",
             Dimension::Queue => "queue",

@@ -18,8 +18,8 @@ pub struct Waiter<T> {
     pub enqueued_ns: Nanos,
     /// Give up (429) at this time.
     pub deadline_ns: Nanos,
-    /// Tokens it needs.
-    pub tokens: u64,
+    /// What it costs the scope.
+    pub cost: super::scope::Cost,
     /// The actor's reply channel and request details.
     pub payload: T,
 }
@@ -140,7 +140,7 @@ mod tests {
             lane,
             enqueued_ns: at,
             deadline_ns: at + 1_000,
-            tokens: 1,
+            cost: Default::default(),
             payload: id,
         }
     }

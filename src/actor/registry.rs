@@ -44,10 +44,11 @@ const ATTEMPTS: usize = 4;
 /// What an actor enforces, derived from config once.
 #[derive(Clone, Debug)]
 pub struct ScopeSpec {
-    /// Request limit.
-    pub requests: Option<LimitSpec>,
-    /// Token limit.
-    pub tokens: Option<LimitSpec>,
+    /// Window limits, in [`super::Dimension::WINDOWED`] order: requests,
+    /// tokens, input tokens, output tokens.
+    pub windows: [Option<LimitSpec>; super::WINDOWS],
+    /// Cache-read input tokens count as input here.
+    pub counts_cache_reads: bool,
     /// Concurrency limit.
     pub concurrency: Option<u64>,
     /// Adaptive completion estimation (tenants only).
@@ -190,8 +191,8 @@ impl Registry {
             "leased scopes need the node's credit table"
         );
         for (scope, spec) in &specs {
-            for limit in [spec.requests, spec.tokens].into_iter().flatten() {
-                Limiter::try_new(limit).map_err(|e| (scope.clone(), e))?;
+            for limit in spec.windows.iter().flatten() {
+                Limiter::try_new(*limit).map_err(|e| (scope.clone(), e))?;
             }
         }
         Ok(Registry {
@@ -256,11 +257,11 @@ impl Registry {
         // Specs were validated in `new`, so building limiters cannot fail here.
         let build = |s: Option<LimitSpec>| s.and_then(|s| Limiter::try_new(s).ok());
         let limits = ScopeLimits::new(
-            build(spec.requests),
-            build(spec.tokens),
+            spec.windows.map(build),
             spec.concurrency,
             self.defaults.batch_ceiling,
         )
+        .counting_cache_reads(spec.counts_cache_reads)
         .with_allowances(if crate::faults::skip_cluster_sync() {
             Allowances::default()
         } else {
@@ -331,14 +332,14 @@ impl Registry {
                 let now = core.clock().now_ns();
                 (core.decide_now(now, request), now)
             };
-            let tokens = match decision {
+            let cost = match decision {
                 Decision::Granted(grant) => return Ok((Ok(grant), handle)),
                 Decision::Refused(refusal) => return Ok((Err(refusal), handle)),
                 Decision::Retired => {
                     self.forget(scope, &handle);
                     continue;
                 }
-                Decision::Forward(tokens) => tokens,
+                Decision::Forward(cost) => cost,
             };
             let (tx, rx) = oneshot::channel();
             let mut unsent = Unsent {
@@ -346,7 +347,7 @@ impl Registry {
             };
             let forwarded = Forwarded {
                 request: request.clone(),
-                tokens,
+                cost,
                 arrived_ns,
                 reply: tx,
             };

@@ -1,7 +1,7 @@
 //! The limits of one scope and the all-or-nothing admission across them: a request
 //! is charged on every dimension or on none. Pure: takes `now`, touches no clock.
 
-use super::{Dimension, Lane};
+use super::{Dimension, Lane, WINDOWS};
 use crate::limiter::{Ceiling, Denial, Limiter, Nanos, Reservation, Settlement, Snapshot};
 use serde::Serialize;
 use std::sync::Arc;
@@ -41,17 +41,56 @@ impl Allowance {
     }
 }
 
+/// What one request costs a scope: its input (prompt) tokens and its output
+/// (completion) tokens, estimated at admission and real at settlement. Each
+/// window dimension reads its own part ([`Cost::on`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cost {
+    /// Input tokens: the prompt (with cache reads where the scope counts them).
+    pub input: u64,
+    /// Output tokens: the completion (its estimate until settled).
+    pub output: u64,
+}
+
+impl Cost {
+    /// Input and output together.
+    pub fn tokens(self) -> u64 {
+        self.input.saturating_add(self.output)
+    }
+
+    /// What `dimension` counts of this request: one request, one slot, or its
+    /// tokens (all, input or output).
+    pub fn on(self, dimension: Dimension) -> u64 {
+        match dimension {
+            Dimension::Requests | Dimension::Concurrency => 1,
+            Dimension::Tokens => self.tokens(),
+            Dimension::InputTokens => self.input,
+            Dimension::OutputTokens => self.output,
+            Dimension::Cooldown | Dimension::Queue => 0,
+        }
+    }
+}
+
 /// Cluster bounds of a scope's dimensions; `None` = local limit only.
 #[derive(Clone, Debug, Default)]
 pub struct Allowances {
     /// `lease` mode: credit leased from each key's owner.
     pub credits: super::credit::Credits,
-    /// Requests in the local window.
-    pub requests: Option<Allowance>,
-    /// Tokens in the local window.
-    pub tokens: Option<Allowance>,
+    /// Cost in the local window, per window dimension ([`Dimension::WINDOWED`]).
+    pub windows: [Option<Allowance>; WINDOWS],
     /// Requests in flight on this node.
     pub concurrency: Option<Allowance>,
+}
+
+impl Allowances {
+    /// The allowance of `dimension`, for the sync engine to write.
+    pub fn slot_mut(&mut self, dimension: Dimension) -> Option<&mut Option<Allowance>> {
+        match dimension.window_index() {
+            Some(i) => Some(&mut self.windows[i]),
+            None if dimension == Dimension::Concurrency => Some(&mut self.concurrency),
+            None => None,
+        }
+    }
 }
 
 /// Why a request cannot be admitted now.
@@ -87,22 +126,27 @@ impl Worst {
     }
 }
 
+/// What each leased dimension spent, with its cost: the window dimensions in
+/// [`Dimension::WINDOWED`] order, then the slot.
+type Spending = [Option<(Spent, u64)>; WINDOWS + 1];
+
 /// What admission charged, needed to settle.
 #[derive(Debug)]
 pub struct Charge {
-    requests: Option<Reservation>,
-    tokens: Option<Reservation>,
-    /// What each leased dimension spent `[requests, tokens, concurrency]`, with its cost.
-    credit: [Option<(Spent, u64)>; 3],
-    /// Tokens reserved (0 when the scope has no token limit).
+    /// Per window dimension, in [`Dimension::WINDOWED`] order.
+    reservations: [Option<Reservation>; WINDOWS],
+    credit: Spending,
+    /// Tokens reserved, input and output (0 when the scope limits no tokens).
     pub tokens_reserved: u64,
+    /// What the request was costed at.
+    pub cost: Cost,
 }
 
 /// How a charge is settled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Settle {
     /// The upstream reported usage: correct tokens to it.
-    Actual(u64),
+    Actual(Cost),
     /// Usage unknown (client gone mid-stream, upstream cut): keep the reservation.
     KeepReserved,
     /// The upstream did no work (refused, failed before generating): refund the
@@ -112,19 +156,35 @@ pub enum Settle {
     Cancel,
 }
 
+impl Settle {
+    /// What `dimension`'s charge of `reserved` comes to.
+    fn actual(self, dimension: Dimension, reserved: u64) -> u64 {
+        match (self, dimension) {
+            // A slot is given back whole, however the request ended.
+            (_, Dimension::Concurrency) => reserved,
+            (Settle::Cancel, _) => 0,
+            (_, Dimension::Requests) => reserved,
+            (Settle::Actual(cost), dimension) => cost.on(dimension),
+            (Settle::KeepReserved, _) => reserved,
+            (Settle::RefundTokens, _) => 0,
+        }
+    }
+}
+
+/// One window's live usage: bucket width and `(bucket, cost)` pairs.
+pub type WindowExport = (Nanos, Vec<(u64, u64)>);
+
 /// A scope's local usage, as the cluster counters publish it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScopeExport {
-    /// Request window: bucket width and live `(bucket, cost)` pairs.
-    pub requests: Option<(Nanos, Vec<(u64, u64)>)>,
-    /// Token window: bucket width and live `(bucket, cost)` pairs.
-    pub tokens: Option<(Nanos, Vec<(u64, u64)>)>,
+    /// Per window dimension ([`Dimension::WINDOWED`] order): bucket width and
+    /// live `(bucket, cost)` pairs.
+    pub windows: [Option<WindowExport>; WINDOWS],
     /// Requests in flight.
     pub in_flight: u64,
-    /// Requests asked of this actor since it started, admitted or not (demand).
-    pub requested_requests: u64,
-    /// Tokens asked of this actor since it started, admitted or not (demand).
-    pub requested_tokens: u64,
+    /// Cost asked of this actor since it started, admitted or not (demand), per
+    /// window dimension.
+    pub requested: [u64; WINDOWS],
     /// Requests waiting in its queues now while it has no slot free (else 0): the
     /// concurrency dimension's demand.
     pub waiting: u64,
@@ -133,20 +193,22 @@ pub struct ScopeExport {
 /// Settlement figures for metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Settled {
-    /// Token correction.
+    /// Token correction: the token window's, else input's and output's together.
     pub tokens: Settlement,
 }
 
 /// Limits and live state of one scope.
 #[derive(Debug)]
 pub struct ScopeLimits {
-    requests: Option<Limiter>,
-    tokens: Option<Limiter>,
+    /// Per window dimension, in [`Dimension::WINDOWED`] order.
+    windows: [Option<Limiter>; WINDOWS],
     concurrency: Option<u64>,
     in_flight: u64,
     batch_ceiling: Ceiling,
     cooling_until_ns: Nanos,
     allowances: Allowances,
+    /// Cache-read input tokens count as input (some providers' older models).
+    counts_cache_reads: bool,
 }
 
 /// Point-in-time figures of a scope, for headers and the admin API.
@@ -156,6 +218,12 @@ pub struct ScopeStatus {
     pub requests: Option<WindowStatus>,
     /// Token window figures, if limited.
     pub tokens: Option<WindowStatus>,
+    /// Input token window figures, if limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<WindowStatus>,
+    /// Output token window figures, if limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<WindowStatus>,
     /// Requests in flight.
     pub in_flight: u64,
     /// Concurrency limit, if any.
@@ -191,21 +259,21 @@ impl From<Snapshot> for WindowStatus {
 }
 
 impl ScopeLimits {
-    /// A scope at rest.
+    /// A scope at rest, limiting the window dimensions given (in
+    /// [`Dimension::WINDOWED`] order) and requests in flight.
     pub fn new(
-        requests: Option<Limiter>,
-        tokens: Option<Limiter>,
+        windows: [Option<Limiter>; WINDOWS],
         concurrency: Option<u64>,
         batch_ceiling: Ceiling,
     ) -> ScopeLimits {
         ScopeLimits {
-            requests,
-            tokens,
+            windows,
             concurrency,
             in_flight: 0,
             batch_ceiling,
             cooling_until_ns: 0,
             allowances: Allowances::default(),
+            counts_cache_reads: false,
         }
     }
 
@@ -215,15 +283,44 @@ impl ScopeLimits {
         self
     }
 
+    /// The same scope, counting cache-read input tokens as input.
+    pub fn counting_cache_reads(mut self, counts: bool) -> ScopeLimits {
+        self.counts_cache_reads = counts;
+        self
+    }
+
+    /// What a request that used `prompt` input tokens (cache reads apart),
+    /// `cache_read` cache-read ones and `completion` output tokens costs here.
+    pub fn usage_cost(&self, prompt: u64, cache_read: u64, completion: u64) -> Cost {
+        let cached = if self.counts_cache_reads {
+            cache_read
+        } else {
+            0
+        };
+        Cost {
+            input: prompt.saturating_add(cached),
+            output: completion,
+        }
+    }
+
+    /// Whether the scope limits any token dimension.
+    fn limits_tokens(&self) -> bool {
+        self.windows[1..].iter().any(Option::is_some)
+    }
+
+    /// The window dimensions this scope limits, with their limiters.
+    fn limited(&self) -> impl Iterator<Item = (usize, Dimension, &Limiter)> {
+        (self.windows.iter().enumerate())
+            .filter_map(|(i, l)| l.as_ref().map(|l| (i, Dimension::WINDOWED[i], l)))
+    }
+
     /// What the cluster counters need: live buckets per window dimension and the
     /// requests in flight.
     pub fn export(&self, now: Nanos) -> ScopeExport {
         ScopeExport {
-            requests: self.requests.as_ref().and_then(|l| l.export(now)),
-            tokens: self.tokens.as_ref().and_then(|l| l.export(now)),
+            windows: std::array::from_fn(|i| self.windows[i].as_ref().and_then(|l| l.export(now))),
             in_flight: self.in_flight,
-            requested_requests: 0,
-            requested_tokens: 0,
+            requested: [0; WINDOWS],
             waiting: 0,
         }
     }
@@ -241,14 +338,14 @@ impl ScopeLimits {
         self.concurrency.map(|c| self.ceiling(lane).of(c).max(1))
     }
 
-    /// Would `tokens` be admitted now in `lane`? With `busy_above`, also refuse when
+    /// Would `cost` be admitted now in `lane`? With `busy_above`, also refuse when
     /// any dimension is already at or above that fraction (routing skips busy
     /// upstreams while a fallback exists). All or nothing: every dimension is
     /// checked, and the one that blocks longest is reported.
     pub fn check(
         &self,
         now: Nanos,
-        tokens: u64,
+        cost: Cost,
         lane: Lane,
         busy_above: Option<Ceiling>,
     ) -> Result<(), Blocked> {
@@ -256,48 +353,43 @@ impl ScopeLimits {
         if self.cooling_until_ns > now {
             worst.retry(Dimension::Cooldown, self.cooling_until_ns - now);
         }
-        self.check_windows(now, tokens, lane, busy_above, &mut worst);
-        self.check_cluster_bounds(now, tokens, &mut worst);
+        self.check_windows(now, cost, lane, busy_above, &mut worst);
+        self.check_cluster_bounds(now, cost, &mut worst);
         self.check_slots(lane, busy_above, &mut worst);
         worst.0.map_or(Ok(()), Err)
     }
 
-    /// What the local windows (and a cooldown) alone keep `tokens` in `lane`
+    /// What the local windows (and a cooldown) alone keep `cost` in `lane`
     /// out for, if they do. Exact while nothing admitted here is unsettled:
     /// only a settlement (a refund below the reservation, a charge re-dated to
     /// its answer) moves a window's contents other than time does.
-    pub fn window_wait(&self, now: Nanos, tokens: u64, lane: Lane) -> Option<Blocked> {
+    pub fn window_wait(&self, now: Nanos, cost: Cost, lane: Lane) -> Option<Blocked> {
         let mut worst = Worst::default();
         if self.cooling_until_ns > now {
             worst.retry(Dimension::Cooldown, self.cooling_until_ns - now);
         }
-        self.check_windows(now, tokens, lane, None, &mut worst);
+        self.check_windows(now, cost, lane, None, &mut worst);
         worst.0
     }
 
-    /// The local windows (requests, tokens) under the lane's ceiling, and how
-    /// busy they are.
+    /// The local windows under the lane's ceiling, and how busy they are.
     fn check_windows(
         &self,
         now: Nanos,
-        tokens: u64,
+        cost: Cost,
         lane: Lane,
         busy_above: Option<Ceiling>,
         worst: &mut Worst,
     ) {
         let ceiling = self.ceiling(lane);
-        for (limiter, cost, dimension) in [
-            (&self.requests, 1, Dimension::Requests),
-            (&self.tokens, tokens, Dimension::Tokens),
-        ] {
-            let Some(limiter) = limiter else { continue };
+        for (_, dimension, limiter) in self.limited() {
             if let Some(busy) = busy_above {
                 let snapshot = limiter.snapshot(now);
                 if snapshot.used >= busy.of(snapshot.capacity) {
                     worst.retry(dimension, snapshot.reset_after_ns.max(1));
                 }
             }
-            match limiter.check(now, cost, ceiling) {
+            match limiter.check(now, cost.on(dimension), ceiling) {
                 Ok(()) => {}
                 Err(Denial::RetryAfter(ns)) => worst.retry(dimension, ns),
                 Err(Denial::Never) => worst.note(Blocked {
@@ -311,36 +403,22 @@ impl ScopeLimits {
 
     /// The cluster's bounds on the windows: allowances (`local split`,
     /// `gossip`) and credit (`lease`, `redis-lease`).
-    fn check_cluster_bounds(&self, now: Nanos, tokens: u64, worst: &mut Worst) {
-        for (limiter, allowance, cost, dimension) in [
-            (
-                &self.requests,
-                &self.allowances.requests,
-                1,
-                Dimension::Requests,
-            ),
-            (
-                &self.tokens,
-                &self.allowances.tokens,
-                tokens,
-                Dimension::Tokens,
-            ),
-        ] {
-            if let (Some(limiter), Some(allowance)) = (limiter, allowance)
-                && limiter.snapshot(now).used.saturating_add(cost) > allowance.get()
+    fn check_cluster_bounds(&self, now: Nanos, cost: Cost, worst: &mut Worst) {
+        for (i, dimension, limiter) in self.limited() {
+            if let Some(allowance) = &self.allowances.windows[i]
+                && limiter
+                    .snapshot(now)
+                    .used
+                    .saturating_add(cost.on(dimension))
+                    > allowance.get()
             {
                 worst.retry(dimension, ALLOWANCE_RETRY_HINT_NS);
             }
         }
         let now_ms = now / 1_000_000;
-        let credits = &self.allowances.credits;
-        for (credit, cost, dimension) in [
-            (&credits.requests, 1, Dimension::Requests),
-            (&credits.tokens, tokens, Dimension::Tokens),
-            (&credits.concurrency, 1, Dimension::Concurrency),
-        ] {
+        for (credit, dimension) in self.allowances.credits.each() {
             if let Some(credit) = credit
-                && !credit.can_spend(cost, now_ms)
+                && !credit.can_spend(cost.on(dimension), now_ms)
             {
                 // The engine is woken to renew; the actor is woken when credit comes.
                 worst.retry(dimension, ALLOWANCE_RETRY_HINT_NS);
@@ -382,53 +460,49 @@ impl ScopeLimits {
     pub fn admit(
         &mut self,
         now: Nanos,
-        tokens: u64,
+        cost: Cost,
         lane: Lane,
         busy_above: Option<Ceiling>,
     ) -> Result<Charge, Blocked> {
-        self.check(now, tokens, lane, busy_above)?;
-        let credit = self.spend_credits(now, tokens)?;
+        self.check(now, cost, lane, busy_above)?;
+        let credit = self.spend_credits(now, cost)?;
         let ceiling = self.ceiling(lane);
         // check() just proved each reservation fits; a failure here would be a bug in
         // the limiter's check/reserve agreement, so it is asserted, not handled.
-        let requests = self
-            .requests
-            .as_mut()
-            .and_then(|l| l.reserve(now, 1, ceiling).ok());
-        let token_res = self
-            .tokens
-            .as_mut()
-            .and_then(|l| l.reserve(now, tokens, ceiling).ok());
-        debug_assert_eq!(requests.is_some(), self.requests.is_some());
-        debug_assert_eq!(token_res.is_some(), self.tokens.is_some());
+        let reservations = std::array::from_fn(|i| {
+            let limiter = self.windows[i].as_mut()?;
+            let reserved = limiter.reserve(now, cost.on(Dimension::WINDOWED[i]), ceiling);
+            debug_assert!(reserved.is_ok(), "check and reserve disagree");
+            reserved.ok()
+        });
         self.in_flight += 1;
-        let tokens_reserved = token_res.as_ref().map_or(0, |r| r.cost);
+        let tokens_reserved = if self.limits_tokens() {
+            cost.tokens()
+        } else {
+            0
+        };
         Ok(Charge {
-            requests,
-            tokens: token_res,
+            reservations,
             credit,
             tokens_reserved,
+            cost,
         })
     }
 
     /// Spends every leased dimension, or none: the engine may shrink a credit
     /// between `check` and here, so a failure rolls back what was spent.
-    fn spend_credits(&self, now: Nanos, tokens: u64) -> Result<[Option<(Spent, u64)>; 3], Blocked> {
+    fn spend_credits(&self, now: Nanos, cost: Cost) -> Result<Spending, Blocked> {
         let now_ms = now / 1_000_000;
-        let credits = &self.allowances.credits;
-        let dims = [
-            (&credits.requests, 1, Dimension::Requests),
-            (&credits.tokens, tokens, Dimension::Tokens),
-            (&credits.concurrency, 1, Dimension::Concurrency),
-        ];
-        let mut spent: [Option<(Spent, u64)>; 3] = [None, None, None];
-        for (i, (credit, cost, dimension)) in dims.iter().enumerate() {
+        let credits = self.allowances.credits.each();
+        let mut spent: Spending = Default::default();
+        for (i, (credit, dimension)) in credits.iter().enumerate() {
             let Some(credit) = credit else { continue };
-            match credit.try_spend(*cost, now_ms) {
-                Some(s) => spent[i] = Some((s, *cost)),
+            let dimension_cost = cost.on(*dimension);
+            match credit.try_spend(dimension_cost, now_ms) {
+                Some(s) => spent[i] = Some((s, dimension_cost)),
                 None => {
                     for (j, done) in spent.iter().enumerate() {
-                        if let (Some(c), Some((s, cost))) = (dims[j].0, done) {
+                        if let (Some(c), Some((s, cost))) = (credits[j].0, done) {
                             c.settle(*s, *cost, 0, now_ms);
                         }
                     }
@@ -449,20 +523,13 @@ impl ScopeLimits {
     /// "Charged when answered"). Slots are not windowed: unchanged.
     pub fn redate(&mut self, now: Nanos, charge: &mut Charge) {
         let now_ms = now / 1_000_000;
-        let credits = &self.allowances.credits;
-        let [requests_spent, tokens_spent, _] = &mut charge.credit;
-        for (credit, entry) in [
-            (&credits.requests, requests_spent),
-            (&credits.tokens, tokens_spent),
-        ] {
-            if let (Some(credit), Some((spent, cost))) = (credit, entry.as_mut()) {
+        let credits = self.allowances.credits.each();
+        for (i, entry) in charge.credit[..WINDOWS].iter_mut().enumerate() {
+            if let (Some(credit), Some((spent, cost))) = (credits[i].0, entry.as_mut()) {
                 *spent = credit.redate(*spent, *cost, now_ms);
             }
         }
-        for (limiter, reservation) in [
-            (self.requests.as_mut(), &mut charge.requests),
-            (self.tokens.as_mut(), &mut charge.tokens),
-        ] {
+        for (limiter, reservation) in self.windows.iter_mut().zip(&mut charge.reservations) {
             if let (Some(limiter), Some(r)) = (limiter, reservation.take()) {
                 *reservation = Some(limiter.redate(now, r));
             }
@@ -475,42 +542,36 @@ impl ScopeLimits {
         // Every charge holds one in-flight slot, limited or not.
         debug_assert!(self.in_flight > 0);
         self.in_flight = self.in_flight.saturating_sub(1);
-        let credits = &self.allowances.credits;
         let now_ms = now / 1_000_000;
-        let [requests_credit, tokens_credit, slot_credit] = charge.credit;
-        if let (Some(credit), Some((spent, cost))) = (&credits.requests, requests_credit) {
-            credit.settle(
-                spent,
-                cost,
-                if how == Settle::Cancel { 0 } else { cost },
-                now_ms,
-            );
+        for ((credit, dimension), spent) in self
+            .allowances
+            .credits
+            .each()
+            .into_iter()
+            .zip(charge.credit)
+        {
+            if let (Some(credit), Some((spent, cost))) = (credit, spent) {
+                credit.settle(spent, cost, how.actual(dimension, cost), now_ms);
+            }
         }
-        if let (Some(credit), Some((spent, cost))) = (&credits.tokens, tokens_credit) {
-            let actual = match how {
-                Settle::Actual(tokens) => tokens,
-                Settle::KeepReserved => cost,
-                Settle::RefundTokens | Settle::Cancel => 0,
-            };
-            credit.settle(spent, cost, actual, now_ms);
+        let mut corrections = [Settlement::default(); WINDOWS];
+        for (i, reservation) in charge.reservations.into_iter().enumerate() {
+            if let (Some(limiter), Some(res)) = (self.windows[i].as_mut(), reservation) {
+                let actual = how.actual(Dimension::WINDOWED[i], res.cost);
+                corrections[i] = limiter.settle(now, res, actual);
+            }
         }
-        if let (Some(credit), Some((spent, cost))) = (&credits.concurrency, slot_credit) {
-            credit.settle(spent, cost, cost, now_ms);
-        }
-        if let (Some(limiter), Some(res)) = (self.requests.as_mut(), charge.requests) {
-            let actual = if how == Settle::Cancel { 0 } else { res.cost };
-            limiter.settle(now, res, actual);
-        }
-        let mut settled = Settled::default();
-        if let (Some(limiter), Some(res)) = (self.tokens.as_mut(), charge.tokens) {
-            let actual = match how {
-                Settle::Actual(tokens) => tokens,
-                Settle::KeepReserved => res.cost,
-                Settle::RefundTokens | Settle::Cancel => 0,
-            };
-            settled.tokens = limiter.settle(now, res, actual);
-        }
-        settled
+        let tokens = if self.windows[1].is_some() {
+            corrections[1]
+        } else {
+            let [_, _, input, output] = corrections;
+            Settlement {
+                refunded: input.refunded + output.refunded,
+                debt: input.debt + output.debt,
+                expired: input.expired + output.expired,
+            }
+        };
+        Settled { tokens }
     }
 
     /// Starts (or extends) a cool-down until `until_ns`.
@@ -527,8 +588,7 @@ impl ScopeLimits {
     pub fn is_at_rest(&self, now: Nanos) -> bool {
         self.in_flight == 0
             && self.cooling_until_ns <= now
-            && self.requests.as_ref().is_none_or(|l| l.is_at_rest(now))
-            && self.tokens.as_ref().is_none_or(|l| l.is_at_rest(now))
+            && self.limited().all(|(_, _, l)| l.is_at_rest(now))
     }
 
     /// Figures for headers and the admin API (queue depths filled in by the actor).
@@ -540,10 +600,10 @@ impl ScopeLimits {
     /// credit is not read here: a node gets more of it as it spends, so what
     /// it holds is no bound on what it may admit.
     pub fn status(&self, now: Nanos) -> ScopeStatus {
-        let window = |limiter: &Option<Limiter>, allowance: &Option<Allowance>| {
-            limiter.as_ref().map(|l| {
+        let window = |i: usize| {
+            self.windows[i].as_ref().map(|l| {
                 let mut status = WindowStatus::from(l.snapshot(now));
-                if let Some(allowance) = allowance {
+                if let Some(allowance) = &self.allowances.windows[i] {
                     let left = allowance.get().saturating_sub(status.used);
                     status.remaining = status.remaining.min(left);
                 }
@@ -551,8 +611,10 @@ impl ScopeLimits {
             })
         };
         ScopeStatus {
-            requests: window(&self.requests, &self.allowances.requests),
-            tokens: window(&self.tokens, &self.allowances.tokens),
+            requests: window(0),
+            tokens: window(1),
+            input_tokens: window(2),
+            output_tokens: window(3),
             in_flight: self.in_flight,
             concurrency_limit: self.concurrency,
             queued: [0, 0],
@@ -566,17 +628,30 @@ mod tests {
     use super::*;
     use crate::limiter::{Algorithm, LimitSpec, NANOS_PER_SEC};
 
+    fn window(capacity: u64) -> Option<Limiter> {
+        Limiter::try_new(LimitSpec::new(
+            capacity,
+            60 * NANOS_PER_SEC,
+            Algorithm::SlidingWindow,
+        ))
+        .ok()
+    }
+
     fn scope(allowances: Allowances) -> ScopeLimits {
-        let window = |capacity| {
-            Limiter::try_new(LimitSpec::new(
-                capacity,
-                60 * NANOS_PER_SEC,
-                Algorithm::SlidingWindow,
-            ))
-            .ok()
-        };
-        ScopeLimits::new(window(100), window(10_000), Some(10), Ceiling::FULL)
-            .with_allowances(allowances)
+        ScopeLimits::new(
+            [window(100), window(10_000), None, None],
+            Some(10),
+            Ceiling::FULL,
+        )
+        .with_allowances(allowances)
+    }
+
+    /// A request of `n` prompt tokens and no completion.
+    fn tokens(n: u64) -> Cost {
+        Cost {
+            input: n,
+            output: 0,
+        }
     }
 
     #[test]
@@ -602,22 +677,24 @@ mod tests {
 
     #[test]
     fn cluster_allowance_bounds_the_local_window_and_can_move() {
-        let tokens = Allowance::new(500);
+        let allowance = Allowance::new(500);
         let mut s = scope(Allowances {
-            tokens: Some(tokens.clone()),
+            windows: [None, Some(allowance.clone()), None, None],
             ..Allowances::default()
         });
         let now = 1_000 * NANOS_PER_SEC;
-        assert!(s.admit(now, 400, Lane::Interactive, None).is_ok());
-        let blocked = s.admit(now, 200, Lane::Interactive, None).unwrap_err();
+        assert!(s.admit(now, tokens(400), Lane::Interactive, None).is_ok());
+        let blocked = s
+            .admit(now, tokens(200), Lane::Interactive, None)
+            .unwrap_err();
         assert_eq!(
             (blocked.dimension, blocked.never),
             (Dimension::Tokens, false)
         );
         assert_eq!(blocked.retry_after_ns, ALLOWANCE_RETRY_HINT_NS);
         // The sync engine raises this node's allowance: the same request fits.
-        tokens.set(600);
-        assert!(s.admit(now, 200, Lane::Interactive, None).is_ok());
+        allowance.set(600);
+        assert!(s.admit(now, tokens(200), Lane::Interactive, None).is_ok());
     }
 
     #[test]
@@ -628,20 +705,85 @@ mod tests {
             ..Allowances::default()
         });
         let now = 1_000 * NANOS_PER_SEC;
-        let charge = s.admit(now, 10, Lane::Interactive, None).unwrap();
+        let charge = s.admit(now, tokens(10), Lane::Interactive, None).unwrap();
         assert_eq!(
-            s.admit(now, 10, Lane::Interactive, None)
+            s.admit(now, tokens(10), Lane::Interactive, None)
                 .unwrap_err()
                 .dimension,
             Dimension::Concurrency
         );
         let export = s.export(now);
         assert_eq!(export.in_flight, 1);
-        let (width_ns, buckets) = export.tokens.unwrap();
+        let (width_ns, buckets) = export.windows[1].clone().unwrap();
         assert_eq!(width_ns, NANOS_PER_SEC);
         assert_eq!(buckets, vec![(1_000, 10)]);
-        s.settle(now, charge, Settle::Actual(4));
-        assert_eq!(s.export(now).tokens.unwrap().1, vec![(1_000, 4)]);
+        s.settle(now, charge, Settle::Actual(tokens(4)));
+        assert_eq!(
+            s.export(now).windows[1].clone().unwrap().1,
+            vec![(1_000, 4)]
+        );
         assert_eq!(s.export(now).in_flight, 0);
+    }
+
+    #[test]
+    fn input_and_output_tokens_are_limited_apart_and_settled_apart() {
+        // An Anthropic-shaped scope: 1,000 input and 100 output tokens a window.
+        let mut s = ScopeLimits::new(
+            [None, None, window(1_000), window(100)],
+            None,
+            Ceiling::FULL,
+        );
+        let now = 1_000 * NANOS_PER_SEC;
+        let first = Cost {
+            input: 600,
+            output: 80,
+        };
+        let charge = s.admit(now, first, Lane::Interactive, None).unwrap();
+        assert_eq!(charge.tokens_reserved, 680, "input and output together");
+        // Input has room for 300 more; output (max_tokens 40) does not.
+        let second = Cost {
+            input: 300,
+            output: 40,
+        };
+        let blocked = s.admit(now, second, Lane::Interactive, None).unwrap_err();
+        assert_eq!(blocked.dimension, Dimension::OutputTokens);
+        assert!(!blocked.never && blocked.retry_after_ns > 0);
+        // The answer used 5 output tokens: the other 75 come back, and the
+        // second request fits.
+        let used = Cost {
+            input: 600,
+            output: 5,
+        };
+        let settled = s.settle(now, charge, Settle::Actual(used));
+        assert_eq!(settled.tokens.refunded, 75, "input's and output's refunds");
+        assert!(s.admit(now, second, Lane::Interactive, None).is_ok());
+        let status = s.status(now);
+        assert_eq!(status.input_tokens.unwrap().used, 900);
+        assert_eq!(status.output_tokens.unwrap().used, 45);
+        assert_eq!(status.tokens, None);
+        // More output than the window holds can never be admitted.
+        let huge = Cost {
+            input: 1,
+            output: 101,
+        };
+        let never = s.check(now, huge, Lane::Interactive, None).unwrap_err();
+        assert_eq!(
+            (never.dimension, never.never),
+            (Dimension::OutputTokens, true)
+        );
+    }
+
+    #[test]
+    fn cache_reads_count_as_input_only_where_the_scope_says_so() {
+        let s = scope(Allowances::default());
+        assert_eq!(s.usage_cost(10, 900, 5).input, 10);
+        let counting = scope(Allowances::default()).counting_cache_reads(true);
+        assert_eq!(
+            counting.usage_cost(10, 900, 5),
+            Cost {
+                input: 910,
+                output: 5
+            }
+        );
     }
 }

@@ -21,7 +21,7 @@
 use super::estimate::{AdaptivePolicy, CompletionStats};
 use super::metrics::{ActorMetrics, ScopeMetrics};
 use super::queue::{WaitQueue, Waiter};
-use super::scope::{Blocked, Charge, ScopeExport, ScopeLimits, ScopeStatus, Settle};
+use super::scope::{Blocked, Charge, Cost, ScopeExport, ScopeLimits, ScopeStatus, Settle};
 use super::task::{AcquireRequest, Grant, Refusal, Release, SettleWith};
 use super::{Dimension, Lane, ScopeId};
 use crate::clock::Clock;
@@ -94,9 +94,9 @@ pub enum Decision {
     Granted(Grant),
     /// Refused now.
     Refused(Refusal),
-    /// Must wait: forward to the actor task, with the tokens it was costed at
+    /// Must wait: forward to the actor task, with the cost it was costed at
     /// (counted in [`Core::forwarded`] until the task takes it).
-    Forward(u64),
+    Forward(Cost),
     /// The actor retired: ask the registry for a fresh one.
     Retired,
 }
@@ -106,8 +106,8 @@ pub enum Decision {
 pub struct Forwarded {
     /// What it asks for.
     pub request: AcquireRequest,
-    /// Its cost in tokens (prompt + completion estimate), fixed when it arrived.
-    pub tokens: u64,
+    /// Its cost (prompt and completion estimate), fixed when it arrived.
+    pub cost: Cost,
     /// When it arrived: its wait and its deadline count from here.
     pub arrived_ns: Nanos,
     /// Where the answer goes.
@@ -164,7 +164,7 @@ pub struct Core {
     m: ScopeMetrics,
     /// Requests and tokens asked of this scope, admitted or not: the demand the
     /// cluster's shares are weighted by.
-    requested: (u64, u64),
+    requested: [u64; super::WINDOWS],
 }
 
 impl Core {
@@ -188,7 +188,7 @@ impl Core {
             forwarded: 0,
             retired: false,
             m: settings.metrics.scope(settings.scope.kind),
-            requested: (0, 0),
+            requested: [0; super::WINDOWS],
             settings,
         }
     }
@@ -247,18 +247,18 @@ impl Core {
             return Decision::Retired;
         }
         self.last_active_ns = now;
-        let tokens = self.cost(request);
+        let cost = self.cost(request);
         if !request.probe {
-            self.count_demand(tokens);
+            self.count_demand(cost);
         }
         if self.queue.is_empty() && self.forwarded == 0 {
             match self
                 .limits
-                .admit(now, tokens, request.lane, request.busy_above)
+                .admit(now, cost, request.lane, request.busy_above)
             {
                 Ok(charge) => {
                     if request.probe {
-                        self.count_demand(tokens);
+                        self.count_demand(cost);
                     }
                     let (prompt, model) = (request.prompt_tokens, request.model.clone());
                     let grant = self.grant(now, request.lane, now, charge, prompt, model);
@@ -274,10 +274,10 @@ impl Core {
                 }
                 Err(_) => {}
             }
-            if let Some(blocked) = self.outlasts_deadline(now, tokens, request) {
+            if let Some(blocked) = self.outlasts_deadline(now, cost, request) {
                 return Decision::Refused(self.refusal(now, blocked));
             }
-        } else if let Err(blocked) = self.limits.check(now, tokens, request.lane, None)
+        } else if let Err(blocked) = self.limits.check(now, cost, request.lane, None)
             && blocked.never
         {
             return Decision::Refused(if request.probe {
@@ -293,11 +293,11 @@ impl Core {
                 never: false,
             };
             return Decision::Refused(self.unrecorded(now, behind));
-        } else if let Some(blocked) = self.outlasts_deadline(now, tokens, request) {
+        } else if let Some(blocked) = self.outlasts_deadline(now, cost, request) {
             return Decision::Refused(self.refusal(now, blocked));
         }
         self.forwarded += 1;
-        Decision::Forward(tokens)
+        Decision::Forward(cost)
     }
 
     /// The local windows' block, when it is known to last past the request's
@@ -309,18 +309,18 @@ impl Core {
     fn outlasts_deadline(
         &self,
         now: Nanos,
-        tokens: u64,
+        cost: Cost,
         request: &AcquireRequest,
     ) -> Option<Blocked> {
         if self.limits.in_flight() > 0 {
             return None;
         }
-        (self.limits.window_wait(now, tokens, request.lane))
+        (self.limits.window_wait(now, cost, request.lane))
             .filter(|b| b.never || b.retry_after_ns > request.max_wait_ns)
     }
 
-    /// The request's cost in tokens (prompt + completion estimate).
-    fn cost(&self, request: &AcquireRequest) -> u64 {
+    /// The request's cost: its prompt and its completion estimate.
+    fn cost(&self, request: &AcquireRequest) -> Cost {
         let completion = match self.settings.adaptive {
             Some(policy) if request.adaptive => {
                 self.completions
@@ -328,13 +328,17 @@ impl Core {
             }
             _ => request.max_completion_tokens,
         };
-        request.prompt_tokens.saturating_add(completion)
+        Cost {
+            input: request.prompt_tokens,
+            output: completion,
+        }
     }
 
-    /// Counts a request of `tokens` as demand (asked, admitted or not).
-    fn count_demand(&mut self, tokens: u64) {
-        self.requested.0 += 1;
-        self.requested.1 = self.requested.1.saturating_add(tokens);
+    /// Counts a request of `cost` as demand (asked, admitted or not).
+    fn count_demand(&mut self, cost: Cost) {
+        for (asked, dimension) in self.requested.iter_mut().zip(Dimension::WINDOWED) {
+            *asked = asked.saturating_add(cost.on(dimension));
+        }
     }
 
     /// A probe's refusal: the figures for it, no decision recorded.
@@ -360,7 +364,7 @@ impl Core {
         self.last_active_ns = now;
         let Forwarded {
             request,
-            tokens,
+            cost,
             arrived_ns,
             reply,
         } = forwarded;
@@ -368,7 +372,7 @@ impl Core {
             lane: request.lane,
             enqueued_ns: arrived_ns,
             deadline_ns: arrived_ns.saturating_add(request.max_wait_ns),
-            tokens,
+            cost,
             payload: Pending {
                 prompt_tokens: request.prompt_tokens,
                 model: request.model,
@@ -403,7 +407,7 @@ impl Core {
     /// no actor in a cluster would ever retire; docs/design/scale.md).
     pub fn export(&self, now: Nanos) -> ScopeExport {
         let mut export = self.limits.export(now);
-        (export.requested_requests, export.requested_tokens) = self.requested;
+        export.requested = self.requested;
         // Waiting for a slot: a queue while this scope has no slot free (a queue
         // held back only by a window or request credit, with a slot free, is no
         // slot demand).
@@ -450,11 +454,15 @@ impl Core {
             self.limits.redate(at, &mut held.charge);
         }
         let how = match ended {
-            SettleWith::Usage { prompt, completion } => {
+            SettleWith::Usage {
+                prompt,
+                cache_read,
+                completion,
+            } => {
                 if self.settings.adaptive.is_some() {
                     self.completions.record(&held.model, completion);
                 }
-                Settle::Actual(prompt.saturating_add(completion))
+                Settle::Actual(self.limits.usage_cost(prompt, cache_read, completion))
             }
             SettleWith::KeepReserved => Settle::KeepReserved,
             SettleWith::RefundTokens => Settle::RefundTokens,
@@ -500,7 +508,7 @@ impl Core {
         };
         let charge = self
             .limits
-            .admit(now, head.tokens, lane, head.payload.busy_above)?;
+            .admit(now, head.cost, lane, head.payload.busy_above)?;
         let Some(waiter) = self.queue.pop(lane) else {
             return Ok(());
         };
@@ -538,12 +546,13 @@ impl Core {
         self.m.admitted(lane, waited_ns, charge.tokens_reserved);
         let permit_id = self.next_permit;
         self.next_permit += 1;
-        let tokens_reserved = charge.tokens_reserved;
+        let (tokens_reserved, cost) = (charge.tokens_reserved, charge.cost);
         debug_assert!(tokens_reserved == 0 || tokens_reserved >= prompt_tokens);
         self.permits.insert(permit_id, Held { charge, model });
         Grant {
             permit_id,
             tokens_reserved,
+            cost,
             status: self.status(now),
             waited_ns,
         }
@@ -563,7 +572,7 @@ impl Core {
             }
             let blocked = self
                 .limits
-                .check(now, waiter.tokens, waiter.lane, waiter.payload.busy_above)
+                .check(now, waiter.cost, waiter.lane, waiter.payload.busy_above)
                 .err()
                 .unwrap_or(Blocked {
                     // Blocked only by the waiters ahead of it.

@@ -43,8 +43,11 @@ pub struct AcquireRequest {
 pub struct Grant {
     /// Id to settle with.
     pub permit_id: u64,
-    /// Tokens reserved on this scope (prompt + completion estimate).
+    /// Tokens reserved on this scope (prompt + completion estimate; 0 when
+    /// it limits no tokens).
     pub tokens_reserved: u64,
+    /// What the request was costed at: its prompt and completion estimate.
+    pub cost: super::scope::Cost,
     /// Figures after the charge, for response headers.
     pub status: ScopeStatus,
     /// Time spent queued, in ns.
@@ -65,8 +68,11 @@ pub struct Refusal {
 pub enum SettleWith {
     /// Real usage reported by the upstream.
     Usage {
-        /// Prompt tokens.
+        /// Prompt tokens, cache reads apart.
         prompt: u64,
+        /// Prompt tokens read from the provider's prompt cache (Anthropic's
+        /// `cache_read_input_tokens`), counted as input only by scopes that say so.
+        cache_read: u64,
         /// Completion tokens.
         completion: u64,
     },

@@ -493,7 +493,7 @@ impl Default for RetryConfig {
     }
 }
 
-/// The three limits a tenant or upstream may set; absent = unlimited.
+/// The limits a tenant or upstream may set; absent = unlimited.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
@@ -501,6 +501,18 @@ pub struct Quota {
     pub rpm: Option<u64>,
     /// Tokens (prompt + completion) per window.
     pub tpm: Option<u64>,
+    /// Input (prompt) tokens per window: Anthropic's ITPM. Charged the prompt
+    /// estimate at admission, settled to the provider's input count.
+    pub itpm: Option<u64>,
+    /// Output (completion) tokens per window: Anthropic's OTPM. Charged
+    /// `max_tokens` (or the adaptive estimate) at admission, settled to the
+    /// provider's output count.
+    pub otpm: Option<u64>,
+    /// Whether prompt-cache reads (Anthropic's `cache_read_input_tokens`) count
+    /// as input tokens here (`itpm`, `tpm`). Anthropic leaves them out of ITPM
+    /// for most models; set it for the models whose limits count them.
+    #[serde(default)]
+    pub input_counts_cache_reads: bool,
     /// Requests in flight at once.
     pub concurrency: Option<u64>,
     /// Algorithm override for this scope's request and token limits.
@@ -602,6 +614,13 @@ pub struct BuiltinMockConfig {
     /// Its tokens per minute.
     #[serde(default)]
     pub tpm: Option<u64>,
+    /// Its input tokens per minute (Anthropic's ITPM).
+    #[serde(default)]
+    pub itpm: Option<u64>,
+    /// Its output tokens per minute (Anthropic's OTPM), charged `max_tokens`
+    /// on arrival and corrected to the output when the answer ends.
+    #[serde(default)]
+    pub otpm: Option<u64>,
     /// Its requests in flight at once.
     #[serde(default)]
     pub concurrency: Option<u64>,
@@ -618,6 +637,8 @@ impl BuiltinMockConfig {
         Quota {
             rpm: self.rpm,
             tpm: self.tpm,
+            itpm: self.itpm,
+            otpm: self.otpm,
             concurrency: self.concurrency,
             ..Quota::default()
         }

@@ -76,6 +76,12 @@ fn impossible_combinations_name_the_field() {
     let (field, _) = invalid(&MINIMAL.replace("tpm = 100", "tpm = 0"));
     assert_eq!(field, "tenants[0].tpm");
 
+    let (field, _) = invalid(&MINIMAL.replace("tpm = 100", "tpm = 100\notpm = 0"));
+    assert_eq!(field, "tenants[0].otpm");
+    let (field, reason) = invalid(&MINIMAL.replace("tpm = 100", "itpm = 1125899906842625"));
+    assert_eq!(field, "tenants[0].itpm");
+    assert!(reason.contains("at most"), "{reason}");
+
     let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nidle_timeout = \"10s\"\n"));
     assert_eq!(field, "limits.idle_timeout");
 

@@ -360,11 +360,14 @@ fn validate_quota(
     quota: &Quota,
     default_algorithm: Algorithm,
 ) -> Result<(), Violation> {
-    for (name, value) in [
+    let limits = [
         ("rpm", quota.rpm),
         ("tpm", quota.tpm),
+        ("itpm", quota.itpm),
+        ("otpm", quota.otpm),
         ("concurrency", quota.concurrency),
-    ] {
+    ];
+    for (name, value) in limits {
         if value == Some(0) {
             return fail(
                 format!("{path}.{name}"),
@@ -375,11 +378,7 @@ fn validate_quota(
     // The lease and counter arithmetic bounds every amount (a capacity above it
     // passed here and stopped `serve` in a cluster mode, unnamed).
     let most = tollgate_cluster::lease::MAX_AMOUNT;
-    for (name, value) in [
-        ("rpm", quota.rpm),
-        ("tpm", quota.tpm),
-        ("concurrency", quota.concurrency),
-    ] {
+    for (name, value) in limits {
         if value.is_some_and(|v| v > most) {
             return fail(format!("{path}.{name}"), format!("must be at most {most}"));
         }

@@ -1,14 +1,16 @@
 //! The admission step every API shares: decide under the limit lock, count, log the
-//! decision, and turn a refusal into a 429 that says how long to wait.
+//! decision, and turn a refusal into a 429 that says how long to wait, in the
+//! route's provider's words and headers.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 
 use super::error::{ApiError, Flavor, RateLimited};
-use super::headers::{format_duration, rate_limit_headers};
-use super::limits::{Decision, LimitKind, Limits, WindowUsage};
+use super::headers::{format_duration, window_headers};
+use super::limits::{Cost, Decision, LimitKind, Limits, WindowUsage};
 use super::log::{Api, LogLine, Outcome};
 use super::state::{Admission, Charge, MockState, Slot};
 
@@ -19,39 +21,18 @@ const CONCURRENCY_RETRY_MS: u64 = 1000;
 impl MockState {
     /// Decides `charge` against the limits, counts and logs the decision.
     pub(crate) async fn admit(self: &Arc<Self>, charge: Charge<'_>) -> Result<Admission, ApiError> {
-        let now_ms = self.now_ms();
-        let cost = charge
-            .prompt_tokens
-            .saturating_add(charge.completion_tokens);
-        let (decision, limits) = {
-            let mut log = self.limits.lock();
-            let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
-            let decision = log.try_admit(now_ms, cost, in_flight);
-            if let Decision::Admitted(_) = decision {
-                // Under the lock, so concurrency checks never race each other.
-                let now_in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-                self.counters
-                    .max_in_flight
-                    .fetch_max(now_in_flight, Ordering::Relaxed);
-            }
-            (decision, log.limits())
-        };
+        let cost = cost_of(&charge);
+        let (now_ms, decision, limits) = self.decide(cost);
+        let now_unix_ms = self.started_unix_ms + now_ms;
         let result = match decision {
             Decision::Admitted(usage) => {
                 self.counters
                     .admitted(charge.prompt_tokens, charge.completion_tokens);
-                let slot = Slot(Arc::clone(self));
-                let mut headers = rate_limit_headers(limits, usage);
-                // The provider's id of the request: OpenAI's header, or
-                // Anthropic's, which the gateway passes on to its client.
-                let name = match charge.api {
-                    Api::Messages => "request-id",
-                    _ => "x-request-id",
-                };
-                let id = format!("req_mock{:016x}", rand::random::<u64>());
-                if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
-                    headers.insert(name, value);
-                }
+                // What the estimate charged beyond the answer comes back when it ends.
+                let excess = cost.output.saturating_sub(charge.completion_tokens);
+                let slot = Slot::new(Arc::clone(self), now_ms, excess);
+                let mut headers = window_headers(charge.api, limits, usage, now_unix_ms);
+                add_request_id(&mut headers, charge.api);
                 Ok(Admission { slot, headers })
             }
             Decision::Refused {
@@ -59,7 +40,14 @@ impl MockState {
                 retry_after_ms,
                 usage,
             } => {
-                let limited = rate_limited(&charge, limits, kind, retry_after_ms, usage);
+                let refusal = Refusal {
+                    kind,
+                    retry_after_ms,
+                    usage,
+                    limits,
+                    cost,
+                };
+                let limited = rate_limited(&charge, &refusal, now_unix_ms);
                 Err(ApiError::RateLimited(Box::new(limited)))
             }
         };
@@ -68,7 +56,7 @@ impl MockState {
             self.counters.refused(reason);
         }
         self.write_log(LogLine {
-            ts_ms: self.started_unix_ms + now_ms,
+            ts_ms: now_unix_ms,
             api: charge.api,
             model: Some(charge.model.to_owned()),
             outcome: if reason.is_some() {
@@ -79,10 +67,28 @@ impl MockState {
             reason,
             prompt_tokens: charge.prompt_tokens,
             completion_tokens: charge.completion_tokens,
+            output_estimate: cost.output,
             stream: charge.stream,
         })
         .await;
         result
+    }
+
+    /// Decides `cost` under the limit lock: `(now_ms, decision, limits)`. The clock
+    /// is read under the lock too, so decisions reach the log in time order.
+    fn decide(&self, cost: Cost) -> (u64, Decision, Limits) {
+        let mut log = self.limits.lock();
+        let now_ms = self.now_ms();
+        let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
+        let decision = log.try_admit(now_ms, cost, in_flight);
+        if let Decision::Admitted(_) = decision {
+            // Under the lock, so concurrency checks never race each other.
+            let now_in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+            self.counters
+                .max_in_flight
+                .fetch_max(now_in_flight, Ordering::Relaxed);
+        }
+        (now_ms, decision, log.limits())
     }
 
     /// Answers `error` in `flavor`'s shape; errors raised before admission (400, 401,
@@ -99,6 +105,7 @@ impl MockState {
                 reason: Some(reason),
                 prompt_tokens: 0,
                 completion_tokens: 0,
+                output_estimate: 0,
                 stream: false,
             })
             .await;
@@ -113,59 +120,230 @@ impl MockState {
     }
 }
 
-/// The 429 for a refusal, worded as OpenAI words it.
-fn rate_limited(
-    charge: &Charge<'_>,
-    limits: Limits,
+/// What `charge` costs each limit at admission: the output at its cap when it has
+/// one (Anthropic estimates OTPM from `max_tokens` before the answer exists), else
+/// the completion the mock will produce.
+fn cost_of(charge: &Charge<'_>) -> Cost {
+    let completion = charge.completion_tokens;
+    Cost {
+        tokens: charge.prompt_tokens.saturating_add(completion),
+        input: charge.prompt_tokens,
+        output: charge
+            .output_cap
+            .map_or(completion, |cap| cap.max(completion)),
+    }
+}
+
+/// Adds the provider's id of the request: OpenAI's header, or Anthropic's, which
+/// the gateway passes on to its client.
+fn add_request_id(headers: &mut HeaderMap, api: Api) {
+    let name = match api {
+        Api::Messages => "request-id",
+        Api::Chat | Api::Completions | Api::Embeddings | Api::Responses => "x-request-id",
+    };
+    let id = format!("req_mock{:016x}", rand::random::<u64>());
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        headers.insert(name, value);
+    }
+}
+
+/// A refusal with what its message quotes.
+struct Refusal {
     kind: LimitKind,
     retry_after_ms: Option<u64>,
+    /// The window without the request.
     usage: WindowUsage,
-) -> RateLimited {
-    let model = charge.model;
-    let cost = charge
-        .prompt_tokens
-        .saturating_add(charge.completion_tokens);
-    let org = "in organization org-tollgate-mock";
-    let (message, retry_after_ms) = match (kind, retry_after_ms) {
-        (LimitKind::Concurrency, _) => (
-            format!(
-                "Too many concurrent requests for {model} {org}: Limit {}. Please try again when a request finishes.",
-                limits.concurrency
-            ),
-            CONCURRENCY_RETRY_MS,
-        ),
-        (LimitKind::Requests, wait) => {
-            // The window holds at least one request when RPM refuses, so `wait` is Some.
-            let ms = wait.unwrap_or(limits.window_ms);
-            let message = format!(
-                "Rate limit reached for {model} {org} on requests per min (RPM): Limit {}, Used {}, Requested 1. Please try again in {}.",
-                limits.rpm,
-                usage.requests,
-                format_duration(ms)
-            );
-            (message, ms)
+    limits: Limits,
+    cost: Cost,
+}
+
+/// The figures a refusal quotes for the limit that refused it.
+struct Quote {
+    limit: u64,
+    used: u64,
+    requested: u64,
+}
+
+impl Refusal {
+    fn quote(&self) -> Quote {
+        let (limits, usage, cost) = (self.limits, self.usage, self.cost);
+        let (limit, used, requested) = match self.kind {
+            LimitKind::Requests => (limits.rpm, usage.requests, 1),
+            LimitKind::Tokens => (limits.tpm, usage.tokens, cost.tokens),
+            LimitKind::InputTokens => (limits.itpm, usage.input_tokens, cost.input),
+            LimitKind::OutputTokens => (limits.otpm, usage.output_tokens, cost.output),
+            // The window does not hold requests in flight: all slots are taken.
+            LimitKind::Concurrency => (limits.concurrency, limits.concurrency, 1),
+        };
+        Quote {
+            limit,
+            used,
+            requested,
         }
-        (LimitKind::Tokens, Some(ms)) => (
-            format!(
-                "Rate limit reached for {model} {org} on tokens per min (TPM): Limit {}, Used {}, Requested {cost}. Please try again in {}.",
-                limits.tpm,
-                usage.tokens,
-                format_duration(ms)
-            ),
-            ms,
-        ),
-        (LimitKind::Tokens, None) => (
-            format!(
-                "Request too large for {model} {org} on tokens per min (TPM): Limit {}, Requested {cost}. The input or output tokens must be reduced in order to run successfully.",
-                limits.tpm
-            ),
-            limits.window_ms,
-        ),
+    }
+
+    /// The wait `retry-after` gives: exact when known; a hint after a concurrency
+    /// refusal; one window for a request no wait admits.
+    fn wait_ms(&self) -> u64 {
+        match (self.kind, self.retry_after_ms) {
+            (LimitKind::Concurrency, _) => CONCURRENCY_RETRY_MS,
+            (_, Some(ms)) => ms,
+            (_, None) => self.limits.window_ms,
+        }
+    }
+}
+
+/// The 429 for a refusal, worded as the route's provider words it.
+fn rate_limited(charge: &Charge<'_>, refusal: &Refusal, now_unix_ms: u64) -> RateLimited {
+    let message = match charge.api {
+        Api::Messages => anthropic_message(refusal),
+        Api::Chat | Api::Completions | Api::Embeddings | Api::Responses => {
+            openai_message(charge.model, refusal)
+        }
     };
     RateLimited {
-        kind,
+        kind: refusal.kind,
         message,
-        retry_after_ms,
-        headers: rate_limit_headers(limits, usage),
+        retry_after_ms: refusal.wait_ms(),
+        headers: window_headers(charge.api, refusal.limits, refusal.usage, now_unix_ms),
+    }
+}
+
+/// OpenAI's wording: "Rate limit reached ... on tokens per min (TPM): Limit ..,
+/// Used .., Requested ..", or "Request too large" when no wait would do.
+fn openai_message(model: &str, refusal: &Refusal) -> String {
+    let org = "in organization org-tollgate-mock";
+    let quote = refusal.quote();
+    let name = match refusal.kind {
+        LimitKind::Concurrency => {
+            return format!(
+                "Too many concurrent requests for {model} {org}: Limit {}. Please try again when a request finishes.",
+                quote.limit
+            );
+        }
+        LimitKind::Requests => "requests per min (RPM)",
+        LimitKind::Tokens => "tokens per min (TPM)",
+        LimitKind::InputTokens => "input tokens per min (ITPM)",
+        LimitKind::OutputTokens => "output tokens per min (OTPM)",
+    };
+    if quote.requested > quote.limit {
+        return format!(
+            "Request too large for {model} {org} on {name}: Limit {}, Requested {}. The input or output tokens must be reduced in order to run successfully.",
+            quote.limit, quote.requested
+        );
+    }
+    format!(
+        "Rate limit reached for {model} {org} on {name}: Limit {}, Used {}, Requested {}. Please try again in {}.",
+        quote.limit,
+        quote.used,
+        quote.requested,
+        format_duration(refusal.wait_ms())
+    )
+}
+
+/// Anthropic's wording: "This request would exceed the rate limit for your
+/// organization of 8,000 output tokens per minute. ..."
+fn anthropic_message(refusal: &Refusal) -> String {
+    let quote = refusal.quote();
+    let unit = match refusal.kind {
+        LimitKind::Concurrency => {
+            return format!(
+                "Number of concurrent connections has exceeded your rate limit of {}. Please try again when a request finishes.",
+                thousands(quote.limit)
+            );
+        }
+        LimitKind::Requests => "requests",
+        LimitKind::Tokens => "tokens",
+        LimitKind::InputTokens => "input tokens",
+        LimitKind::OutputTokens => "output tokens",
+    };
+    format!(
+        "This request would exceed the rate limit for your organization of {} {unit} per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later.",
+        thousands(quote.limit)
+    )
+}
+
+/// `n` with a comma between groups of three digits, as Anthropic writes limits.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(kind: LimitKind, retry_after_ms: Option<u64>, cost: Cost) -> Refusal {
+        Refusal {
+            kind,
+            retry_after_ms,
+            usage: WindowUsage {
+                requests: 3,
+                input_tokens: 500,
+                output_tokens: 7000,
+                ..WindowUsage::default()
+            },
+            limits: Limits {
+                rpm: 50,
+                tpm: 0,
+                itpm: 40_000,
+                otpm: 8000,
+                concurrency: 0,
+                window_ms: 60_000,
+            },
+            cost,
+        }
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        let cases = [
+            (0, "0"),
+            (999, "999"),
+            (8000, "8,000"),
+            (40_000, "40,000"),
+            (1_000_000, "1,000,000"),
+        ];
+        for (n, text) in cases {
+            assert_eq!(thousands(n), text);
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_limit_in_each_providers_words() {
+        let cost = Cost {
+            tokens: 1100,
+            input: 100,
+            output: 1024,
+        };
+        let output = refusal(LimitKind::OutputTokens, Some(1500), cost);
+        assert!(
+            anthropic_message(&output).starts_with(
+                "This request would exceed the rate limit for your organization of 8,000 output tokens per minute."
+            ),
+            "{}",
+            anthropic_message(&output)
+        );
+        assert_eq!(
+            openai_message("m", &output),
+            "Rate limit reached for m in organization org-tollgate-mock on output tokens per min (OTPM): Limit 8000, Used 7000, Requested 1024. Please try again in 1.5s."
+        );
+        let input = refusal(LimitKind::InputTokens, Some(20), cost);
+        assert!(anthropic_message(&input).contains("of 40,000 input tokens per minute"));
+        assert!(openai_message("m", &input).contains("input tokens per min (ITPM): Limit 40000"));
+        let huge = Cost {
+            output: 9000,
+            ..cost
+        };
+        let too_large = refusal(LimitKind::OutputTokens, None, huge);
+        assert!(openai_message("m", &too_large).starts_with("Request too large for m"));
+        assert_eq!(too_large.wait_ms(), 60_000);
     }
 }

@@ -67,6 +67,7 @@ async fn messages_response(
         model: &req.model,
         prompt_tokens: input_tokens,
         completion_tokens: completion.tokens,
+        output_cap: Some(max_tokens),
         stream,
     };
     let Admission { slot, headers } = mock.admit(charge).await?;

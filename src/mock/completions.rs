@@ -75,6 +75,8 @@ async fn completions_response(
         model: &req.model,
         prompt_tokens,
         completion_tokens: completion.tokens * prompts,
+        // The cap the request set: the default of 16 only caps the draw.
+        output_cap: max_tokens.map(|cap| cap.saturating_mul(prompts)),
         stream,
     };
     let Admission { slot, headers } = mock.admit(charge).await?;

@@ -21,6 +21,14 @@ pub struct MockConfig {
     pub rpm: u64,
     /// Tokens (prompt + completion) admitted per sliding window (`0` = unlimited).
     pub tpm: u64,
+    /// Input (prompt) tokens admitted per sliding window, Anthropic's ITPM (`0` =
+    /// unlimited).
+    pub itpm: u64,
+    /// Output tokens admitted per sliding window, Anthropic's OTPM (`0` =
+    /// unlimited): a request is charged its `max_tokens` at admission (its
+    /// completion when it sets none), corrected to its real output when its answer
+    /// ends.
+    pub otpm: u64,
     /// Requests in flight at once, streams included until their last byte (`0` =
     /// unlimited).
     pub concurrency: u64,
@@ -54,6 +62,8 @@ impl Default for MockConfig {
         MockConfig {
             rpm: 0,
             tpm: 0,
+            itpm: 0,
+            otpm: 0,
             concurrency: 0,
             window_ms: 60_000,
             latency_ms: 0,
@@ -142,6 +152,13 @@ pub struct MockArgs {
     /// Tokens (prompt + completion) per window (0 = unlimited).
     #[arg(long, default_value_t = 0)]
     pub tpm: u64,
+    /// Input tokens per window, Anthropic's ITPM (0 = unlimited).
+    #[arg(long, default_value_t = 0)]
+    pub itpm: u64,
+    /// Output tokens per window, Anthropic's OTPM: `max_tokens` at admission,
+    /// corrected to the real output when the answer ends (0 = unlimited).
+    #[arg(long, default_value_t = 0)]
+    pub otpm: u64,
     /// Concurrent requests (0 = unlimited).
     #[arg(long, default_value_t = 0)]
     pub concurrency: u64,
@@ -188,6 +205,8 @@ impl MockArgs {
         let config = MockConfig {
             rpm: self.rpm,
             tpm: self.tpm,
+            itpm: self.itpm,
+            otpm: self.otpm,
             concurrency: self.concurrency,
             window_ms: self.window_secs.saturating_mul(1000),
             latency_ms: self.latency_ms,
@@ -231,6 +250,8 @@ mod tests {
         let config = parse(&[
             "--rpm=10",
             "--tpm=1000",
+            "--itpm=600",
+            "--otpm=400",
             "--concurrency=3",
             "--window-secs=2",
             "--completion-tokens=5..=9",
@@ -240,6 +261,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((config.rpm, config.tpm, config.concurrency), (10, 1000, 3));
+        assert_eq!((config.itpm, config.otpm), (600, 400));
         assert_eq!(config.window_ms, 2000);
         assert_eq!(
             (config.completion_min_tokens, config.completion_max_tokens),

@@ -93,6 +93,7 @@ async fn embeddings_response(
         model: &req.model,
         prompt_tokens,
         completion_tokens: 0,
+        output_cap: None,
         stream: false,
     };
     let Admission {

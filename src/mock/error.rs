@@ -1,6 +1,6 @@
 //! Every way the mock refuses a request, and its one mapping to HTTP: OpenAI's error
 //! body on the OpenAI routes, Anthropic's on `/v1/messages`, with `retry-after` and the
-//! `x-ratelimit-*` headers on 429.
+//! provider's rate-limit headers on 429.
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -48,11 +48,11 @@ pub(crate) enum ApiError {
 pub(crate) struct RateLimited {
     /// The limit that refused.
     pub(crate) kind: LimitKind,
-    /// Human-readable explanation, as OpenAI words it.
+    /// Human-readable explanation, as the route's provider words it.
     pub(crate) message: String,
     /// Wait before the same request would be admitted, in milliseconds.
     pub(crate) retry_after_ms: u64,
-    /// `x-ratelimit-*` headers describing the window.
+    /// The provider's rate-limit headers describing the window.
     pub(crate) headers: HeaderMap,
 }
 
@@ -67,6 +67,8 @@ impl ApiError {
             ApiError::RateLimited(limited) => match limited.kind {
                 LimitKind::Requests => Reason::Requests,
                 LimitKind::Tokens => Reason::Tokens,
+                LimitKind::InputTokens => Reason::InputTokens,
+                LimitKind::OutputTokens => Reason::OutputTokens,
                 LimitKind::Concurrency => Reason::Concurrency,
             },
         }
@@ -89,7 +91,9 @@ impl ApiError {
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::RateLimited(limited) => match limited.kind {
-                LimitKind::Tokens => ("tokens", Some("rate_limit_exceeded")),
+                LimitKind::Tokens | LimitKind::InputTokens | LimitKind::OutputTokens => {
+                    ("tokens", Some("rate_limit_exceeded"))
+                }
                 LimitKind::Requests | LimitKind::Concurrency => {
                     ("requests", Some("rate_limit_exceeded"))
                 }
@@ -128,8 +132,12 @@ impl ApiError {
             let headers = response.headers_mut();
             headers.extend(limited.headers);
             let ms = limited.retry_after_ms;
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(ms.div_ceil(1000)));
-            headers.insert("retry-after-ms", HeaderValue::from(ms));
+            let seconds = ms.div_ceil(1000).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            // OpenAI also gives the exact wait; Anthropic documents only `retry-after`.
+            if flavor == Flavor::OpenAi {
+                headers.insert("retry-after-ms", HeaderValue::from(ms));
+            }
         }
         response
     }

@@ -55,6 +55,12 @@ pub enum Reason {
     Tokens,
     /// Concurrency limit (429).
     Concurrency,
+    /// Input-tokens-per-window limit (429).
+    #[serde(rename = "input_tokens")]
+    InputTokens,
+    /// Output-tokens-per-window limit (429).
+    #[serde(rename = "output_tokens")]
+    OutputTokens,
     /// Malformed or unacceptable request (400, 404, 413).
     Invalid,
     /// Missing or wrong API key (401).
@@ -79,6 +85,11 @@ pub struct LogLine {
     pub prompt_tokens: u64,
     /// Completion tokens drawn (charged when admitted; 0 for embeddings).
     pub completion_tokens: u64,
+    /// Output tokens charged to the output limit at admission: the request's
+    /// `max_tokens` (times its prompts), or `completion_tokens` when it set none.
+    /// When the answer ends the charge is corrected down to `completion_tokens`.
+    #[serde(default)]
+    pub output_estimate: u64,
     /// Whether the request asked for a stream.
     pub stream: bool,
 }

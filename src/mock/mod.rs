@@ -2,8 +2,11 @@
 //! provider whose JSONL log is the ground truth the gateway is judged by.
 //!
 //! - [`config`]: [`MockConfig`] and the CLI flags [`MockArgs`].
-//! - `limits`: its own exact sliding log (RPM, TPM, concurrency), sharing no code with
-//!   the gateway's limiter.
+//! - `limits`: its own exact sliding log (RPM, TPM, ITPM, OTPM, concurrency), sharing
+//!   no code with the gateway's limiter. OTPM is charged `max_tokens` at admission and
+//!   corrected to the real output when the answer ends, as Anthropic does.
+//! - `headers`: the providers' rate-limit headers (`x-ratelimit-*`,
+//!   `anthropic-ratelimit-*`).
 //! - `state` / `admit`: the one shared state and the admission step every API uses.
 //! - `openai`, `completions`, `embeddings`, `anthropic`, `responses`: the provider APIs.
 //! - `stream`: SSE bodies that hold the concurrency slot until their last byte.

@@ -166,6 +166,7 @@ async fn chat_response(
         model: &req.model,
         prompt_tokens,
         completion_tokens: completion.tokens,
+        output_cap: max_tokens,
         stream,
     };
     let Admission { slot, headers } = mock.admit(charge).await?;

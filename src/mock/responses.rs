@@ -86,6 +86,7 @@ async fn responses_response(
         model: &req.model,
         prompt_tokens: input_tokens,
         completion_tokens: completion.tokens,
+        output_cap: max_tokens,
         stream,
     };
     let Admission { slot, headers } = mock.admit(charge).await?;

@@ -1,6 +1,7 @@
-//! The one shared state of a running mock: config, the limit log behind a short std
-//! `Mutex` (held for one decision, never across an await), atomic counters, the log
-//! sender, and the request sequence that keys the completion draws.
+//! The one shared state of a running mock: config, the limit log behind a short
+//! `Mutex` (held for one decision or one correction, never across an await),
+//! atomic counters, the log sender, and the request sequence that keys the
+//! completion draws.
 
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -45,16 +46,47 @@ pub(crate) struct Charge<'a> {
     pub(crate) model: &'a str,
     pub(crate) prompt_tokens: u64,
     pub(crate) completion_tokens: u64,
+    /// The most output the request allows in all (`max_tokens`, times the prompts
+    /// of a legacy completion); `None` when it sets no cap. The output limit is
+    /// charged this at admission, as Anthropic estimates OTPM from `max_tokens`.
+    pub(crate) output_cap: Option<u64>,
     pub(crate) stream: bool,
 }
 
-/// A concurrency slot, released on drop.
+/// A concurrency slot, released on drop. Its answer has ended then, so releasing
+/// it also gives back the output tokens its admission was charged beyond the real
+/// output.
 #[derive(Debug)]
-pub(crate) struct Slot(pub(super) Arc<MockState>);
+pub(crate) struct Slot {
+    state: Arc<MockState>,
+    /// When the admission was charged, on the limit log's clock.
+    admitted_ms: u64,
+    /// Output tokens charged at admission beyond the real output.
+    output_excess: u64,
+}
+
+impl Slot {
+    /// The slot of an admission charged at `admitted_ms`, `output_excess` output
+    /// tokens above its real output.
+    pub(super) fn new(state: Arc<MockState>, admitted_ms: u64, output_excess: u64) -> Slot {
+        Slot {
+            state,
+            admitted_ms,
+            output_excess,
+        }
+    }
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.output_excess > 0 {
+            let mut log = self.state.limits.lock();
+            log.correct_output(self.admitted_ms, self.output_excess);
+        }
+        self.state
+            .counters
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -83,6 +115,8 @@ impl MockState {
         let limits = Limits {
             rpm: config.rpm,
             tpm: config.tpm,
+            itpm: config.itpm,
+            otpm: config.otpm,
             concurrency: config.concurrency,
             window_ms: config.window_ms,
         };

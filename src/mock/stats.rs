@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::limits::Limits;
+use super::limits::{Limits, Peaks};
 use super::log::Reason;
 
 /// A snapshot of what the mock has seen since it started.
@@ -28,6 +28,13 @@ pub struct MockStats {
     pub peak_window_requests: u64,
     /// Most tokens the sliding window ever held, measured at each admission.
     pub peak_window_tokens: u64,
+    /// Most input tokens the sliding window ever held, measured at each admission.
+    #[serde(default)]
+    pub peak_window_input_tokens: u64,
+    /// Most output tokens the sliding window ever held, measured at each admission:
+    /// as charged then, so answers still running count their `max_tokens`.
+    #[serde(default)]
+    pub peak_window_output_tokens: u64,
     /// The limits enforced (`0` = unlimited).
     pub limits: Limits,
 }
@@ -39,6 +46,12 @@ pub struct RefusedStats {
     pub requests: u64,
     /// Over the tokens-per-window limit.
     pub tokens: u64,
+    /// Over the input-tokens-per-window limit.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Over the output-tokens-per-window limit.
+    #[serde(default)]
+    pub output_tokens: u64,
     /// Over the concurrency limit.
     pub concurrency: u64,
     /// Malformed or unacceptable requests.
@@ -51,7 +64,7 @@ pub struct RefusedStats {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) admitted: AtomicU64,
-    refused: [AtomicU64; 5],
+    refused: [AtomicU64; 7],
     pub(crate) prompt_tokens: AtomicU64,
     pub(crate) completion_tokens: AtomicU64,
     pub(crate) in_flight: AtomicU64,
@@ -65,6 +78,8 @@ fn reason_index(reason: Reason) -> usize {
         Reason::Concurrency => 2,
         Reason::Invalid => 3,
         Reason::Unauthorized => 4,
+        Reason::InputTokens => 5,
+        Reason::OutputTokens => 6,
     }
 }
 
@@ -83,7 +98,7 @@ impl Counters {
     }
 
     /// A snapshot, completed with the window figures kept under the limit lock.
-    pub(crate) fn snapshot(&self, limits: Limits, peaks: (u64, u64)) -> MockStats {
+    pub(crate) fn snapshot(&self, limits: Limits, peaks: Peaks) -> MockStats {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let refused = |reason| get(&self.refused[reason_index(reason)]);
         MockStats {
@@ -91,6 +106,8 @@ impl Counters {
             refused: RefusedStats {
                 requests: refused(Reason::Requests),
                 tokens: refused(Reason::Tokens),
+                input_tokens: refused(Reason::InputTokens),
+                output_tokens: refused(Reason::OutputTokens),
                 concurrency: refused(Reason::Concurrency),
                 invalid: refused(Reason::Invalid),
                 unauthorized: refused(Reason::Unauthorized),
@@ -99,8 +116,10 @@ impl Counters {
             completion_tokens: get(&self.completion_tokens),
             in_flight: get(&self.in_flight),
             max_in_flight: get(&self.max_in_flight),
-            peak_window_requests: peaks.0,
-            peak_window_tokens: peaks.1,
+            peak_window_requests: peaks.requests,
+            peak_window_tokens: peaks.tokens,
+            peak_window_input_tokens: peaks.input_tokens,
+            peak_window_output_tokens: peaks.output_tokens,
             limits,
         }
     }

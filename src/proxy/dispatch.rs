@@ -11,6 +11,7 @@ use super::select::{UpstreamDemand, choose};
 use super::state::{AppState, Upstream};
 use super::stream::{StreamLimits, metered};
 use super::usage;
+use crate::actor::scope::Cost;
 use crate::actor::{Permit, SettleWith};
 use crate::upstream_http::{UpstreamResponse, describe};
 use axum::body::Body;
@@ -20,13 +21,12 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 /// Largest upstream (non-stream) response body read, in bytes.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
-/// Longest cool-down an upstream's `retry-after` may impose.
-const MAX_COOLDOWN: Duration = Duration::from_secs(120);
+use super::provider_limits::{MAX_COOLDOWN, provider_exhausted_for, upstream_retry_after};
 
 /// One client request, admitted by its tenant.
 pub struct Admitted<'a> {
@@ -198,55 +198,11 @@ fn upstream_headers(req: &Admitted<'_>, upstream: &Upstream) -> HeaderMap {
     headers
 }
 
-/// Seconds or milliseconds the upstream asked us to wait, at most
-/// [`MAX_COOLDOWN`]. The figure is the upstream's input: `inf`, `NaN` or `1e30`
-/// (`Duration::from_secs_f64` panics on those, in the request's task)
-/// read as no figure.
-fn upstream_retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let number = |name: &str| get(name).and_then(|v| v.trim().parse::<f64>().ok());
-    let seconds =
-        (number("retry-after-ms").map(|ms| ms / 1000.0)).or_else(|| number("retry-after"))?;
-    (seconds.is_finite())
-        .then(|| Duration::from_secs_f64(seconds.clamp(0.0, MAX_COOLDOWN.as_secs_f64())))
-}
-
 fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
     let clock = state.registry.clock();
     state
         .registry
         .cool_down(&upstream.scope, clock.ns_at(Instant::now() + wait));
-}
-
-/// If the provider's own `x-ratelimit-remaining-*` says a window is exhausted, how
-/// long to stop sending there: until one request's worth is back at the provider's
-/// refill rate, `x-ratelimit-reset-*` (the time until the window is *empty* again)
-/// times one request's cost (1 request; `request_tokens` tokens) over
-/// `x-ratelimit-limit-*`; the whole reset when the limit is not given.
-///
-/// Waiting for the whole reset wastes up to a third of the limit: a node that sent
-/// its L in a burst would stand still until the last of them left the window, long
-/// after the first had (the jepsen benchmark measures 0.67 of L on one node). The
-/// node's own limiter already holds it to L; this pause only matters when the
-/// provider disagrees (another consumer on the same account), and then the
-/// provider's 429 carries the exact `retry-after` the next pause uses.
-fn provider_exhausted_for(headers: &HeaderMap, request_tokens: u64) -> Option<Duration> {
-    // Every response passes here: header names are constants, nothing allocated.
-    use super::headers::{REQUESTS, TOKENS};
-    let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    [(REQUESTS, 1), (TOKENS, request_tokens.max(1))]
-        .into_iter()
-        .filter(|([_, remaining, _], _)| get(remaining).is_some_and(|v| v.trim() == "0"))
-        .filter_map(|([limit, _, reset], unit)| {
-            let reset = get(&reset).and_then(super::headers::parse_reset)?;
-            let share = get(&limit)
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .filter(|limit| *limit > 0)
-                .map_or(1.0, |limit| (unit as f64 / limit as f64).min(1.0));
-            Some(reset.mul_f64(share))
-        })
-        .max()
-        .filter(|wait| !wait.is_zero())
 }
 
 /// One attempt. `retried_at`: when an earlier attempt's answer dated the
@@ -386,8 +342,11 @@ async fn take_answer(
     response: UpstreamResponse,
 ) -> Attempt {
     let status = response.status();
-    let request_tokens = req.demand.prompt_tokens + req.demand.completion_tokens;
-    if let Some(wait) = provider_exhausted_for(response.headers(), request_tokens) {
+    let cost = Cost {
+        input: req.demand.prompt_tokens,
+        output: req.demand.completion_tokens,
+    };
+    if let Some(wait) = provider_exhausted_for(response.headers(), cost, SystemTime::now()) {
         // The provider is the ground truth: when it says a window is used up, stop
         // sending there until one request's worth is back, even if our own figures
         // disagree.
@@ -529,75 +488,4 @@ fn finish_whole(
         content_type.unwrap_or(HeaderValue::from_static("application/json")),
     );
     Attempt::Done(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_upstreams_retry_after_is_read_within_bounds() {
-        let read = |pairs: &[(&'static str, &'static str)]| upstream_retry_after(&headers(pairs));
-        assert_eq!(
-            read(&[("retry-after", "2.5")]),
-            Some(Duration::from_millis(2_500))
-        );
-        assert_eq!(
-            read(&[("retry-after-ms", "250"), ("retry-after", "9")]),
-            Some(Duration::from_millis(250)),
-            "the milliseconds first"
-        );
-        assert_eq!(read(&[("retry-after", "-5")]), Some(Duration::ZERO));
-        assert_eq!(read(&[("retry-after", "1e30")]), Some(MAX_COOLDOWN));
-        for hostile in ["inf", "NaN", "-inf"] {
-            assert_eq!(read(&[("retry-after", hostile)]), None, "{hostile}");
-            assert_eq!(read(&[("retry-after-ms", hostile)]), None, "{hostile}");
-        }
-        assert_eq!(read(&[("retry-after", "soon")]), None);
-    }
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (name, value) in pairs {
-            h.insert(*name, value.parse().expect("header value"));
-        }
-        h
-    }
-
-    #[test]
-    fn an_exhausted_window_pauses_for_one_unit_of_its_refill() {
-        let exhausted = headers(&[
-            ("x-ratelimit-limit-requests", "40"),
-            ("x-ratelimit-remaining-requests", "0"),
-            ("x-ratelimit-reset-requests", "5s"),
-        ]);
-        assert_eq!(
-            provider_exhausted_for(&exhausted, 2_000),
-            Some(Duration::from_millis(125))
-        );
-        // Tokens: until one request's tokens are back (2,000 of 150,000 per 6 s).
-        let tokens = headers(&[
-            ("x-ratelimit-limit-tokens", "150000"),
-            ("x-ratelimit-remaining-tokens", "0"),
-            ("x-ratelimit-reset-tokens", "6s"),
-        ]);
-        assert_eq!(
-            provider_exhausted_for(&tokens, 2_000),
-            Some(Duration::from_millis(80))
-        );
-        // Without the limit, the whole reset (the cautious reading).
-        let no_limit = headers(&[
-            ("x-ratelimit-remaining-tokens", "0"),
-            ("x-ratelimit-reset-tokens", "6s"),
-        ]);
-        assert_eq!(
-            provider_exhausted_for(&no_limit, 2_000),
-            Some(Duration::from_secs(6))
-        );
-        let room = headers(&[
-            ("x-ratelimit-remaining-requests", "3"),
-            ("x-ratelimit-reset-requests", "5s"),
-        ]);
-        assert_eq!(provider_exhausted_for(&room, 2_000), None);
-    }
 }

@@ -9,6 +9,7 @@ use super::request_id;
 use super::select::UpstreamDemand;
 use super::spill::{self, Refused};
 use super::state::{AppState, Route, Tenant};
+use crate::actor::scope::Cost;
 use crate::actor::task::{AcquireRequest, Grant, Refusal};
 use crate::actor::{Lane, Permit};
 use crate::tokens::TokenCounter;
@@ -232,13 +233,20 @@ struct Asked<'a> {
 }
 
 impl Asked<'_> {
-    /// What the request costs a peer's room: prompt plus the most completion.
-    fn spill_tokens(&self) -> u64 {
-        (self.parsed.prompt_tokens).saturating_add(self.parsed.max_completion_tokens)
+    /// What the request costs a peer's room: its prompt and the most completion.
+    fn spill_cost(&self) -> Cost {
+        Cost {
+            input: self.parsed.prompt_tokens,
+            output: self.parsed.max_completion_tokens,
+        }
     }
 }
 
 /// How the tenant's actor answered.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the large variant is every admitted request's; boxing it would allocate on each, for the rare spilled one"
+)]
 enum TenantAnswer {
     /// Admitted: the grant and its permit (held in Redis too in `redis` mode).
     Admitted(Grant, Permit),
@@ -284,7 +292,7 @@ async fn serve(
         hop,
         tenant: &tenant.scope,
         upstreams: asked.route.upstreams_for(api.upstream_kind()),
-        tokens: asked.spill_tokens(),
+        cost: asked.spill_cost(),
         headers,
         body: as_sent.clone(),
         deadline,
@@ -394,7 +402,7 @@ async fn admit_on_tenant<'r>(
                 let error = tenant_refusal(&refusal);
                 let upstreams = asked.route.upstreams_for(asked.api.upstream_kind());
                 if error.spillable
-                    && spill::spill_now(state, scope, upstreams, asked.spill_tokens())
+                    && spill::spill_now(state, scope, upstreams, asked.spill_cost())
                     && let Ok(response) = spill::or_refuse(state, error, refused()).await
                 {
                     return Ok(TenantAnswer::Spilled(response));
@@ -407,7 +415,7 @@ async fn admit_on_tenant<'r>(
         let Some(gate) = state.redis_gate.get() else {
             return Ok(TenantAnswer::Admitted(grant, permit));
         };
-        match (gate.admit(scope, permit, grant.tokens_reserved, asked.wait_until)).await {
+        match (gate.admit(scope, permit, grant.cost, asked.wait_until)).await {
             Ok(permit) => return Ok(TenantAnswer::Admitted(grant, permit)),
             Err(r) if r.is_redis_lost() && attempts < 2 => continue,
             Err(r) => return Err(tenant_refusal(&r.into_refusal(grant.status.clone()))),

@@ -5,8 +5,10 @@
 //! tenant's actor; [`dispatch`] picks upstreams ([`select`]), forwards, retries
 //! and settles; [`stream`] meters SSE responses; [`usage`] reads what providers
 //! report; [`models`] lists the models the routes serve; [`passthrough`]
-//! passes the provider's other endpoints through; [`headers`] writes the `x-ratelimit-*` headers; [`request_id`]
-//! gives every answer its `x-request-id`; [`error`] maps every failure to the
+//! passes the provider's other endpoints through; [`headers`] writes the
+//! `x-ratelimit-*` headers, and `provider_limits` reads the provider's own
+//! (OpenAI's and Anthropic's) as ground truth; [`request_id`] gives every
+//! answer its `x-request-id`; [`error`] maps every failure to the
 //! caller's error shape.
 
 pub mod charges;
@@ -16,6 +18,7 @@ pub mod handler;
 pub mod headers;
 pub mod models;
 pub mod passthrough;
+mod provider_limits;
 pub mod request;
 pub mod request_id;
 pub mod select;

@@ -120,6 +120,7 @@ async fn pass(state: &Arc<AppState>, request: Request) -> Result<Response, ApiEr
     // once it sent its declared length, a client may leave), the one request
     // stays charged.
     permit.drop_as(SettleWith::Usage {
+        cache_read: 0,
         prompt: 0,
         completion: 0,
     });
@@ -153,7 +154,10 @@ async fn admit(
         let Some(gate) = state.redis_gate.get() else {
             return Ok((grant, permit));
         };
-        match gate.admit(scope, permit, 0, wait_until).await {
+        match gate
+            .admit(scope, permit, Default::default(), wait_until)
+            .await
+        {
             Ok(permit) => return Ok((grant, permit)),
             Err(r) if r.is_redis_lost() && attempt < 2 => {}
             Err(r) => return Err(handler::tenant_refusal(&r.into_refusal(grant.status))),

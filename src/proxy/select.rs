@@ -86,7 +86,7 @@ async fn try_one_after(
     // `redis` mode: the upstream's cluster-wide limit is reserved in Redis too,
     // within what is left of the same wait. A request that found Redis lost is
     // re-admitted under the fallback allowance.
-    let admitted = gate.admit(&upstream.scope, permit, grant.tokens_reserved, wait_until);
+    let admitted = gate.admit(&upstream.scope, permit, grant.cost, wait_until);
     match admitted.await {
         Ok(permit) => Ok(Ok(permit)),
         Err(r) if r.is_redis_lost() && lost < REDIS_LOST_RETRIES => {

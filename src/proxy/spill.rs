@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::handler::{InFlight, MAX_WAIT_HEADER};
 use super::request::Api;
 use super::state::{AppState, Upstream};
+use crate::actor::scope::Cost;
 use crate::actor::{Dimension, ScopeId};
 use crate::sync::lease::MemberAddr;
 use crate::sync::lease::wire::SECRET_HEADER;
@@ -34,7 +35,7 @@ use tokio::time::Instant;
 
 /// What one request costs each of `scope`'s leased keys: binding index and cost
 /// (empty for a scope with no cluster-wide limit).
-fn scope_costs(state: &AppState, scope: &ScopeId, tokens: u64) -> Vec<(u32, u64)> {
+fn scope_costs(state: &AppState, scope: &ScopeId, cost: Cost) -> Vec<(u32, u64)> {
     let Some(first) = state.registry.leased_from(scope) else {
         return Vec::new();
     };
@@ -43,9 +44,8 @@ fn scope_costs(state: &AppState, scope: &ScopeId, tokens: u64) -> Vec<(u32, u64)
     same_scope
         .filter_map(|(i, b)| {
             let cost = match b.dimension {
-                Dimension::Requests | Dimension::Concurrency => 1,
-                Dimension::Tokens => tokens,
                 Dimension::Queue | Dimension::Cooldown => return None,
+                dimension => cost.on(dimension),
             };
             Some((i as u32, cost))
         })
@@ -67,18 +67,18 @@ fn slack(state: &AppState, room: &Room, costs: &[(u32, u64)], peer: usize) -> Op
 
 /// The peer with the most room, by the gossiped figures, for the tenant's keys
 /// and for at least one of the candidate upstreams' keys, each charged the
-/// request's cost (`tokens`: prompt plus the completion reserved), with the
+/// request's cost (prompt and the most completion it may reserve), with the
 /// costs its choice takes there; `None` if no peer has room for all of it.
 pub fn pick(
     state: &AppState,
     room: &Room,
     tenant: &ScopeId,
     upstreams: &[Arc<Upstream>],
-    tokens: u64,
+    cost: Cost,
 ) -> Option<(usize, Vec<(u32, u64)>)> {
-    let tenant_costs = scope_costs(state, tenant, tokens);
+    let tenant_costs = scope_costs(state, tenant, cost);
     let upstream_costs: Vec<_> = (upstreams.iter())
-        .map(|u| scope_costs(state, &u.scope, tokens))
+        .map(|u| scope_costs(state, &u.scope, cost))
         .collect();
     // (peer, its score, the upstream whose room decided it)
     let mut best: Option<(usize, f64, usize)> = None;
@@ -112,14 +112,14 @@ pub fn spill_now(
     state: &AppState,
     tenant: &ScopeId,
     upstreams: &[Arc<Upstream>],
-    tokens: u64,
+    cost: Cost,
 ) -> bool {
     let Some(board) = state.spill.as_ref() else {
         return false;
     };
     let room = board.room();
-    room.own_short(&scope_costs(state, tenant, tokens))
-        && pick(state, &room, tenant, upstreams, tokens).is_some()
+    room.own_short(&scope_costs(state, tenant, cost))
+        && pick(state, &room, tenant, upstreams, cost).is_some()
 }
 
 /// Client headers that are the connection's own or that spillover sets itself,
@@ -338,7 +338,7 @@ pub async fn or_refuse(
         &room,
         request.tenant,
         request.upstreams,
-        request.tokens,
+        request.cost,
     ) else {
         state.metrics.spilled("no_peer");
         return Err(refusal);
@@ -371,8 +371,8 @@ pub struct Refused<'a> {
     pub tenant: &'a ScopeId,
     /// Upstreams that serve its model.
     pub upstreams: &'a [Arc<Upstream>],
-    /// Prompt plus the most completion it may reserve.
-    pub tokens: u64,
+    /// Its prompt and the most completion it may reserve.
+    pub cost: Cost,
     /// The client's headers.
     pub headers: &'a HeaderMap,
     /// The client's body, as it came.

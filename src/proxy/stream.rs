@@ -276,6 +276,7 @@ mod tests {
         assert_eq!(
             s.usage.unwrap().settle_with(),
             SettleWith::Usage {
+                cache_read: 0,
                 prompt: 5,
                 completion: 2
             }
@@ -312,6 +313,7 @@ mod tests {
                 assert_eq!(
                     s.settlement(),
                     SettleWith::Usage {
+                        cache_read: 0,
                         prompt: 5,
                         completion: 2
                     },
@@ -357,6 +359,7 @@ mod tests {
         assert_eq!(
             whole.settlement(),
             SettleWith::Usage {
+                cache_read: 0,
                 prompt: 9,
                 completion: 40
             }

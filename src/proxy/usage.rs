@@ -28,6 +28,11 @@ pub struct Usage {
     /// most models, and charging them would only hold the tenant back.
     #[serde(default, deserialize_with = "zero_if_null")]
     pub cache_creation_input_tokens: u64,
+    /// Anthropic prompt-cache reads: input served from the cache, which
+    /// `input_tokens` leaves out and most models' input-token limits do not
+    /// count (a scope with `input_counts_cache_reads` counts them).
+    #[serde(default, deserialize_with = "zero_if_null")]
+    pub cache_read_input_tokens: u64,
 }
 
 fn zero_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -38,8 +43,11 @@ impl Usage {
     /// The settlement this usage implies.
     pub fn settle_with(self) -> SettleWith {
         SettleWith::Usage {
-            prompt: self.prompt_tokens + self.input_tokens + self.cache_creation_input_tokens,
-            completion: self.completion_tokens + self.output_tokens,
+            prompt: (self.prompt_tokens)
+                .saturating_add(self.input_tokens)
+                .saturating_add(self.cache_creation_input_tokens),
+            cache_read: self.cache_read_input_tokens,
+            completion: self.completion_tokens.saturating_add(self.output_tokens),
         }
     }
 }
@@ -115,6 +123,7 @@ pub fn anthropic_event(data: &[u8], usage: &mut Option<Usage>) -> bool {
             if let Some(u) = event.message.and_then(|m| m.usage) {
                 seen.input_tokens = u.input_tokens;
                 seen.cache_creation_input_tokens = u.cache_creation_input_tokens;
+                seen.cache_read_input_tokens = u.cache_read_input_tokens;
                 seen.output_tokens = seen.output_tokens.max(u.output_tokens);
             }
             false
@@ -129,6 +138,9 @@ pub fn anthropic_event(data: &[u8], usage: &mut Option<Usage>) -> bool {
             }
             if u.cache_creation_input_tokens > 0 {
                 seen.cache_creation_input_tokens = u.cache_creation_input_tokens;
+            }
+            if u.cache_read_input_tokens > 0 {
+                seen.cache_read_input_tokens = u.cache_read_input_tokens;
             }
             true
         }
@@ -199,11 +211,13 @@ mod tests {
         assert!(!anthropic_event(delta, &mut usage));
         let end = br#"{"type":"message_delta","usage":{"input_tokens":null,"cache_creation_input_tokens":null,"output_tokens":30}}"#;
         assert!(anthropic_event(end, &mut usage), "the final count");
-        // Cache writes count as input; cache reads do not.
+        // Cache writes count as input; cache reads are told apart, for the
+        // scopes whose limits count them.
         assert_eq!(
             usage.unwrap().settle_with(),
             SettleWith::Usage {
                 prompt: 112,
+                cache_read: 900,
                 completion: 30
             }
         );
@@ -222,6 +236,7 @@ mod tests {
             usage.unwrap().settle_with(),
             SettleWith::Usage {
                 prompt: 21,
+                cache_read: 0,
                 completion: 7
             }
         );

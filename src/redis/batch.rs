@@ -72,12 +72,12 @@ impl Batches {
             return Vec::new();
         }
         let first = &waiting[0].reservation;
-        let (requests, tokens, concurrency) = (first.requests, first.tokens, first.concurrency);
+        let (windows, concurrency) = (first.windows, first.concurrency);
         let mut batch = Vec::new();
         let mut rest = Vec::new();
         for w in waiting.drain(..) {
             let r = &w.reservation;
-            let same = r.requests == requests && r.tokens == tokens && r.concurrency == concurrency;
+            let same = r.windows == windows && r.concurrency == concurrency;
             if same && batch.len() < MAX_BATCH {
                 batch.push(w);
             } else {
@@ -102,13 +102,13 @@ impl Batches {
 pub(super) async fn reserve(store: &RedisStore, keys: &ScopeKeys, r: &Reservation) -> Answer {
     // The exact log costs O(entries) per decision: a batch of them could outlast
     // the timeout and fail every waiter at once. Sent alone.
-    if [r.requests.algorithm, r.tokens.algorithm].contains(&Algorithm::Log) {
+    if r.windows.iter().any(|w| w.algorithm == Algorithm::Log) {
         return store.reserve_one(keys, r).await;
     }
     let batches = store.batches();
     let waiting = {
         let mut map = batches.lock();
-        match map.get_mut(&keys.requests) {
+        match map.get_mut(keys.requests()) {
             Some(waiting) => {
                 let (reply, answer) = oneshot::channel();
                 waiting.push(Waiter {
@@ -118,7 +118,7 @@ pub(super) async fn reserve(store: &RedisStore, keys: &ScopeKeys, r: &Reservatio
                 Some(answer)
             }
             None => {
-                map.insert(keys.requests.clone(), Vec::new());
+                map.insert(keys.requests().to_owned(), Vec::new());
                 None
             }
         }
@@ -146,7 +146,7 @@ struct Lead<'a> {
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        let batch = self.store.batches().next(&self.keys.requests);
+        let batch = self.store.batches().next(self.keys.requests());
         if batch.is_empty() {
             return;
         }
@@ -177,7 +177,7 @@ async fn drain(store: RedisStore, keys: ScopeKeys, mut batch: Vec<Waiter>) {
                 // another, the last of 640 waiters on a black-holed Redis
                 // waited about ten timeouts, far past its own wait.
                 let detail = e.to_string();
-                let behind = batches.take_all(&keys.requests);
+                let behind = batches.take_all(keys.requests());
                 for w in batch.drain(..).chain(behind) {
                     let _ = w.reply.send(Err(copy_error(&e, &detail)));
                 }
@@ -189,7 +189,7 @@ async fn drain(store: RedisStore, keys: ScopeKeys, mut batch: Vec<Waiter>) {
         // a call of its own once this scope looks idle (without this yield, lone
         // and full calls alternate; measured: 25 decisions per call).
         tokio::task::yield_now().await;
-        batch = batches.next(&keys.requests);
+        batch = batches.next(keys.requests());
     }
 }
 
@@ -215,9 +215,11 @@ mod tests {
             window_ms: 60_000,
         };
         Reservation {
-            requests: dim,
-            tokens: dim,
-            token_cost: 1,
+            windows: [dim, dim, DimSpec::NONE, DimSpec::NONE],
+            cost: crate::actor::scope::Cost {
+                input: 1,
+                output: 0,
+            },
             concurrency: 0,
             permit_id: String::new(),
             slot_ttl_ms: 0,
@@ -293,7 +295,7 @@ mod tests {
         batches.lock().insert("s".to_owned(), vec![gone, live]);
         let batch = batches.next("s");
         assert_eq!(batch.len(), 1);
-        assert_eq!(batch[0].reservation.requests.capacity, 20);
+        assert_eq!(batch[0].reservation.windows[0].capacity, 20);
         assert!(batches.next("s").is_empty());
         assert!(!batches.lock().contains_key("s"));
     }

@@ -4,10 +4,9 @@
 /// The keys of one scope (`tenant:acme`, `upstream:openai`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScopeKeys {
-    /// Requests window (HASH, ZSET or STRING by algorithm).
-    pub requests: String,
-    /// Tokens window.
-    pub tokens: String,
+    /// Window keys (HASH, ZSET or STRING by algorithm): requests, tokens, input
+    /// tokens, output tokens (`crate::actor::Dimension::WINDOWED` order).
+    pub windows: [String; crate::actor::WINDOWS],
     /// Concurrency semaphore (ZSET).
     pub concurrency: String,
 }
@@ -17,10 +16,14 @@ impl ScopeKeys {
     pub fn new(prefix: &str, scope: &str) -> ScopeKeys {
         let at = |suffix: &str| format!("{prefix}:{{{scope}}}:{suffix}");
         ScopeKeys {
-            requests: at("r"),
-            tokens: at("t"),
+            windows: ["r", "t", "ti", "to"].map(at),
             concurrency: at("c"),
         }
+    }
+
+    /// The requests window's key: the scope's name among reservation batches.
+    pub fn requests(&self) -> &str {
+        &self.windows[0]
     }
 
     /// The credit-line HASH of one dimension (`redis-lease` mode).
@@ -36,7 +39,8 @@ mod tests {
     #[test]
     fn every_key_of_a_scope_shares_its_hash_tag() {
         let k = ScopeKeys::new("tg", "tenant:acme");
-        assert_eq!(k.requests, "tg:{tenant:acme}:r");
+        assert_eq!(k.requests(), "tg:{tenant:acme}:r");
+        assert_eq!(k.windows[3], "tg:{tenant:acme}:to");
         assert_eq!(k.concurrency, "tg:{tenant:acme}:c");
         assert_eq!(
             ScopeKeys::lease("tg", "tenant:acme", "tokens"),

@@ -20,5 +20,5 @@ pub mod store;
 pub use keys::ScopeKeys;
 pub use store::{
     Algorithm, DimSpec, LeaseAsk, LeaseLine, Leased, RedisStore, Reservation, Reserve, Reserved,
-    StoreError,
+    Settled, StoreError,
 };

@@ -71,18 +71,34 @@ impl DimSpec {
 /// One request's reservation on one scope.
 #[derive(Debug, Clone)]
 pub struct Reservation {
-    /// Requests dimension.
-    pub requests: DimSpec,
-    /// Tokens dimension.
-    pub tokens: DimSpec,
-    /// Token cost (prompt + completion estimate).
-    pub token_cost: u64,
+    /// The window dimensions: requests, tokens, input tokens, output tokens
+    /// (`crate::actor::Dimension::WINDOWED` order; [`DimSpec::NONE`] when not
+    /// limited).
+    pub windows: [DimSpec; crate::actor::WINDOWS],
+    /// Its tokens: the prompt and the completion estimate.
+    pub cost: crate::actor::scope::Cost,
     /// Concurrency cap (0: none).
     pub concurrency: u64,
     /// Semaphore member for this request.
     pub permit_id: String,
     /// Slot ttl: a crashed holder's slot comes back after it.
     pub slot_ttl_ms: u64,
+}
+
+impl Reservation {
+    /// What the reservation charges `dimension`'s window.
+    pub fn cost_on(&self, dimension: crate::actor::Dimension) -> u64 {
+        self.cost.on(dimension)
+    }
+}
+
+/// What a reservation comes to when it is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Requests: 1 if it counts, 0 if it never reached the upstream.
+    pub requests: u64,
+    /// Its real tokens (input with cache reads where the scope counts them).
+    pub tokens: crate::actor::scope::Cost,
 }
 
 /// One key's credit line as `lease.lua` enforces it.
@@ -142,16 +158,15 @@ pub struct Leased {
 pub enum Reserved {
     /// Charged on every dimension; the refs settle it.
     Admitted {
-        /// Requests ref (bucket id, log member or "0").
-        requests_ref: String,
-        /// Tokens ref.
-        tokens_ref: String,
+        /// Per window dimension: its ref (bucket id, log member or "0").
+        refs: [String; crate::actor::WINDOWS],
         /// Redis time of the decision (ms).
         now_ms: u64,
     },
     /// Charged nowhere.
     Refused {
-        /// `requests`, `tokens` or `concurrency`.
+        /// `requests`, `tokens`, `input_tokens`, `output_tokens` or
+        /// `concurrency`.
         dimension: String,
         /// When trying again can help; `None`: never (cost above the capacity).
         retry_after_ms: Option<u64>,
@@ -295,15 +310,20 @@ impl RedisStore {
             return Ok(Vec::new());
         };
         let mut inv = scripts::RESERVE.prepare_invoke();
-        inv.key(&keys.requests)
-            .key(&keys.tokens)
-            .key(&keys.concurrency)
-            .arg(rs.len())
-            .arg(&first.requests.args()[..])
-            .arg(&first.tokens.args()[..])
-            .arg(first.concurrency);
+        for key in &keys.windows {
+            inv.key(key);
+        }
+        inv.key(&keys.concurrency).arg(rs.len());
+        for window in &first.windows {
+            inv.arg(&window.args()[..]);
+        }
+        inv.arg(first.concurrency);
         for r in rs {
-            inv.arg(r.token_cost).arg(&r.permit_id).arg(r.slot_ttl_ms);
+            inv.arg(r.cost.tokens())
+                .arg(r.cost.input)
+                .arg(r.cost.output)
+                .arg(&r.permit_id)
+                .arg(r.slot_ttl_ms);
         }
         // Batches are measured apart: their latency is one call's for many.
         let label = if rs.len() == 1 {
@@ -342,29 +362,34 @@ impl RedisStore {
         &self,
         keys: &ScopeKeys,
         r: &Reservation,
-        refs: (&str, &str),
-        actual: (u64, u64),
+        refs: &[String; crate::actor::WINDOWS],
+        actual: Settled,
         answered_ago_ms: Option<u64>,
-    ) -> Result<(i64, i64), StoreError> {
+    ) -> Result<Vec<i64>, StoreError> {
+        use crate::actor::Dimension;
         let mut inv = scripts::SETTLE.prepare_invoke();
         let permit = if r.concurrency > 0 {
             r.permit_id.as_str()
         } else {
             ""
         };
-        inv.key(&keys.requests)
-            .key(&keys.tokens)
-            .key(&keys.concurrency)
+        for key in &keys.windows {
+            inv.key(key);
+        }
+        inv.key(&keys.concurrency)
             .arg(permit)
-            .arg(&r.requests.args()[..])
-            .arg(refs.0)
-            .arg(1)
-            .arg(actual.0)
-            .arg(&r.tokens.args()[..])
-            .arg(refs.1)
-            .arg(r.token_cost)
-            .arg(actual.1)
             .arg(answered_ago_ms.map_or(-1, |ms| ms.min(i64::MAX as u64) as i64));
+        let windows = r.windows.iter().zip(refs).zip(Dimension::WINDOWED);
+        for ((window, reference), dimension) in windows {
+            let actual = match dimension {
+                Dimension::Requests => actual.requests,
+                _ => actual.tokens.on(dimension),
+            };
+            inv.arg(&window.args()[..])
+                .arg(reference)
+                .arg(r.cost_on(dimension))
+                .arg(actual);
+        }
         self.run("settle", inv).await
     }
 
@@ -515,9 +540,13 @@ fn parse_reserved(answer: &[redis::Value]) -> Result<Reserved, StoreError> {
     let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).ok();
     let text = |v: &redis::Value| redis::from_redis_value_ref::<String>(v).ok();
     match answer {
-        [ok, a, b, now] if int(ok) == Some(1) => Ok(Reserved::Admitted {
-            requests_ref: text(a).ok_or_else(unexpected)?,
-            tokens_ref: text(b).ok_or_else(unexpected)?,
+        [ok, a, b, c, d, now] if int(ok) == Some(1) => Ok(Reserved::Admitted {
+            refs: [
+                text(a).ok_or_else(unexpected)?,
+                text(b).ok_or_else(unexpected)?,
+                text(c).ok_or_else(unexpected)?,
+                text(d).ok_or_else(unexpected)?,
+            ],
             now_ms: int(now).ok_or_else(unexpected)? as u64,
         }),
         [ok, dim, retry] if int(ok) == Some(0) => {

@@ -43,8 +43,13 @@ fn limit_spec(
 
 fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) -> ScopeSpec {
     ScopeSpec {
-        requests: limit_spec(quota.rpm, quota.burst, quota, config),
-        tokens: limit_spec(quota.tpm, quota.burst_tokens, quota, config),
+        windows: [
+            limit_spec(quota.rpm, quota.burst, quota, config),
+            limit_spec(quota.tpm, quota.burst_tokens, quota, config),
+            limit_spec(quota.itpm, None, quota, config),
+            limit_spec(quota.otpm, None, quota, config),
+        ],
+        counts_cache_reads: quota.input_counts_cache_reads,
         concurrency: quota.concurrency,
         adaptive,
         allowances: Default::default(),
@@ -92,11 +97,9 @@ fn bind_allowances(
     });
     let mut bindings = Vec::new();
     for (scope, spec) in specs.iter_mut() {
-        let dims = [
-            (Dimension::Requests, spec.requests.map(|l| l.capacity)),
-            (Dimension::Tokens, spec.tokens.map(|l| l.capacity)),
-            (Dimension::Concurrency, spec.concurrency),
-        ];
+        let windows =
+            (Dimension::WINDOWED.into_iter()).zip(spec.windows.map(|l| l.map(|l| l.capacity)));
+        let dims = windows.chain([(Dimension::Concurrency, spec.concurrency)]);
         for (dimension, capacity) in dims {
             let Some(capacity) = capacity else { continue };
             let key: Arc<str> = format!("{scope}:{}", dimension.as_str()).into();
@@ -106,6 +109,7 @@ fn bind_allowances(
                 dimension,
                 capacity,
                 allowance: None,
+                counts_cache_reads: spec.counts_cache_reads,
                 leased: false,
             };
             match (cluster.mode, &recipe) {
@@ -118,12 +122,9 @@ fn bind_allowances(
                 (mode, None) if mode.leases() => continue,
                 _ => {
                     let allowance = Allowance::new(0);
-                    let slot = match dimension {
-                        Dimension::Requests => &mut spec.allowances.requests,
-                        Dimension::Tokens => &mut spec.allowances.tokens,
-                        _ => &mut spec.allowances.concurrency,
-                    };
-                    *slot = Some(allowance.clone());
+                    if let Some(slot) = spec.allowances.slot_mut(dimension) {
+                        *slot = Some(allowance.clone());
+                    }
                     binding.allowance = Some(allowance);
                 }
             }

@@ -181,6 +181,8 @@ fn serve_builtin_mock(
     let mock_config = crate::mock::MockConfig {
         rpm: config.rpm.unwrap_or(0),
         tpm: config.tpm.unwrap_or(0),
+        itpm: config.itpm.unwrap_or(0),
+        otpm: config.otpm.unwrap_or(0),
         concurrency: config.concurrency.unwrap_or(0),
         latency_ms: config.latency_ms,
         ..crate::mock::MockConfig::default()

@@ -297,9 +297,6 @@ async fn start_redis_gate(
         .as_ref()
         .ok_or_else(|| SyncError::Redis("`redis` mode needs [redis]".into()))?;
     let store = connect_redis(redis, node).await?;
-    let limits: Vec<_> = (node.bindings.iter())
-        .map(|b| (b.scope.clone(), b.dimension, b.key.to_string(), b.capacity))
-        .collect();
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
@@ -307,7 +304,7 @@ async fn start_redis_gate(
     let gate = Arc::new(crate::redis::gate::RedisGate::new(
         store,
         &redis.key_prefix,
-        &limits,
+        &node.bindings,
         window.window_ms(),
         window.bucket_ms(),
         redis.slot_ttl,

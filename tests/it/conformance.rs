@@ -34,12 +34,27 @@ async fn three_nodes(
     tenant: &str,
     upstream: &MockHandle,
 ) -> (Option<RedisServer>, Vec<Arc<Node>>) {
+    three_nodes_with(mode, share, tenant, "", upstream).await
+}
+
+/// As [`three_nodes`], the Anthropic upstream's limits being `account`.
+async fn three_nodes_with(
+    mode: &str,
+    share: &str,
+    tenant: &str,
+    account: &str,
+    upstream: &MockHandle,
+) -> (Option<RedisServer>, Vec<Arc<Node>>) {
     let redis = mode.starts_with("redis").then(RedisServer::start);
     let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
     let mut nodes = Vec::new();
     for i in 0..3 {
         let mut toml = cluster_toml(i, &ports, mode, share)
-            .replace(&format!("rpm = {LIMIT}\nmax_wait = \"0s\""), tenant);
+            .replace(&format!("rpm = {LIMIT}\nmax_wait = \"0s\""), tenant)
+            .replace(
+                "kind = \"anthropic\"",
+                &format!("kind = \"anthropic\"\n{account}"),
+            );
         if let Some(redis) = &redis {
             toml.push_str(&format!(
                 "\n[redis]\nurl = \"{}\"\ntimeout = \"50ms\"\n",
@@ -170,15 +185,22 @@ fn agent_requests() -> Vec<(&'static str, serde_json::Value)> {
     ]
 }
 
-/// Agents on each node at `per_second` requests a second for `seconds`,
-/// waiting out no 429 (each is counted, none retried): 200s per node.
-async fn agent_load(urls: Vec<String>, per_second: &[u64], seconds: f64) -> Vec<u64> {
+/// Clients on each node at `per_second` requests a second for `seconds`, each
+/// sending `requests` in turn and waiting out no 429 (each is counted, none
+/// retried): 200s per node.
+async fn paced_load(
+    urls: Vec<String>,
+    per_second: &[u64],
+    seconds: f64,
+    requests: Vec<(&'static str, serde_json::Value)>,
+) -> Vec<u64> {
     let mut tasks = Vec::new();
     for (url, rate) in urls.into_iter().zip(per_second) {
         let gap = std::time::Duration::from_millis(1000 / rate);
         let end = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
+        let requests = requests.clone();
         tasks.push(tokio::spawn(async move {
-            let (requests, mut admitted) = (agent_requests(), 0);
+            let mut admitted = 0;
             for (path, body) in requests.iter().cycle() {
                 if tokio::time::Instant::now() >= end {
                     break;
@@ -202,7 +224,7 @@ async fn agents_within_the_token_limit(mode: &str, share: &str) {
     let upstream = mock(|c| c.tpm = TOKEN_LIMIT).await;
     let tenant = format!("tpm = {TOKEN_LIMIT}\nmax_wait = \"300ms\"");
     let (_redis, nodes) = three_nodes(mode, share, &tenant, &upstream).await;
-    let admitted = agent_load(urls(&nodes), &[10, 6, 3], 3.0).await;
+    let admitted = paced_load(urls(&nodes), &[10, 6, 3], 3.0, agent_requests()).await;
     let stats = upstream.stats();
     let tokens = stats.prompt_tokens + stats.completion_tokens;
     println!(
@@ -241,4 +263,91 @@ async fn agents_stay_within_the_token_limit_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_stay_within_the_token_limit_in_redis_lease() {
     agents_within_the_token_limit("redis-lease", "full").await;
+}
+
+/// An Anthropic account's limits in the accounts runs: input and output tokens
+/// per window, the gateway's upstream and the mock's own alike.
+/// (A call's input is about 440 tokens, tools' system prompt included: about
+/// 45 calls' worth; the output limit holds 8 calls at `max_tokens`, about 28
+/// at what the mock writes.)
+const INPUT_LIMIT: u64 = 20_000;
+const OUTPUT_LIMIT: u64 = 500;
+/// What each request asks for at most: charged on output by both sides until its
+/// answer ends (Anthropic's rule), above the at most 20 the mock writes.
+const MAX_TOKENS: u64 = 60;
+
+/// A Claude Code-shaped call: a system prompt, tools, a tool use and its result.
+fn agent_call() -> (&'static str, serde_json::Value) {
+    use serde_json::json;
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": MAX_TOKENS,
+        "system": "You are a careful coding agent. Read before you write.",
+        "tools": [{"name": "read_file", "description": "Read a file of the repository.",
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
+        "messages": [
+            {"role": "user", "content": "What does src/main.rs start?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read_file",
+                "input": {"path": "src/main.rs"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                "content": "fn main() { tollgate::cli::run() }"}]}]});
+    ("/messages", body)
+}
+
+/// An Anthropic account with separate input and output token limits behind
+/// three nodes of `mode`: the upstream never refuses, and output reserved at
+/// `max_tokens` comes back when the answers end (more requests are served than
+/// `OUTPUT_LIMIT / MAX_TOKENS`).
+async fn account_within_input_and_output_limits(mode: &str, share: &str) {
+    let upstream = mock(|c| {
+        (c.itpm, c.otpm, c.completion_max_tokens) = (INPUT_LIMIT, OUTPUT_LIMIT, 20);
+    })
+    .await;
+    let account = format!("itpm = {INPUT_LIMIT}\notpm = {OUTPUT_LIMIT}");
+    let tenant = "max_wait = \"300ms\"";
+    let (_redis, nodes) = three_nodes_with(mode, share, tenant, &account, &upstream).await;
+    let admitted = paced_load(urls(&nodes), &[12, 7, 3], 3.0, vec![agent_call()]).await;
+    let stats = upstream.stats();
+    println!(
+        "{mode} {share} account: {admitted:?} served, {} input and {} output tokens at the upstream, refused there {:?}",
+        stats.prompt_tokens, stats.completion_tokens, stats.refused
+    );
+    assert_eq!(admitted.iter().sum::<u64>(), stats.admitted);
+    let refused = &stats.refused;
+    assert_eq!(
+        (refused.input_tokens, refused.output_tokens, refused.tokens),
+        (0, 0, 0),
+        "{mode}: the upstream refused"
+    );
+    assert!(stats.prompt_tokens <= INPUT_LIMIT, "{mode}: input over");
+    assert!(
+        stats.completion_tokens >= OUTPUT_LIMIT / 2,
+        "{mode}: only {} of {OUTPUT_LIMIT} output tokens used",
+        stats.completion_tokens
+    );
+    assert!(
+        stats.admitted > OUTPUT_LIMIT / MAX_TOKENS,
+        "{mode}: {} served; output held at max_tokens was never given back",
+        stats.admitted
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_account_is_never_refused_in_local_split() {
+    account_within_input_and_output_limits("local", "split").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_account_is_never_refused_in_lease() {
+    account_within_input_and_output_limits("lease", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_account_is_never_refused_in_redis() {
+    account_within_input_and_output_limits("redis", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_account_is_never_refused_in_redis_lease() {
+    account_within_input_and_output_limits("redis-lease", "full").await;
 }

@@ -7,8 +7,10 @@
 
 use crate::common::redis::{RedisCluster, RedisServer};
 use std::time::Duration;
+use tollgate::actor::scope::Cost;
 use tollgate::redis::{
     Algorithm, DimSpec, LeaseAsk, Leased, RedisStore, Reservation, Reserve, Reserved, ScopeKeys,
+    Settled,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -27,22 +29,32 @@ fn window(capacity: u64) -> DimSpec {
 
 fn reservation(requests: DimSpec, tokens: DimSpec, token_cost: u64) -> Reservation {
     Reservation {
-        requests,
-        tokens,
-        token_cost,
+        windows: [requests, tokens, DimSpec::NONE, DimSpec::NONE],
+        cost: Cost {
+            input: token_cost,
+            output: 0,
+        },
         concurrency: 0,
         permit_id: String::new(),
         slot_ttl_ms: 0,
     }
 }
 
-fn admitted(r: &Reserved) -> (String, String) {
+/// What a settlement says the request came to: `requests` (1 sent, 0 never)
+/// and `tokens`.
+fn settled(requests: u64, tokens: u64) -> Settled {
+    Settled {
+        requests,
+        tokens: Cost {
+            input: tokens,
+            output: 0,
+        },
+    }
+}
+
+fn admitted(r: &Reserved) -> [String; 4] {
     match r {
-        Reserved::Admitted {
-            requests_ref,
-            tokens_ref,
-            ..
-        } => (requests_ref.clone(), tokens_ref.clone()),
+        Reserved::Admitted { refs, .. } => refs.clone(),
         other => panic!("expected admission, got {other:?}"),
     }
 }
@@ -103,10 +115,10 @@ async fn a_settlement_moves_the_charge_to_when_the_upstream_answered() {
         // One is answered 600 ms after its admission.
         tokio::time::sleep(Duration::from_millis(600)).await;
         let corrections = s
-            .settle(&keys, &r, (&refs[0].0, &refs[0].1), (1, 10), Some(0))
+            .settle(&keys, &r, &refs[0], settled(1, 10), Some(0))
             .await
             .unwrap();
-        assert_eq!(corrections, (0, 0), "{name}: moved, not changed");
+        assert_eq!(corrections, [0, 0, 0, 0], "{name}: moved, not changed");
         // Past the admissions' window: the four others have left, the answered
         // one still counts (requests and tokens), until a window after its answer.
         tokio::time::sleep(Duration::from_millis(600)).await;
@@ -161,13 +173,13 @@ async fn all_or_nothing_refunds_and_debt_go_to_the_reservations_bucket() {
     assert_eq!(refused(&s.reserve(&keys, &r).await.unwrap()).0, "tokens");
     // Settle the first at 100 real tokens: 500 refunded into its bucket.
     let corrections = s
-        .settle(&keys, &r, (&first.0, &first.1), (1, 100), None)
+        .settle(&keys, &r, &first, settled(1, 100), None)
         .await
         .unwrap();
-    assert_eq!(corrections, (0, -500));
+    assert_eq!(corrections, [0, -500, 0, 0]);
     let second = admitted(&s.reserve(&keys, &r).await.unwrap());
     // 700 used; a debt of 300 on the second fills the window exactly.
-    s.settle(&keys, &r, (&second.0, &second.1), (1, 900), None)
+    s.settle(&keys, &r, &second, settled(1, 900), None)
         .await
         .unwrap();
     let one = reservation(DimSpec::NONE, window(1_000), 1);
@@ -290,9 +302,11 @@ async fn concurrent_callers_from_several_clients_never_exceed_the_capacity() {
             let keys = keys.clone();
             tasks.push(tokio::spawn(async move {
                 let r = Reservation {
-                    requests: window(1_000),
-                    tokens: window(100),
-                    token_cost: 1,
+                    windows: [window(1_000), window(100), DimSpec::NONE, DimSpec::NONE],
+                    cost: Cost {
+                        input: 1,
+                        output: 0,
+                    },
                     concurrency: 0,
                     permit_id: String::new(),
                     slot_ttl_ms: 0,
@@ -328,9 +342,11 @@ async fn a_batch_is_decided_as_the_same_reservations_one_call_at_a_time() {
     // Requests 6, tokens 100, 3 slots: every dimension refuses somewhere, and a
     // refusal between admissions charges nothing.
     let r = |cost: u64, id: &str| Reservation {
-        requests: window(6),
-        tokens: window(100),
-        token_cost: cost,
+        windows: [window(6), window(100), DimSpec::NONE, DimSpec::NONE],
+        cost: Cost {
+            input: cost,
+            output: 0,
+        },
         concurrency: 3,
         permit_id: id.to_owned(),
         slot_ttl_ms: 60_000,
@@ -428,7 +444,7 @@ async fn a_new_bucket_pushes_the_expiry_back_even_when_its_first_reservation_is_
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(refused(&s.reserve(&keys, &r).await.unwrap()).0, "requests");
     let pttl: i64 = s
-        .command(redis::cmd("PTTL").arg(&keys.requests))
+        .command(redis::cmd("PTTL").arg(keys.requests()))
         .await
         .unwrap();
     // Pushed back to window + 2 buckets (1,200 ms) from the new bucket; without
@@ -486,19 +502,26 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
     ] {
         let keys = ScopeKeys::new("tg", scope);
         let r = Reservation {
-            requests: window(3),
-            tokens: DimSpec {
-                algorithm: Algorithm::Log,
-                capacity: 100,
-                window_ms: 1_000,
+            windows: [
+                window(3),
+                DimSpec {
+                    algorithm: Algorithm::Log,
+                    capacity: 100,
+                    window_ms: 1_000,
+                },
+                DimSpec::NONE,
+                DimSpec::NONE,
+            ],
+            cost: Cost {
+                input: 10,
+                output: 0,
             },
-            token_cost: 10,
             concurrency: 2,
             permit_id: format!("{scope}-1"),
             slot_ttl_ms: 1_000,
         };
         let refs = admitted(&s.reserve(&keys, &r).await.unwrap());
-        s.settle(&keys, &r, (&refs.0, &refs.1), (1, 5), None)
+        s.settle(&keys, &r, &refs, settled(1, 5), None)
             .await
             .unwrap();
         for i in 2..=3 {
@@ -532,13 +555,18 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
             .await
             .unwrap()
         {
-            Reserved::Admitted { tokens_ref, .. } => tokens_ref.parse::<u64>().unwrap(),
+            Reserved::Admitted { refs, .. } => refs[1].parse::<u64>().unwrap(),
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            s.charge(&windowed.tokens, (1_000, 100), bucket * 100, &[(bucket, 7)])
-                .await
-                .unwrap(),
+            s.charge(
+                &windowed.windows[1],
+                (1_000, 100),
+                bucket * 100,
+                &[(bucket, 7)]
+            )
+            .await
+            .unwrap(),
             7
         );
         let lease = ScopeKeys::lease("tg", scope, "tokens");
@@ -949,4 +977,47 @@ async fn reconciled_spending_is_dated_on_redis_time() {
         .await
         .unwrap();
     assert_eq!(stored[0], Some(bucket));
+}
+
+#[tokio::test]
+async fn input_and_output_tokens_are_reserved_and_settled_on_their_own_windows() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "upstream:anthropic");
+    // 100 input and 50 output tokens a window, as an ITPM/OTPM account.
+    let r = |input, output| Reservation {
+        windows: [DimSpec::NONE, DimSpec::NONE, window(100), window(50)],
+        cost: Cost { input, output },
+        concurrency: 0,
+        permit_id: String::new(),
+        slot_ttl_ms: 0,
+    };
+    let first = r(60, 40);
+    let refs = admitted(&s.reserve(&keys, &first).await.unwrap());
+    // Input has room for 30 more; output (a max_tokens of 20) does not.
+    assert_eq!(
+        refused(&s.reserve(&keys, &r(30, 20)).await.unwrap()).0,
+        "output_tokens"
+    );
+    assert_eq!(
+        refused(&s.reserve(&keys, &r(41, 1)).await.unwrap()).0,
+        "input_tokens"
+    );
+    // The answer used 5 output tokens: 35 come back to the output window only.
+    let used = Settled {
+        requests: 1,
+        tokens: Cost {
+            input: 60,
+            output: 5,
+        },
+    };
+    let corrections = s.settle(&keys, &first, &refs, used, None).await.unwrap();
+    assert_eq!(corrections, [0, 0, 0, -35]);
+    admitted(&s.reserve(&keys, &r(30, 20)).await.unwrap());
+    // 90 input and 25 output used: exactly the rest of each fits, one more does not.
+    admitted(&s.reserve(&keys, &r(10, 25)).await.unwrap());
+    assert_eq!(
+        refused(&s.reserve(&keys, &r(0, 1)).await.unwrap()).0,
+        "output_tokens"
+    );
 }

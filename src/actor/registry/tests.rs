@@ -25,8 +25,8 @@ fn registry_with(
         ))
     };
     let spec = ScopeSpec {
-        requests: window(requests),
-        tokens: window(tokens),
+        windows: [window(requests), window(tokens), None, None],
+        counts_cache_reads: false,
         concurrency: Some(slots),
         adaptive: None,
         allowances: Allowances::default(),
@@ -109,8 +109,7 @@ fn request(max_wait_ns: Nanos) -> AcquireRequest {
 /// The scope's demand so far: requests asked, admitted or not.
 async fn requested(registry: &Registry) -> u64 {
     let live = registry.export_live().await;
-    live.first()
-        .map_or(0, |(_, export)| export.requested_requests)
+    live.first().map_or(0, |(_, export)| export.requested[0])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,6 +269,7 @@ async fn callers_racing_on_both_paths_never_exceed_a_limit_and_leave_the_scope_a
             // which cancels them (their request is not counted).
             if i % 2 == 0 {
                 permit.settle(SettleWith::Usage {
+                    cache_read: 0,
                     prompt: 10,
                     completion: 3,
                 });
@@ -355,6 +355,7 @@ async fn actors_spawn_lazily_and_retire_only_when_idle_and_at_rest() {
     tokio::time::sleep(std::time::Duration::from_secs(60)).await;
     assert_eq!(registry.live_actors(), 1);
     permit.settle(SettleWith::Usage {
+        cache_read: 0,
         prompt: 10,
         completion: 5,
     });
@@ -373,6 +374,7 @@ async fn the_sync_rounds_exports_do_not_keep_an_idle_actor_alive() {
     let (registry, scope) = registry(20);
     let permit = acquire(&registry, &scope).await.unwrap();
     permit.settle(SettleWith::Usage {
+        cache_read: 0,
         prompt: 10,
         completion: 5,
     });
@@ -396,6 +398,7 @@ async fn an_answered_permit_counts_a_window_from_its_answer() {
     permit.answered();
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     permit.settle(SettleWith::Usage {
+        cache_read: 0,
         prompt: 10,
         completion: 5,
     });
@@ -505,6 +508,7 @@ async fn a_request_whose_wait_is_known_to_outlast_its_deadline_is_refused_at_onc
     for _ in 0..5 {
         let permit = acquire(&registry, &scope).await.unwrap();
         permit.settle(SettleWith::Usage {
+            cache_read: 0,
             prompt: 10,
             completion: 10,
         });
@@ -535,6 +539,7 @@ async fn a_request_whose_wait_is_known_to_outlast_its_deadline_is_refused_at_onc
     for _ in 0..4 {
         let permit = acquire(&registry, &scope).await.unwrap();
         permit.settle(SettleWith::Usage {
+            cache_read: 0,
             prompt: 10,
             completion: 10,
         });

@@ -9,7 +9,9 @@ pub(super) struct Charge {
     pub(super) gate: Arc<RedisGate>,
     pub(super) keys: ScopeKeys,
     pub(super) reservation: Reservation,
-    pub(super) refs: (String, String),
+    pub(super) refs: [String; WINDOWS],
+    /// Cache-read input tokens count as input in this scope.
+    pub(super) counts_cache_reads: bool,
     pub(super) heartbeat: Option<oneshot::Sender<()>>,
     /// When the upstream last answered (the settlement moves the charge there).
     pub(super) answered: Mutex<Option<tokio::time::Instant>>,
@@ -35,6 +37,7 @@ impl RemoteCharge for Charge {
             keys,
             reservation,
             refs,
+            counts_cache_reads,
             heartbeat,
             answered,
         } = *self;
@@ -43,23 +46,40 @@ impl RemoteCharge for Charge {
         // TIME when it runs, so the time the settlement spends in flight only
         // dates the charge later (the safe direction).
         let answered_ago_ms = (answered.into_inner()).map(|at| at.elapsed().as_millis() as u64);
-        let reserved = reservation.token_cost;
         let actual = match how {
-            SettleWith::Usage { prompt, completion } => (1, prompt.saturating_add(completion)),
-            SettleWith::KeepReserved => (1, reserved),
-            SettleWith::RefundTokens => (1, 0),
-            SettleWith::Cancel => (0, 0),
+            SettleWith::Usage {
+                prompt,
+                cache_read,
+                completion,
+            } => {
+                let cached = if counts_cache_reads { cache_read } else { 0 };
+                let input = prompt.saturating_add(cached);
+                let tokens = Cost {
+                    input,
+                    output: completion,
+                };
+                Settled {
+                    requests: 1,
+                    tokens,
+                }
+            }
+            SettleWith::KeepReserved => Settled {
+                requests: 1,
+                tokens: reservation.cost,
+            },
+            SettleWith::RefundTokens => Settled {
+                requests: 1,
+                tokens: Cost::default(),
+            },
+            SettleWith::Cancel => Settled {
+                requests: 0,
+                tokens: Cost::default(),
+            },
         };
         tokio::spawn(async move {
             let settled = gate
                 .store
-                .settle(
-                    &keys,
-                    &reservation,
-                    (&refs.0, &refs.1),
-                    actual,
-                    answered_ago_ms,
-                )
+                .settle(&keys, &reservation, &refs, actual, answered_ago_ms)
                 .await;
             if let Err(e) = settled {
                 // The slot is released once Redis answers (or expires with its
@@ -80,13 +100,12 @@ impl RedisGate {
     pub(super) fn reservation(
         &self,
         limits: &ScopeLimits,
-        tokens: u64,
+        cost: Cost,
         permit_id: String,
     ) -> Reservation {
         Reservation {
-            requests: self.dim(&limits.requests),
-            tokens: self.dim(&limits.tokens),
-            token_cost: tokens,
+            windows: std::array::from_fn(|i| self.dim(&limits.windows[i])),
+            cost,
             concurrency: limits.concurrency.1,
             permit_id,
             slot_ttl_ms: self.slot_ttl_ms,
@@ -106,11 +125,10 @@ impl RedisGate {
         let cap = |(key, capacity): &(String, u64)| {
             caps.get(key).copied().unwrap_or(*capacity).min(*capacity)
         };
-        if let Some(limit) = &limits.requests {
-            reservation.requests.capacity = cap(limit);
-        }
-        if let Some(limit) = &limits.tokens {
-            reservation.tokens.capacity = cap(limit);
+        for (asked, limit) in reservation.windows.iter_mut().zip(&limits.windows) {
+            if let Some(limit) = limit {
+                asked.capacity = cap(limit);
+            }
         }
         reservation.concurrency = cap(&limits.concurrency);
         limits.concurrency.1 == 0 || reservation.concurrency > 0
@@ -124,8 +142,10 @@ impl RedisGate {
                 .as_ref()
                 .is_some_and(|(_, capacity)| asked < *capacity)
         };
-        below(&limits.requests, reservation.requests.capacity)
-            || below(&limits.tokens, reservation.tokens.capacity)
+        let windows = limits.windows.iter().zip(&reservation.windows);
+        windows
+            .into_iter()
+            .any(|(limit, asked)| below(limit, asked.capacity))
             || reservation.concurrency < limits.concurrency.1
     }
 
@@ -146,8 +166,7 @@ impl RedisGate {
         self: &Arc<Self>,
         limits: &ScopeLimits,
         reservation: Reservation,
-        requests_ref: String,
-        tokens_ref: String,
+        refs: [String; WINDOWS],
     ) -> Charge {
         // Long streams keep their slot; a crashed node's slot expires.
         let heartbeat = (reservation.concurrency > 0).then(|| {
@@ -160,7 +179,8 @@ impl RedisGate {
             gate: self.clone(),
             keys: limits.keys.clone(),
             reservation,
-            refs: (requests_ref, tokens_ref),
+            refs,
+            counts_cache_reads: limits.counts_cache_reads,
             heartbeat,
             answered: Mutex::new(None),
         }

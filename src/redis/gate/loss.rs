@@ -147,7 +147,7 @@ impl RedisGate {
     pub(super) fn record_local(
         &self,
         limits: &ScopeLimits,
-        tokens: u64,
+        cost: Cost,
     ) -> Result<bool, RemoteRefusal> {
         let now = unix_ms();
         let bucket = now / self.bucket_ms;
@@ -166,11 +166,12 @@ impl RedisGate {
                 retry_after: Some(UNCONFIRMED_RETRY),
             });
         }
-        let dims = [
-            ("requests", &limits.requests, &limits.keys.requests, 1),
-            ("tokens", &limits.tokens, &limits.keys.tokens, tokens),
-        ];
-        for (name, limit, redis_key, cost) in dims {
+        let dims: [_; WINDOWS] = std::array::from_fn(|i| {
+            let dimension = Dimension::WINDOWED[i];
+            let (limit, redis_key) = (&limits.windows[i], &limits.keys.windows[i]);
+            (dimension.as_str(), limit, redis_key, cost.on(dimension))
+        });
+        for &(name, limit, redis_key, cost) in &dims {
             let Some((key, capacity)) = limit else {
                 continue;
             };
@@ -202,7 +203,7 @@ impl RedisGate {
                 });
             }
         }
-        for (_, limit, redis_key, cost) in dims {
+        for &(_, limit, redis_key, cost) in &dims {
             if limit.is_some() {
                 let buckets = backlog.entry(redis_key.clone()).or_default();
                 if buckets.len() < MAX_BACKLOG_BUCKETS || buckets.contains_key(&bucket) {

@@ -13,11 +13,11 @@
 //! (`charge.lua`) before using it again. Recovery is probed every sync round.
 
 use super::keys::ScopeKeys;
-use super::store::{Algorithm, DimSpec, RedisStore, Reservation, Reserved, StoreError};
+use super::store::{Algorithm, DimSpec, RedisStore, Reservation, Reserved, Settled, StoreError};
 use crate::actor::permit::RemoteCharge;
-use crate::actor::scope::{Allowance, Blocked, ScopeStatus};
+use crate::actor::scope::{Allowance, Blocked, Cost, ScopeStatus};
 use crate::actor::task::Refusal;
-use crate::actor::{Dimension, Permit, ScopeId, SettleWith};
+use crate::actor::{Binding, Dimension, Permit, ScopeId, SettleWith, WINDOWS};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -50,21 +50,22 @@ async fn wait_out(refusal: RemoteRefusal, wait_until: Instant) -> Result<(), Rem
 #[derive(Debug, Clone)]
 struct ScopeLimits {
     keys: ScopeKeys,
-    requests: Option<(String, u64)>,
-    tokens: Option<(String, u64)>,
+    /// Per window dimension ([`Dimension::WINDOWED`] order): the limit key and
+    /// its capacity.
+    windows: [Option<(String, u64)>; WINDOWS],
     /// The concurrency limit's key and slots (0: none).
     concurrency: (String, u64),
+    /// Cache-read input tokens count as input here.
+    counts_cache_reads: bool,
 }
 
 impl ScopeLimits {
     /// The name of the first dimension the scope limits (what a refusal of the
     /// whole request names).
     fn first_dimension(&self) -> &'static str {
-        match (&self.requests, &self.tokens) {
-            (Some(_), _) => "requests",
-            (None, Some(_)) => "tokens",
-            (None, None) => "concurrency",
-        }
+        (self.windows.iter().zip(Dimension::WINDOWED))
+            .find_map(|(w, d)| w.as_ref().map(|_| d.as_str()))
+            .unwrap_or("concurrency")
     }
 }
 
@@ -89,11 +90,9 @@ impl RemoteRefusal {
 
     /// As the actors' refusal (for the same 429 and headers), with `status`.
     pub fn into_refusal(self, status: ScopeStatus) -> Refusal {
-        let dimension = match self.dimension.as_str() {
-            "requests" => Dimension::Requests,
-            "tokens" => Dimension::Tokens,
-            _ => Dimension::Concurrency,
-        };
+        let dimension = (Dimension::WINDOWED.into_iter())
+            .find(|d| d.as_str() == self.dimension)
+            .unwrap_or(Dimension::Concurrency);
         Refusal {
             blocked: Blocked {
                 dimension,
@@ -147,30 +146,31 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl RedisGate {
-    /// A gate over `store` for the given limit keys `(scope, dimension, key,
-    /// capacity)`, windows of `window_ms` in buckets of `bucket_ms`. `node`
-    /// prefixes semaphore members (unique per process incarnation).
+    /// A gate over `store` for the given limit keys, windows of `window_ms` in
+    /// buckets of `bucket_ms`. `node` prefixes semaphore members (unique per
+    /// process incarnation).
     pub fn new(
         store: RedisStore,
         prefix: &str,
-        limits: &[(ScopeId, Dimension, String, u64)],
+        limits: &[Binding],
         window_ms: u64,
         bucket_ms: u64,
         slot_ttl: Duration,
         node: String,
     ) -> RedisGate {
         let mut scopes: HashMap<ScopeId, ScopeLimits> = HashMap::new();
-        for (scope, dimension, key, capacity) in limits {
+        for limit in limits {
+            let scope = &limit.scope;
             let entry = scopes.entry(scope.clone()).or_insert_with(|| ScopeLimits {
                 keys: ScopeKeys::new(prefix, &scope.to_string()),
-                requests: None,
-                tokens: None,
+                windows: Default::default(),
                 concurrency: (String::new(), 0),
+                counts_cache_reads: limit.counts_cache_reads,
             });
-            match dimension {
-                Dimension::Requests => entry.requests = Some((key.clone(), *capacity)),
-                Dimension::Tokens => entry.tokens = Some((key.clone(), *capacity)),
-                _ => entry.concurrency = (key.clone(), *capacity),
+            let key = (limit.key.to_string(), limit.capacity);
+            match limit.dimension.window_index() {
+                Some(i) => entry.windows[i] = Some(key),
+                None => entry.concurrency = key,
             }
         }
         RedisGate {
@@ -205,14 +205,14 @@ impl RedisGate {
         self: &Arc<Self>,
         scope: &ScopeId,
         permit: Permit,
-        tokens: u64,
+        cost: Cost,
         wait_until: Instant,
     ) -> Result<Permit, RemoteRefusal> {
         let Some(limits) = self.scopes.get(scope) else {
             return Ok(permit);
         };
         while self.is_lost() {
-            let refusal = match self.record_local(limits, tokens) {
+            let refusal = match self.record_local(limits, cost) {
                 Ok(true) => return Ok(self.fallback_slot(limits, permit)),
                 Ok(false) => break,
                 Err(refusal) => refusal,
@@ -223,7 +223,7 @@ impl RedisGate {
             }
         }
         let id = self.next_permit.fetch_add(1, Ordering::Relaxed);
-        let mut reservation = self.reservation(limits, tokens, format!("{}:{id}", self.node));
+        let mut reservation = self.reservation(limits, cost, format!("{}:{id}", self.node));
         loop {
             // At the caps of each attempt: a peer's loss lowers them within a sync
             // round, and a request waiting out a refusal must ask for the lowered
@@ -240,12 +240,8 @@ impl RedisGate {
                 continue;
             }
             match self.reserve_to_the_end(&limits.keys, &reservation).await {
-                Ok(Reserved::Admitted {
-                    requests_ref,
-                    tokens_ref,
-                    ..
-                }) => {
-                    let charge = self.charge(limits, reservation, requests_ref, tokens_ref);
+                Ok(Reserved::Admitted { refs, .. }) => {
+                    let charge = self.charge(limits, reservation, refs);
                     return Ok(permit.with_remote(Box::new(charge)));
                 }
                 Ok(Reserved::Refused {
@@ -337,15 +333,14 @@ impl RedisGate {
         let slot = reservation.concurrency > 0;
         let cancelled = match answered {
             Ok(Reserved::Refused { .. }) => return,
-            Ok(Reserved::Admitted {
-                requests_ref,
-                tokens_ref,
-                ..
-            }) => {
-                let refs = (requests_ref.as_str(), tokens_ref.as_str());
+            Ok(Reserved::Admitted { refs, .. }) => {
+                let nothing = Settled {
+                    requests: 0,
+                    tokens: Cost::default(),
+                };
                 (self
                     .store
-                    .settle(keys, reservation, refs, (0, 0), None)
+                    .settle(keys, reservation, &refs, nothing, None)
                     .await)
                     .is_ok()
             }

@@ -15,7 +15,15 @@ fn gate_over(limits: &[(Dimension, &str, u64)]) -> (RedisGate, ScopeId) {
     let store = RedisStore::single("redis://127.0.0.1:1/", Duration::from_millis(5), None).unwrap();
     let scope = ScopeId::tenant("acme");
     let limits: Vec<_> = (limits.iter())
-        .map(|(dimension, key, capacity)| (scope.clone(), *dimension, key.to_string(), *capacity))
+        .map(|(dimension, key, capacity)| Binding {
+            key: Arc::from(*key),
+            scope: scope.clone(),
+            dimension: *dimension,
+            capacity: *capacity,
+            allowance: None,
+            counts_cache_reads: false,
+            leased: false,
+        })
         .collect();
     let gate = RedisGate::new(
         store,
@@ -27,6 +35,14 @@ fn gate_over(limits: &[(Dimension, &str, u64)]) -> (RedisGate, ScopeId) {
         "n1".into(),
     );
     (gate, scope)
+}
+
+/// A request of `n` prompt tokens.
+fn tokens(n: u64) -> Cost {
+    Cost {
+        input: n,
+        output: 0,
+    }
 }
 
 fn fallback(charged: u64) -> HashMap<String, Fallback> {
@@ -48,23 +64,23 @@ async fn a_lost_node_spends_nothing_until_its_loss_is_confirmed_then_its_share()
     let limits = &gate.scopes[&scope];
     gate.set_fallback(fallback(4));
     assert_eq!(
-        gate.record_local(limits, 1),
+        gate.record_local(limits, tokens(1)),
         Ok(false),
         "healthy: not local"
     );
     gate.on_lost("test");
     let epoch = gate.lost_since();
     assert!(epoch > 0);
-    let unconfirmed = gate.record_local(limits, 1).unwrap_err();
+    let unconfirmed = gate.record_local(limits, tokens(1)).unwrap_err();
     assert_eq!(unconfirmed.retry_after, Some(UNCONFIRMED_RETRY));
     // A confirmation of another loss does not count.
     gate.set_confirmed(epoch - 1);
-    assert!(gate.record_local(limits, 1).is_err());
+    assert!(gate.record_local(limits, tokens(1)).is_err());
     gate.set_confirmed(epoch);
     for _ in 0..4 {
-        assert_eq!(gate.record_local(limits, 1), Ok(true));
+        assert_eq!(gate.record_local(limits, tokens(1)), Ok(true));
     }
-    let full = gate.record_local(limits, 1).unwrap_err();
+    let full = gate.record_local(limits, tokens(1)).unwrap_err();
     assert_eq!(full.dimension, "requests");
     assert!(
         full.retry_after.unwrap() > UNCONFIRMED_RETRY,
@@ -87,14 +103,16 @@ async fn a_request_above_the_lost_nodes_share_but_within_the_limit_is_told_to_re
     // 50 tokens: more than the 30 this node may spend while Redis is lost,
     // within the tenant's 100 once it is back. (Told "never", the client got a
     // 413 for a request that fits.)
-    let above_share = gate.record_local(limits, 50).unwrap_err();
+    let above_share = gate.record_local(limits, tokens(50)).unwrap_err();
     assert_eq!(above_share.retry_after, Some(LOWERED_RETRY));
     // 150: above the limit itself, never.
     assert_eq!(
-        gate.record_local(limits, 150).unwrap_err().retry_after,
+        gate.record_local(limits, tokens(150))
+            .unwrap_err()
+            .retry_after,
         None
     );
-    assert_eq!(gate.record_local(limits, 30), Ok(true));
+    assert_eq!(gate.record_local(limits, tokens(30)), Ok(true));
 }
 
 #[tokio::test]
@@ -116,10 +134,10 @@ async fn a_new_loss_never_reuses_an_earlier_epoch() {
 async fn reservations_ask_for_the_caps_peers_losses_lowered() {
     let (gate, scope) = gate();
     let limits = &gate.scopes[&scope];
-    let mut reservation = gate.reservation(limits, 10, "p".into());
+    let mut reservation = gate.reservation(limits, tokens(10), "p".into());
     assert!(gate.at_current_caps(limits, &mut reservation));
     assert_eq!(
-        (reservation.requests.capacity, reservation.concurrency),
+        (reservation.windows[0].capacity, reservation.concurrency),
         (12, 3)
     );
     assert!(!RedisGate::lowered(limits, &reservation));
@@ -127,7 +145,7 @@ async fn reservations_ask_for_the_caps_peers_losses_lowered() {
     gate.set_caps([("t:r".to_owned(), 8), ("t:c".to_owned(), 2)].into());
     assert!(gate.at_current_caps(limits, &mut reservation));
     assert_eq!(
-        (reservation.requests.capacity, reservation.concurrency),
+        (reservation.windows[0].capacity, reservation.concurrency),
         (8, 2)
     );
     assert!(RedisGate::lowered(limits, &reservation));
@@ -138,7 +156,7 @@ async fn reservations_ask_for_the_caps_peers_losses_lowered() {
     gate.set_caps([("t:r".to_owned(), 99)].into());
     assert!(gate.at_current_caps(limits, &mut reservation));
     assert_eq!(
-        (reservation.requests.capacity, reservation.concurrency),
+        (reservation.windows[0].capacity, reservation.concurrency),
         (12, 3)
     );
 }

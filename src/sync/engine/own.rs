@@ -12,14 +12,10 @@ impl Engine {
     ) -> HashMap<String, Own> {
         let mut own = HashMap::new();
         for (scope, export) in exports {
-            for (dimension, window, requested) in [
-                (
-                    Dimension::Requests,
-                    &export.requests,
-                    export.requested_requests,
-                ),
-                (Dimension::Tokens, &export.tokens, export.requested_tokens),
-            ] {
+            let windows = (Dimension::WINDOWED.iter())
+                .zip(&export.windows)
+                .zip(export.requested);
+            for ((&dimension, window), requested) in windows {
                 let Some((_, buckets)) = window else { continue };
                 let key = key_of(scope, dimension);
                 let mut added = 0u64;

@@ -39,6 +39,7 @@ fn binding(capacity: u64) -> Binding {
         dimension: Dimension::Requests,
         capacity,
         allowance: Some(Allowance::new(u64::MAX)),
+        counts_cache_reads: false,
         leased: false,
     }
 }

@@ -16,6 +16,7 @@ fn binding(key: &str) -> Binding {
         dimension: Dimension::Requests,
         capacity: 100,
         allowance: None,
+        counts_cache_reads: false,
         leased: true,
     }
 }

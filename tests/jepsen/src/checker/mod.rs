@@ -68,11 +68,15 @@ pub struct WindowPeak {
 /// Whether the gateway let this request through to the upstream: admitted by the
 /// mock, or refused by it for its limits (the gateway sent it: its own overshoot).
 fn sent(l: &MockLine) -> bool {
-    l.outcome == "admitted"
-        || matches!(
-            l.reason.as_deref(),
-            Some("requests" | "tokens" | "concurrency")
-        )
+    l.outcome == "admitted" || is_limit(l.reason.as_deref())
+}
+
+/// Whether a refusal reason is one of the mock's limits (not bad input).
+fn is_limit(reason: Option<&str>) -> bool {
+    matches!(
+        reason,
+        Some("requests" | "tokens" | "input_tokens" | "output_tokens" | "concurrency")
+    )
 }
 
 /// Peak requests and tokens the gateway sent to the upstream per sliding window
@@ -117,12 +121,7 @@ pub fn window_peak(lines: &[MockLine], window_ms: u64) -> WindowPeak {
 pub fn upstream_429s(lines: &[MockLine]) -> u64 {
     (lines.iter())
         .filter(|l| l.outcome == "refused")
-        .filter(|l| {
-            matches!(
-                l.reason.as_deref(),
-                Some("requests" | "tokens" | "concurrency")
-            )
-        })
+        .filter(|l| is_limit(l.reason.as_deref()))
         .count() as u64
 }
 

@@ -387,3 +387,25 @@ fn each_tenant_is_held_to_its_own_limit() {
     assert!(by_name("tenant t0"), "3 <= 3: {checks:?}");
     assert!(!by_name("tenant t1"), "3 > 2: {checks:?}");
 }
+
+#[test]
+fn every_limit_the_upstream_refuses_on_is_a_429_and_bad_input_is_not() {
+    let refused = |reason: &str| {
+        let mut line = admitted(0);
+        line.outcome = "refused".into();
+        line.reason = Some(reason.into());
+        line
+    };
+    let limits = [
+        "requests",
+        "tokens",
+        "input_tokens",
+        "output_tokens",
+        "concurrency",
+    ];
+    let lines: Vec<MockLine> = limits.iter().map(|r| refused(r)).collect();
+    assert_eq!(upstream_429s(&lines), 5);
+    // Each was sent by the gateway: its overshoot, in the window's peak too.
+    assert_eq!(window_peak(&lines, 1_000).requests, 5);
+    assert_eq!(upstream_429s(&[refused("invalid")]), 0);
+}
