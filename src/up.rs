@@ -96,15 +96,7 @@ pub async fn up(
     // Nodes stop first and drain; the mock stops after them.
     let (stop_tx, stop_rx) = watch::channel(false);
     let (mock_stop_tx, mock_stop_rx) = watch::channel(false);
-    let mock_config = crate::mock::MockConfig {
-        rpm: mock_limits.rpm.unwrap_or(0),
-        tpm: mock_limits.tpm.unwrap_or(0),
-        itpm: mock_limits.itpm.unwrap_or(0),
-        otpm: mock_limits.otpm.unwrap_or(0),
-        concurrency: mock_limits.concurrency.unwrap_or(0),
-        latency_ms: mock_limits.latency_ms,
-        ..crate::mock::MockConfig::default()
-    };
+    let mock_config = crate::mock::MockConfig::from_builtin(&mock_limits);
     let mut mock_stop = mock_stop_rx;
     let mock = tokio::spawn(crate::mock::serve(mock_listener, mock_config, async move {
         let _ = mock_stop.wait_for(|s| *s).await;

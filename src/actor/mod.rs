@@ -76,6 +76,10 @@ pub enum ScopeKind {
     Tenant,
     /// A provider deployment's quota.
     Upstream,
+    /// A tenant's quota for some of its models (`[[tenants.model_limits]]`).
+    TenantModel,
+    /// A provider's limits for some of its models (`[[upstreams.model_limits]]`).
+    UpstreamModel,
 }
 
 impl ScopeKind {
@@ -84,11 +88,14 @@ impl ScopeKind {
         match self {
             ScopeKind::Tenant => "tenant",
             ScopeKind::Upstream => "upstream",
+            ScopeKind::TenantModel => "tenant-model",
+            ScopeKind::UpstreamModel => "upstream-model",
         }
     }
 }
 
-/// Identity of one actor: `tenant:acme` or `upstream:openai-main`.
+/// Identity of one actor: `tenant:acme`, `upstream:openai-main`, or a model
+/// group's within one, `upstream-model:openai-main@gpt-4o`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ScopeId {
     /// Tenant or upstream.
@@ -111,6 +118,20 @@ impl ScopeId {
         ScopeId {
             kind: ScopeKind::Upstream,
             id: id.into(),
+        }
+    }
+
+    /// The scope of model group `group` within `owner` (a tenant's or an
+    /// upstream's): `id` is `<owner id>@<group>`, which no owner id can be
+    /// (ids have no `@`).
+    pub fn model_group(owner: &ScopeId, group: &str) -> ScopeId {
+        let kind = match owner.kind {
+            ScopeKind::Tenant | ScopeKind::TenantModel => ScopeKind::TenantModel,
+            ScopeKind::Upstream | ScopeKind::UpstreamModel => ScopeKind::UpstreamModel,
+        };
+        ScopeId {
+            kind,
+            id: format!("{}@{group}", owner.id).into(),
         }
     }
 }

@@ -39,6 +39,9 @@ pub struct Permit {
     answered_at: Option<Instant>,
     /// How `Drop` settles: `Cancel` until [`Self::sending`], `KeepReserved` after.
     on_drop: SettleWith,
+    /// The same request's permit on a narrower scope (its model group's),
+    /// moved and settled with this one.
+    inner: Option<Box<Permit>>,
 }
 
 impl Permit {
@@ -51,13 +54,24 @@ impl Permit {
             remote: None,
             answered_at: None,
             on_drop: SettleWith::Cancel,
+            inner: None,
         }
+    }
+
+    /// The same permit, also holding `inner` (the request's permit on a
+    /// narrower scope): every step and the settlement apply to both.
+    pub fn holding(mut self, inner: Permit) -> Permit {
+        self.inner = Some(Box::new(inner));
+        self
     }
 
     /// The request is about to be handed to the upstream: from now on the
     /// provider may count it, so a permit dropped unsettled keeps its reservation.
     pub fn sending(&mut self) {
         self.on_drop = SettleWith::KeepReserved;
+        if let Some(inner) = &mut self.inner {
+            inner.sending();
+        }
     }
 
     /// How a permit dropped unsettled from now on settles: e.g. `RefundTokens`
@@ -65,6 +79,9 @@ impl Permit {
     /// settlement the request would get if it ended there).
     pub fn drop_as(&mut self, how: SettleWith) {
         self.on_drop = how;
+        if let Some(inner) = &mut self.inner {
+            inner.drop_as(how);
+        }
     }
 
     /// The same permit, also holding `remote` (settled with it).
@@ -84,6 +101,9 @@ impl Permit {
         if let Some(remote) = &self.remote {
             remote.redate();
         }
+        if let Some(inner) = &mut self.inner {
+            inner.answered();
+        }
     }
 
     /// Moves the windowed charge to now at once (under the scope's lock): a
@@ -92,6 +112,9 @@ impl Permit {
     pub fn redate_now(&self) {
         if let Some(remote) = &self.remote {
             remote.redate();
+        }
+        if let Some(inner) = &self.inner {
+            inner.redate_now();
         }
         self.shared.release(Release {
             permit_id: self.permit_id,
@@ -106,6 +129,9 @@ impl Permit {
     }
 
     fn send(&mut self, how: SettleWith) {
+        if let Some(inner) = self.inner.take() {
+            inner.settle(how);
+        }
         if !self.settled {
             self.settled = true;
             if let Some(remote) = self.remote.take() {

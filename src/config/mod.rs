@@ -8,11 +8,13 @@
 pub mod bounds;
 pub mod duration;
 pub mod model;
+pub mod model_limits;
 pub mod passthrough;
 pub mod validate;
 
 pub use bounds::Algorithm;
 pub use model::*;
+pub use model_limits::{ModelLimitConfig, model_matches};
 pub use passthrough::Passthrough;
 
 use sha2::{Digest, Sha256};

@@ -539,6 +539,9 @@ pub struct TenantConfig {
     /// when the header is absent.
     #[serde(default, with = "super::duration::option")]
     pub max_wait: Option<Duration>,
+    /// Quotas for some of its models, within its own.
+    #[serde(default)]
+    pub model_limits: Vec<super::ModelLimitConfig>,
 }
 
 /// Provider API flavour.
@@ -573,6 +576,9 @@ pub struct UpstreamConfig {
     /// Longest silence inside a streamed response before it is cut.
     #[serde(default = "default_stream_idle_timeout", with = "super::duration")]
     pub stream_idle_timeout: Duration,
+    /// The provider's limits for some of its models, within the account's.
+    #[serde(default)]
+    pub model_limits: Vec<super::ModelLimitConfig>,
 }
 
 fn default_upstream_timeout() -> Duration {
@@ -624,6 +630,15 @@ pub struct BuiltinMockConfig {
     /// Its requests in flight at once.
     #[serde(default)]
     pub concurrency: Option<u64>,
+    /// Its requests per day (beside the minute).
+    #[serde(default)]
+    pub rpd: Option<u64>,
+    /// Its tokens per day.
+    #[serde(default)]
+    pub tpd: Option<u64>,
+    /// Its limits for some models, within its own (their `name` is unused).
+    #[serde(default)]
+    pub model_limits: Vec<super::ModelLimitConfig>,
     /// Time to first byte, in milliseconds.
     #[serde(default)]
     pub latency_ms: u64,

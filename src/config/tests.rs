@@ -462,3 +462,31 @@ fn values_serve_cannot_use_are_refused_with_their_field() {
     ));
     assert_eq!(field, "redis");
 }
+
+#[test]
+fn model_groups_are_checked_and_named_by_their_first_pattern() {
+    let group = |lines: &str| format!("{MINIMAL}\n[[tenants.model_limits]]\n{lines}\n");
+    let ok = Config::from_toml(&group("models = [\"gpt-4o*\"]\nrpm = 5"), "t.toml").unwrap();
+    let groups = &ok.tenants[0].model_limits;
+    assert_eq!(groups[0].group_name(), "gpt-4o*");
+    let (field, _) = invalid(&group("models = [\"gpt*4o\"]\nrpm = 5"));
+    assert_eq!(field, "tenants[0].model_limits[0].models");
+    let (field, _) = invalid(&group("models = []\nrpm = 5"));
+    assert_eq!(field, "tenants[0].model_limits[0].models");
+    let (field, _) = invalid(&group("models = [\"a\"]\nname = \"a/b\"\nrpm = 5"));
+    assert_eq!(field, "tenants[0].model_limits[0].name");
+    let (field, _) = invalid(&group("models = [\"a\"]\nrpm = 0"));
+    assert_eq!(field, "tenants[0].model_limits[0].rpm");
+    let twice = format!(
+        "{}[[tenants.model_limits]]\nmodels = [\"a\"]\nrpm = 1\n",
+        group("models = [\"a\", \"b\"]\nrpm = 5")
+    );
+    let (field, reason) = invalid(&twice);
+    assert_eq!(field, "tenants[0].model_limits[1].name");
+    assert!(reason.contains("\"a\""), "{reason}");
+    let unknown = Config::from_toml(&group("models = [\"a\"]\nrpm = 5\nbogus = 1"), "t.toml");
+    assert!(
+        matches!(&unknown, Err(ConfigError::Parse { message, .. }) if message.contains("bogus")),
+        "{unknown:?}"
+    );
+}

@@ -34,6 +34,30 @@ pub fn validate(config: &Config) -> Result<(), Violation> {
     validate_routes(config)?;
     if let Some(mock) = &config.builtin_mock {
         validate_quota("builtin_mock", &mock.quota(), config.limits.algorithm)?;
+        for (name, value) in [("rpd", mock.rpd), ("tpd", mock.tpd)] {
+            if value == Some(0) {
+                return fail(
+                    format!("builtin_mock.{name}"),
+                    "must be at least 1 (omit it for no limit)",
+                );
+            }
+        }
+        validate_model_limits("builtin_mock", &mock.model_limits, config)?;
+        // The mock's groups limit rpm, tpm, itpm and otpm exactly per minute.
+        for (i, group) in mock.model_limits.iter().enumerate() {
+            let q = &group.quota;
+            let foreign = [
+                ("concurrency", q.concurrency.is_some()),
+                ("algorithm", q.algorithm.is_some()),
+                ("burst", q.burst.is_some()),
+                ("burst_tokens", q.burst_tokens.is_some()),
+                ("input_counts_cache_reads", q.input_counts_cache_reads),
+            ];
+            if let Some((name, _)) = foreign.iter().find(|(_, set)| *set) {
+                let why = "the mock's model groups take rpm, tpm, itpm and otpm only";
+                return fail(format!("builtin_mock.model_limits[{i}].{name}"), why);
+            }
+        }
     }
     validate_cluster(config)
 }
@@ -413,6 +437,20 @@ fn validate_quota(
     Ok(())
 }
 
+/// A scope's model groups: their patterns and names, and each one's limits.
+fn validate_model_limits(
+    path: &str,
+    groups: &[super::ModelLimitConfig],
+    config: &Config,
+) -> Result<(), Violation> {
+    super::model_limits::check(path, groups).or_else(|(field, reason)| fail(field, reason))?;
+    for (i, group) in groups.iter().enumerate() {
+        let at = format!("{path}.model_limits[{i}]");
+        validate_quota(&at, &group.quota, config.limits.algorithm)?;
+    }
+    Ok(())
+}
+
 fn validate_tenants(config: &Config) -> Result<(), Violation> {
     let mut ids = HashSet::new();
     let mut hashes = HashSet::new();
@@ -447,6 +485,7 @@ fn validate_tenants(config: &Config) -> Result<(), Violation> {
             }
         }
         validate_quota(&path, &tenant.quota, config.limits.algorithm)?;
+        validate_model_limits(&path, &tenant.model_limits, config)?;
         // The default too: otherwise a request could wait in the queue past its
         // own deadline instead of getting a 429 with retry-after in time.
         let max_wait = tenant.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT);
@@ -494,6 +533,7 @@ fn validate_upstreams(config: &Config) -> Result<(), Violation> {
             );
         }
         validate_quota(&path, &upstream.quota, config.limits.algorithm)?;
+        validate_model_limits(&path, &upstream.model_limits, config)?;
         if upstream.timeout.is_zero() {
             return fail(format!("{path}.timeout"), "must be greater than 0");
         }

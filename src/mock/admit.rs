@@ -10,8 +10,9 @@ use axum::response::Response;
 
 use super::error::{ApiError, Flavor, RateLimited};
 use super::headers::{format_duration, window_headers};
-use super::limits::{Cost, Decision, LimitKind, Limits, WindowUsage};
+use super::limits::{Cost, LimitKind};
 use super::log::{Api, LogLine, Outcome};
+use super::quotas::{Refused, Scope, Verdict};
 use super::state::{Admission, Charge, MockState, Slot};
 
 /// Suggested wait after a concurrency refusal, in milliseconds: when a slot frees is
@@ -19,34 +20,24 @@ use super::state::{Admission, Charge, MockState, Slot};
 const CONCURRENCY_RETRY_MS: u64 = 1000;
 
 impl MockState {
-    /// Decides `charge` against the limits, counts and logs the decision.
+    /// Decides `charge` against the quotas, counts and logs the decision.
     pub(crate) async fn admit(self: &Arc<Self>, charge: Charge<'_>) -> Result<Admission, ApiError> {
         let cost = cost_of(&charge);
-        let (now_ms, decision, limits) = self.decide(cost);
+        let (now_ms, verdict) = self.decide(charge.model, cost);
         let now_unix_ms = self.started_unix_ms + now_ms;
-        let result = match decision {
-            Decision::Admitted(usage) => {
+        let result = match verdict {
+            Verdict::Admitted { group, view } => {
                 self.counters
                     .admitted(charge.prompt_tokens, charge.completion_tokens);
                 // What the estimate charged beyond the answer comes back when it ends.
                 let excess = cost.output.saturating_sub(charge.completion_tokens);
-                let slot = Slot::new(Arc::clone(self), now_ms, excess);
-                let mut headers = window_headers(charge.api, limits, usage, now_unix_ms);
+                let slot = Slot::new(Arc::clone(self), now_ms, group, excess);
+                let mut headers = window_headers(charge.api, view.limits, view.usage, now_unix_ms);
                 add_request_id(&mut headers, charge.api);
                 Ok(Admission { slot, headers })
             }
-            Decision::Refused {
-                kind,
-                retry_after_ms,
-                usage,
-            } => {
-                let refusal = Refusal {
-                    kind,
-                    retry_after_ms,
-                    usage,
-                    limits,
-                    cost,
-                };
+            Verdict::Refused(refused) => {
+                let refusal = Refusal { refused, cost };
                 let limited = rate_limited(&charge, &refusal, now_unix_ms);
                 Err(ApiError::RateLimited(Box::new(limited)))
             }
@@ -74,21 +65,22 @@ impl MockState {
         result
     }
 
-    /// Decides `cost` under the limit lock: `(now_ms, decision, limits)`. The clock
-    /// is read under the lock too, so decisions reach the log in time order.
-    fn decide(&self, cost: Cost) -> (u64, Decision, Limits) {
-        let mut log = self.limits.lock();
+    /// Decides a request for `model` costing `cost` under the quotas' lock:
+    /// `(now_ms, verdict)`. The clock is read under the lock too, so decisions reach
+    /// the log in time order.
+    fn decide(&self, model: &str, cost: Cost) -> (u64, Verdict) {
+        let mut quotas = self.quotas.lock();
         let now_ms = self.now_ms();
         let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
-        let decision = log.try_admit(now_ms, cost, in_flight);
-        if let Decision::Admitted(_) = decision {
+        let verdict = quotas.try_admit(now_ms, model, cost, in_flight);
+        if let Verdict::Admitted { .. } = verdict {
             // Under the lock, so concurrency checks never race each other.
             let now_in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
             self.counters
                 .max_in_flight
                 .fetch_max(now_in_flight, Ordering::Relaxed);
         }
-        (now_ms, decision, log.limits())
+        (now_ms, verdict)
     }
 
     /// Answers `error` in `flavor`'s shape; errors raised before admission (400, 401,
@@ -147,13 +139,9 @@ fn add_request_id(headers: &mut HeaderMap, api: Api) {
     }
 }
 
-/// A refusal with what its message quotes.
+/// A refusal with the cost its message quotes.
 struct Refusal {
-    kind: LimitKind,
-    retry_after_ms: Option<u64>,
-    /// The window without the request.
-    usage: WindowUsage,
-    limits: Limits,
+    refused: Refused,
     cost: Cost,
 }
 
@@ -165,9 +153,11 @@ struct Quote {
 }
 
 impl Refusal {
+    /// The figures of the refusing quota (the day's RPD and TPD stand as its `rpm`
+    /// and `tpm`).
     fn quote(&self) -> Quote {
-        let (limits, usage, cost) = (self.limits, self.usage, self.cost);
-        let (limit, used, requested) = match self.kind {
+        let (limits, usage, cost) = (self.refused.limits, self.refused.usage, self.cost);
+        let (limit, used, requested) = match self.refused.kind {
             LimitKind::Requests => (limits.rpm, usage.requests, 1),
             LimitKind::Tokens => (limits.tpm, usage.tokens, cost.tokens),
             LimitKind::InputTokens => (limits.itpm, usage.input_tokens, cost.input),
@@ -183,12 +173,12 @@ impl Refusal {
     }
 
     /// The wait `retry-after` gives: exact when known; a hint after a concurrency
-    /// refusal; one window for a request no wait admits.
+    /// refusal; one window of the refusing quota for a request no wait admits.
     fn wait_ms(&self) -> u64 {
-        match (self.kind, self.retry_after_ms) {
+        match (self.refused.kind, self.refused.retry_after_ms) {
             (LimitKind::Concurrency, _) => CONCURRENCY_RETRY_MS,
             (_, Some(ms)) => ms,
-            (_, None) => self.limits.window_ms,
+            (_, None) => self.refused.limits.window_ms,
         }
     }
 }
@@ -201,30 +191,36 @@ fn rate_limited(charge: &Charge<'_>, refusal: &Refusal, now_unix_ms: u64) -> Rat
             openai_message(charge.model, refusal)
         }
     };
+    let view = refusal.refused.view;
     RateLimited {
-        kind: refusal.kind,
+        kind: refusal.refused.kind,
+        scope: refusal.refused.scope,
         message,
         retry_after_ms: refusal.wait_ms(),
-        headers: window_headers(charge.api, refusal.limits, refusal.usage, now_unix_ms),
+        headers: window_headers(charge.api, view.limits, view.usage, now_unix_ms),
     }
 }
 
 /// OpenAI's wording: "Rate limit reached ... on tokens per min (TPM): Limit ..,
-/// Used .., Requested ..", or "Request too large" when no wait would do.
+/// Used .., Requested ..", or "Request too large" when no wait would do. It names
+/// the model whichever quota refused: a model group's reads as the account's, with
+/// the group's figures.
 fn openai_message(model: &str, refusal: &Refusal) -> String {
     let org = "in organization org-tollgate-mock";
     let quote = refusal.quote();
-    let name = match refusal.kind {
-        LimitKind::Concurrency => {
+    let name = match (refusal.refused.scope, refusal.refused.kind) {
+        (_, LimitKind::Concurrency) => {
             return format!(
                 "Too many concurrent requests for {model} {org}: Limit {}. Please try again when a request finishes.",
                 quote.limit
             );
         }
-        LimitKind::Requests => "requests per min (RPM)",
-        LimitKind::Tokens => "tokens per min (TPM)",
-        LimitKind::InputTokens => "input tokens per min (ITPM)",
-        LimitKind::OutputTokens => "output tokens per min (OTPM)",
+        (Scope::Day, LimitKind::Requests) => "requests per day (RPD)",
+        (Scope::Day, LimitKind::Tokens) => "tokens per day (TPD)",
+        (_, LimitKind::Requests) => "requests per min (RPM)",
+        (_, LimitKind::Tokens) => "tokens per min (TPM)",
+        (_, LimitKind::InputTokens) => "input tokens per min (ITPM)",
+        (_, LimitKind::OutputTokens) => "output tokens per min (OTPM)",
     };
     if quote.requested > quote.limit {
         return format!(
@@ -242,10 +238,15 @@ fn openai_message(model: &str, refusal: &Refusal) -> String {
 }
 
 /// Anthropic's wording: "This request would exceed the rate limit for your
-/// organization of 8,000 output tokens per minute. ..."
+/// organization of 8,000 output tokens per minute. ..." (Anthropic's limits are per
+/// model class already, so a model group's refusal reads the same.)
 fn anthropic_message(refusal: &Refusal) -> String {
     let quote = refusal.quote();
-    let unit = match refusal.kind {
+    let period = match refusal.refused.scope {
+        Scope::Day => "day",
+        Scope::Account | Scope::Group => "minute",
+    };
+    let unit = match refusal.refused.kind {
         LimitKind::Concurrency => {
             return format!(
                 "Number of concurrent connections has exceeded your rate limit of {}. Please try again when a request finishes.",
@@ -258,7 +259,7 @@ fn anthropic_message(refusal: &Refusal) -> String {
         LimitKind::OutputTokens => "output tokens",
     };
     format!(
-        "This request would exceed the rate limit for your organization of {} {unit} per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later.",
+        "This request would exceed the rate limit for your organization of {} {unit} per {period}. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later.",
         thousands(quote.limit)
     )
 }
@@ -279,27 +280,42 @@ fn thousands(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mock::limits::{Limits, WindowUsage};
+    use crate::mock::quotas::View;
 
-    fn refusal(kind: LimitKind, retry_after_ms: Option<u64>, cost: Cost) -> Refusal {
-        Refusal {
+    fn refusal_in(
+        scope: Scope,
+        kind: LimitKind,
+        retry_after_ms: Option<u64>,
+        cost: Cost,
+    ) -> Refusal {
+        let usage = WindowUsage {
+            requests: 3,
+            input_tokens: 500,
+            output_tokens: 7000,
+            ..WindowUsage::default()
+        };
+        let limits = Limits {
+            rpm: 50,
+            tpm: 0,
+            itpm: 40_000,
+            otpm: 8000,
+            concurrency: 0,
+            window_ms: 60_000,
+        };
+        let refused = Refused {
+            scope,
             kind,
             retry_after_ms,
-            usage: WindowUsage {
-                requests: 3,
-                input_tokens: 500,
-                output_tokens: 7000,
-                ..WindowUsage::default()
-            },
-            limits: Limits {
-                rpm: 50,
-                tpm: 0,
-                itpm: 40_000,
-                otpm: 8000,
-                concurrency: 0,
-                window_ms: 60_000,
-            },
-            cost,
-        }
+            limits,
+            usage,
+            view: View { limits, usage },
+        };
+        Refusal { refused, cost }
+    }
+
+    fn refusal(kind: LimitKind, retry_after_ms: Option<u64>, cost: Cost) -> Refusal {
+        refusal_in(Scope::Account, kind, retry_after_ms, cost)
     }
 
     #[test]
@@ -345,5 +361,46 @@ mod tests {
         let too_large = refusal(LimitKind::OutputTokens, None, huge);
         assert!(openai_message("m", &too_large).starts_with("Request too large for m"));
         assert_eq!(too_large.wait_ms(), 60_000);
+    }
+
+    #[test]
+    fn daily_and_model_group_refusals_name_their_limit() {
+        let cost = Cost {
+            tokens: 1100,
+            input: 100,
+            output: 1024,
+        };
+        let mut rpd = refusal_in(Scope::Day, LimitKind::Requests, Some(10_921_000), cost);
+        rpd.refused.limits.rpm = 3;
+        assert_eq!(
+            openai_message("gpt-4o", &rpd),
+            "Rate limit reached for gpt-4o in organization org-tollgate-mock on requests per day (RPD): Limit 3, Used 3, Requested 1. Please try again in 3h2m1s."
+        );
+        assert!(anthropic_message(&rpd).contains("of 3 requests per day."));
+        let mut tpd = refusal_in(Scope::Day, LimitKind::Tokens, Some(1500), cost);
+        (tpd.refused.limits.tpm, tpd.refused.usage.tokens) = (2000, 1000);
+        assert_eq!(
+            openai_message("m", &tpd),
+            "Rate limit reached for m in organization org-tollgate-mock on tokens per day (TPD): Limit 2000, Used 1000, Requested 1100. Please try again in 1.5s."
+        );
+        // Too large for the day: no wait admits it, so retry-after is one day window.
+        tpd.refused.limits.window_ms = 86_400_000;
+        tpd.refused.retry_after_ms = None;
+        tpd.refused.limits.tpm = 1000;
+        assert!(openai_message("m", &tpd).starts_with("Request too large for m"));
+        assert!(openai_message("m", &tpd).contains("tokens per day (TPD)"));
+        assert_eq!(tpd.wait_ms(), 86_400_000);
+        // A model group's limit reads as the account's, with the group's figures.
+        let small = Cost {
+            tokens: 500,
+            ..cost
+        };
+        let mut group = refusal_in(Scope::Group, LimitKind::Tokens, Some(1200), small);
+        (group.refused.limits.tpm, group.refused.usage.tokens) = (30_000, 29_600);
+        assert_eq!(
+            openai_message("gpt-4o", &group),
+            "Rate limit reached for gpt-4o in organization org-tollgate-mock on tokens per min (TPM): Limit 30000, Used 29600, Requested 500. Please try again in 1.2s."
+        );
+        assert!(anthropic_message(&group).contains("of 30,000 tokens per minute."));
     }
 }

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::limits::LimitKind;
 use super::log::Reason;
+use super::quotas::Scope;
 
 /// Which provider's error shape to answer with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +49,8 @@ pub(crate) enum ApiError {
 pub(crate) struct RateLimited {
     /// The limit that refused.
     pub(crate) kind: LimitKind,
+    /// The quota it belongs to: the day's requests and tokens are RPD and TPD.
+    pub(crate) scope: Scope,
     /// Human-readable explanation, as the route's provider words it.
     pub(crate) message: String,
     /// Wait before the same request would be admitted, in milliseconds.
@@ -64,12 +67,15 @@ impl ApiError {
                 Reason::Invalid
             }
             ApiError::Unauthorized => Reason::Unauthorized,
-            ApiError::RateLimited(limited) => match limited.kind {
-                LimitKind::Requests => Reason::Requests,
-                LimitKind::Tokens => Reason::Tokens,
-                LimitKind::InputTokens => Reason::InputTokens,
-                LimitKind::OutputTokens => Reason::OutputTokens,
-                LimitKind::Concurrency => Reason::Concurrency,
+            // A model group's limits are the same kinds of limit as the account's.
+            ApiError::RateLimited(limited) => match (limited.scope, limited.kind) {
+                (Scope::Day, LimitKind::Requests) => Reason::RequestsPerDay,
+                (Scope::Day, LimitKind::Tokens) => Reason::TokensPerDay,
+                (_, LimitKind::Requests) => Reason::Requests,
+                (_, LimitKind::Tokens) => Reason::Tokens,
+                (_, LimitKind::InputTokens) => Reason::InputTokens,
+                (_, LimitKind::OutputTokens) => Reason::OutputTokens,
+                (_, LimitKind::Concurrency) => Reason::Concurrency,
             },
         }
     }
@@ -140,5 +146,46 @@ impl ApiError {
             }
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limited(scope: Scope, kind: LimitKind) -> ApiError {
+        ApiError::RateLimited(Box::new(RateLimited {
+            kind,
+            scope,
+            message: String::new(),
+            retry_after_ms: 10_921_000,
+            headers: HeaderMap::new(),
+        }))
+    }
+
+    #[test]
+    fn each_quota_refuses_with_its_reason() {
+        let cases = [
+            (Scope::Day, LimitKind::Requests, Reason::RequestsPerDay),
+            (Scope::Day, LimitKind::Tokens, Reason::TokensPerDay),
+            (Scope::Group, LimitKind::Tokens, Reason::Tokens),
+            (Scope::Group, LimitKind::OutputTokens, Reason::OutputTokens),
+            (Scope::Account, LimitKind::Requests, Reason::Requests),
+            (Scope::Account, LimitKind::Concurrency, Reason::Concurrency),
+        ];
+        for (scope, kind, reason) in cases {
+            assert_eq!(limited(scope, kind).reason(), reason, "{scope:?} {kind:?}");
+        }
+        let json = |reason: Reason| serde_json::to_string(&reason).unwrap();
+        assert_eq!(json(Reason::RequestsPerDay), "\"requests_per_day\"");
+        assert_eq!(json(Reason::TokensPerDay), "\"tokens_per_day\"");
+    }
+
+    #[test]
+    fn a_daily_refusal_gives_the_exact_wait() {
+        let response = limited(Scope::Day, LimitKind::Requests).into_response(Flavor::OpenAi);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()["retry-after"], "10921");
+        assert_eq!(response.headers()["retry-after-ms"], "10921000");
     }
 }

@@ -83,7 +83,9 @@ fn add_trio(
 
 /// The `x-ratelimit-*` headers for a window holding `usage`. `reset` is the time until
 /// the window is empty again (OpenAI: "until the rate limit resets to its initial
-/// state").
+/// state"). OpenAI's figures are per model: given a model group's view
+/// (`super::quotas::View`), each trio is the group's where the group limits it.
+/// OpenAI sends no standard per-day headers, so the day quota has none.
 pub(crate) fn rate_limit_headers(limits: Limits, usage: WindowUsage) -> HeaderMap {
     let mut headers = HeaderMap::new();
     let requests = [
@@ -108,7 +110,7 @@ pub(crate) fn rate_limit_headers(limits: Limits, usage: WindowUsage) -> HeaderMa
         tokens,
         limits.tpm,
         usage.tokens,
-        usage.reset_ms,
+        usage.tokens_reset_ms,
     );
     headers
 }
@@ -305,6 +307,7 @@ mod tests {
             input_tokens: 300,
             output_tokens: 500,
             reset_ms: 59_700,
+            tokens_reset_ms: 59_700,
             input_reset_ms: 700,
             output_reset_ms: 701,
         };

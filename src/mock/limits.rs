@@ -9,6 +9,9 @@
 //! A request is admitted iff, with it, the window holds at most `rpm` requests, `tpm`
 //! tokens (prompt + completion), `itpm` input tokens and `otpm` output tokens, and
 //! fewer than `concurrency` requests are in flight. Nothing is charged on refusal.
+//! A decision is two steps, [`SlidingLog::check`] then [`SlidingLog::commit`], so
+//! several logs (`super::quotas`: the account's, its day, a model group's) can each
+//! be checked before any of them is charged.
 //!
 //! Output tokens are charged as Anthropic charges OTPM: the request's `max_tokens`
 //! at admission (the answer is not written yet), then corrected down to the real
@@ -84,6 +87,10 @@ pub(super) struct WindowUsage {
     /// Milliseconds until the window is empty again (the newest entry expires); also
     /// when the requests are back at their full limit.
     pub(super) reset_ms: u64,
+    /// Milliseconds until the tokens are back at their full limit, as reported: the
+    /// same as `reset_ms` in one log, apart once a model group's figures replace the
+    /// account's for one of the two (`super::quotas::View`).
+    pub(super) tokens_reset_ms: u64,
     /// Milliseconds until the window holds no input tokens again.
     pub(super) input_reset_ms: u64,
     /// Milliseconds until the window holds no output tokens again.
@@ -103,7 +110,19 @@ pub(crate) struct Peaks {
     pub(crate) output_tokens: u64,
 }
 
+/// Why a log cannot take a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Shortfall {
+    /// The limit that needs the longest wait.
+    pub(super) kind: LimitKind,
+    /// Milliseconds after which the same request would fit if nothing else happened;
+    /// `None` when unknowable (concurrency) or never (a request larger than a limit
+    /// by itself).
+    pub(super) retry_after_ms: Option<u64>,
+}
+
 /// The outcome of [`SlidingLog::try_admit`].
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Decision {
     /// Charged; the usage includes this request.
@@ -190,25 +209,43 @@ impl SlidingLog {
 
     /// Decides one request costing `cost` at `now_ms` (never earlier than a previous
     /// call) with `in_flight` requests running, and charges it if admitted.
+    #[cfg(test)]
     pub(super) fn try_admit(&mut self, now_ms: u64, cost: Cost, in_flight: u64) -> Decision {
+        match self.check(now_ms, cost, in_flight) {
+            (usage, Some(shortfall)) => Decision::Refused {
+                kind: shortfall.kind,
+                retry_after_ms: shortfall.retry_after_ms,
+                usage,
+            },
+            (_, None) => Decision::Admitted(self.commit(now_ms, cost)),
+        }
+    }
+
+    /// Whether a request costing `cost` fits at `now_ms` (never earlier than a
+    /// previous call) with `in_flight` requests running, charging nothing: the
+    /// window without it, and what keeps it out (`None`: it fits).
+    pub(super) fn check(
+        &mut self,
+        now_ms: u64,
+        cost: Cost,
+        in_flight: u64,
+    ) -> (WindowUsage, Option<Shortfall>) {
         self.expire(now_ms);
         let usage = self.usage(now_ms);
         let limits = self.limits;
         if limits.concurrency > 0 && in_flight >= limits.concurrency {
-            let kind = LimitKind::Concurrency;
-            return Decision::Refused {
-                kind,
+            let shortfall = Shortfall {
+                kind: LimitKind::Concurrency,
                 retry_after_ms: None,
-                usage,
             };
+            return (usage, Some(shortfall));
         }
-        if let Some((kind, retry_after_ms)) = self.refusal(now_ms, cost, usage) {
-            return Decision::Refused {
-                kind,
-                retry_after_ms,
-                usage,
-            };
-        }
+        (usage, self.refusal(now_ms, cost, usage))
+    }
+
+    /// Charges `cost` at `now_ms`, for which [`Self::check`] at the same `now_ms`
+    /// found room, and returns the window with it.
+    pub(super) fn commit(&mut self, now_ms: u64, cost: Cost) -> WindowUsage {
         self.charge(now_ms, cost);
         let usage = self.usage(now_ms);
         let peaks = &mut self.peaks;
@@ -217,11 +254,11 @@ impl SlidingLog {
         peaks.input_tokens = peaks.input_tokens.max(usage.input_tokens);
         peaks.output_tokens = peaks.output_tokens.max(usage.output_tokens);
         debug_assert!(
-            window_checks(limits, usage, Cost::default())
+            window_checks(self.limits, usage, Cost::default())
                 .iter()
                 .all(|&(_, limit, used, _)| limit == 0 || used <= limit)
         );
-        Decision::Admitted(usage)
+        usage
     }
 
     /// Gives back `excess` output tokens charged by the admission at `admitted_ms`
@@ -244,13 +281,8 @@ impl SlidingLog {
 
     /// The limit `cost` would exceed that needs the longest wait, with that wait;
     /// `None` when every limit has room.
-    fn refusal(
-        &self,
-        now_ms: u64,
-        cost: Cost,
-        usage: WindowUsage,
-    ) -> Option<(LimitKind, Option<u64>)> {
-        let mut refusal: Option<(LimitKind, Option<u64>)> = None;
+    fn refusal(&self, now_ms: u64, cost: Cost, usage: WindowUsage) -> Option<Shortfall> {
+        let mut refusal: Option<Shortfall> = None;
         for (kind, limit, used, amount) in window_checks(self.limits, usage, cost) {
             let with = used.saturating_add(amount);
             if limit == 0 || with <= limit {
@@ -262,8 +294,13 @@ impl SlidingLog {
                 self.wait_ms(now_ms, kind, with - limit)
             };
             // Report the limit with the longest wait, so waiting it out suffices.
-            if refusal.is_none_or(|(_, w)| wait.unwrap_or(u64::MAX) > w.unwrap_or(u64::MAX)) {
-                refusal = Some((kind, wait));
+            let longer =
+                |r: Shortfall| wait.unwrap_or(u64::MAX) > r.retry_after_ms.unwrap_or(u64::MAX);
+            if refusal.is_none_or(longer) {
+                refusal = Some(Shortfall {
+                    kind,
+                    retry_after_ms: wait,
+                });
             }
         }
         refusal
@@ -282,15 +319,14 @@ impl SlidingLog {
 
     fn usage(&self, now_ms: u64) -> WindowUsage {
         let held = |kind| self.total.get(kind) - self.expired.get(kind);
+        let reset_ms = (self.entries.back()).map_or(0, |e| self.expires_in(e, now_ms));
         WindowUsage {
             requests: held(LimitKind::Requests),
             tokens: held(LimitKind::Tokens),
             input_tokens: held(LimitKind::InputTokens),
             output_tokens: self.window_output,
-            reset_ms: self
-                .entries
-                .back()
-                .map_or(0, |e| self.expires_in(e, now_ms)),
+            reset_ms,
+            tokens_reset_ms: reset_ms,
             input_reset_ms: self.summed_reset_ms(now_ms, LimitKind::InputTokens),
             output_reset_ms: self.output_reset_ms(now_ms),
         }

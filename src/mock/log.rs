@@ -45,7 +45,8 @@ pub enum Outcome {
     Refused,
 }
 
-/// Why a request was refused.
+/// Why a request was refused. A model group's limit refuses with the reason of its
+/// kind (`requests`, `tokens`, `input_tokens`, `output_tokens`), as the account's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Reason {
@@ -61,6 +62,12 @@ pub enum Reason {
     /// Output-tokens-per-window limit (429).
     #[serde(rename = "output_tokens")]
     OutputTokens,
+    /// Requests-per-day limit, OpenAI's RPD (429).
+    #[serde(rename = "requests_per_day")]
+    RequestsPerDay,
+    /// Tokens-per-day limit, OpenAI's TPD (429).
+    #[serde(rename = "tokens_per_day")]
+    TokensPerDay,
     /// Malformed or unacceptable request (400, 404, 413).
     Invalid,
     /// Missing or wrong API key (401).

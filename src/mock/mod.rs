@@ -5,6 +5,8 @@
 //! - `limits`: its own exact sliding log (RPM, TPM, ITPM, OTPM, concurrency), sharing
 //!   no code with the gateway's limiter. OTPM is charged `max_tokens` at admission and
 //!   corrected to the real output when the answer ends, as Anthropic does.
+//! - `quotas`: every quota a request must fit, one such log each: the account's, its
+//!   day (RPD, TPD) and its model group's; all or nothing.
 //! - `headers`: the providers' rate-limit headers (`x-ratelimit-*`,
 //!   `anthropic-ratelimit-*`).
 //! - `state` / `admit`: the one shared state and the admission step every API uses.
@@ -32,6 +34,7 @@ mod headers;
 mod limits;
 mod log;
 mod openai;
+mod quotas;
 mod request;
 mod responses;
 mod state;
@@ -53,7 +56,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{ConfigError, MockArgs, MockConfig, TokenRange};
+pub use config::{ConfigError, MockArgs, MockConfig, ModelLimits, TokenRange};
 pub use limits::Limits;
 pub use log::{Api, LogLine, Outcome, Reason};
 pub use state::MockState;

@@ -1,4 +1,4 @@
-//! The one shared state of a running mock: config, the limit log behind a short
+//! The one shared state of a running mock: config, the quotas' logs behind a short
 //! `Mutex` (held for one decision or one correction, never across an await),
 //! atomic counters, the log sender, and the request sequence that keys the
 //! completion draws.
@@ -15,8 +15,8 @@ use crate::clock::Clock;
 use super::completion::{self, Completion};
 use super::config::MockConfig;
 use super::error::ApiError;
-use super::limits::{Limits, SlidingLog};
 use super::log::{Api, LogSender};
+use super::quotas::Quotas;
 use super::stats::{Counters, MockStats};
 
 /// The shared state of one mock upstream; build it with [`MockState::start`] and pass
@@ -24,7 +24,7 @@ use super::stats::{Counters, MockStats};
 #[derive(Debug)]
 pub struct MockState {
     pub(super) config: MockConfig,
-    pub(super) limits: Mutex<SlidingLog>,
+    pub(super) quotas: Mutex<Quotas>,
     pub(super) counters: Counters,
     pub(super) log: Option<LogSender>,
     seq: AtomicU64,
@@ -59,19 +59,27 @@ pub(crate) struct Charge<'a> {
 #[derive(Debug)]
 pub(crate) struct Slot {
     state: Arc<MockState>,
-    /// When the admission was charged, on the limit log's clock.
+    /// When the admission was charged, on the limit logs' clock.
     admitted_ms: u64,
+    /// The model group it was charged to, whose log is corrected too.
+    group: Option<usize>,
     /// Output tokens charged at admission beyond the real output.
     output_excess: u64,
 }
 
 impl Slot {
-    /// The slot of an admission charged at `admitted_ms`, `output_excess` output
-    /// tokens above its real output.
-    pub(super) fn new(state: Arc<MockState>, admitted_ms: u64, output_excess: u64) -> Slot {
+    /// The slot of an admission charged at `admitted_ms` (and to `group`),
+    /// `output_excess` output tokens above its real output.
+    pub(super) fn new(
+        state: Arc<MockState>,
+        admitted_ms: u64,
+        group: Option<usize>,
+        output_excess: u64,
+    ) -> Slot {
         Slot {
             state,
             admitted_ms,
+            group,
             output_excess,
         }
     }
@@ -80,8 +88,8 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if self.output_excess > 0 {
-            let mut log = self.state.limits.lock();
-            log.correct_output(self.admitted_ms, self.output_excess);
+            let mut quotas = self.state.quotas.lock();
+            quotas.correct_output(self.admitted_ms, self.group, self.output_excess);
         }
         self.state
             .counters
@@ -112,19 +120,12 @@ impl MockState {
             let _ = tiktoken_rs::o200k_base_singleton();
         });
         warm.await.map_err(std::io::Error::other)?;
-        let limits = Limits {
-            rpm: config.rpm,
-            tpm: config.tpm,
-            itpm: config.itpm,
-            otpm: config.otpm,
-            concurrency: config.concurrency,
-            window_ms: config.window_ms,
-        };
+        let quotas = Quotas::new(&config);
         let clock = Clock::following_wall();
         let started_unix_ms = clock.now_ns() / 1_000_000;
         Ok(Arc::new(MockState {
             config,
-            limits: Mutex::new(SlidingLog::new(limits)),
+            quotas: Mutex::new(quotas),
             counters: Counters::default(),
             log,
             seq: AtomicU64::new(0),
@@ -139,11 +140,11 @@ impl MockState {
         &self.config
     }
 
-    /// A snapshot of the counters and window peaks.
+    /// A snapshot of the counters and the account window's limits and peaks.
     pub fn stats(&self) -> MockStats {
         let (limits, peaks) = {
-            let log = self.limits.lock();
-            (log.limits(), log.peaks())
+            let quotas = self.quotas.lock();
+            (quotas.account().limits(), quotas.account().peaks())
         };
         self.counters.snapshot(limits, peaks)
     }

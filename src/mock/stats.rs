@@ -13,7 +13,8 @@ use super::log::Reason;
 pub struct MockStats {
     /// Requests admitted.
     pub admitted: u64,
-    /// Requests refused, by reason.
+    /// Requests refused, by reason (a model group's refusals under the account's
+    /// reason of the same kind).
     pub refused: RefusedStats,
     /// Prompt tokens of admitted requests.
     pub prompt_tokens: u64,
@@ -54,6 +55,12 @@ pub struct RefusedStats {
     pub output_tokens: u64,
     /// Over the concurrency limit.
     pub concurrency: u64,
+    /// Over the requests-per-day limit.
+    #[serde(default)]
+    pub requests_per_day: u64,
+    /// Over the tokens-per-day limit.
+    #[serde(default)]
+    pub tokens_per_day: u64,
     /// Malformed or unacceptable requests.
     pub invalid: u64,
     /// Missing or wrong API key.
@@ -64,7 +71,7 @@ pub struct RefusedStats {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) admitted: AtomicU64,
-    refused: [AtomicU64; 7],
+    refused: [AtomicU64; 9],
     pub(crate) prompt_tokens: AtomicU64,
     pub(crate) completion_tokens: AtomicU64,
     pub(crate) in_flight: AtomicU64,
@@ -80,6 +87,8 @@ fn reason_index(reason: Reason) -> usize {
         Reason::Unauthorized => 4,
         Reason::InputTokens => 5,
         Reason::OutputTokens => 6,
+        Reason::RequestsPerDay => 7,
+        Reason::TokensPerDay => 8,
     }
 }
 
@@ -109,6 +118,8 @@ impl Counters {
                 input_tokens: refused(Reason::InputTokens),
                 output_tokens: refused(Reason::OutputTokens),
                 concurrency: refused(Reason::Concurrency),
+                requests_per_day: refused(Reason::RequestsPerDay),
+                tokens_per_day: refused(Reason::TokensPerDay),
                 invalid: refused(Reason::Invalid),
                 unauthorized: refused(Reason::Unauthorized),
             },

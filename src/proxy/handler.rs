@@ -361,12 +361,10 @@ fn parse_and_route<'s>(
     Ok((parsed, route))
 }
 
-/// Admits the request on its tenant's actor (and in `redis` mode in Redis), at
-/// most twice: a request whose Redis call found Redis lost is re-admitted under
-/// the fallback allowance the loss just set (never on the old one), within what
-/// is left of the same wait. With `probe` (spillover), a first try at once, so
-/// that a request that would wait here goes to a peer with room now rather than
-/// after its wait.
+/// Admits the request on its tenant's actor (its model group's first, when
+/// its model is in one; and in `redis` mode in Redis, see [`super::admit`]).
+/// With `probe` (spillover), a first try at once, so that a request that would
+/// wait here goes to a peer with room now rather than after its wait.
 async fn admit_on_tenant<'r>(
     state: &Arc<AppState>,
     asked: &Asked<'_>,
@@ -374,29 +372,21 @@ async fn admit_on_tenant<'r>(
     refused: impl Fn() -> Refused<'r>,
 ) -> Result<TenantAnswer, ApiError> {
     let scope = &asked.tenant.scope;
-    let mut attempts = 0;
+    let group = asked.tenant.model_groups.for_model(&asked.parsed.model);
     loop {
-        attempts += u32::from(!probe);
-        let max_wait_ns = if probe {
-            0
-        } else {
-            let left = asked.wait_until.saturating_duration_since(Instant::now());
-            u64::try_from(left.as_nanos()).unwrap_or(0)
-        };
         let request = AcquireRequest {
             lane: asked.lane,
             prompt_tokens: asked.parsed.prompt_tokens,
             max_completion_tokens: asked.parsed.max_completion_tokens,
             model: asked.parsed.model.clone(),
             adaptive: state.adaptive(),
-            max_wait_ns,
+            max_wait_ns: 0,
             busy_above: None,
             probe,
         };
-        let (answer, handle) = (state.registry.acquire(scope, &request).await)
-            .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-        let grant = match answer {
-            Ok(grant) => grant,
+        let answer = super::admit::admit(state, group, scope, &request, asked.wait_until).await?;
+        let (grant, permit) = match answer {
+            Ok(admitted) => admitted,
             Err(refusal) if probe => {
                 probe = false;
                 let error = tenant_refusal(&refusal);
@@ -411,15 +401,7 @@ async fn admit_on_tenant<'r>(
             }
             Err(refusal) => return Err(tenant_refusal(&refusal)),
         };
-        let permit = Permit::new(&handle, &grant);
-        let Some(gate) = state.redis_gate.get() else {
-            return Ok(TenantAnswer::Admitted(grant, permit));
-        };
-        match (gate.admit(scope, permit, grant.cost, asked.wait_until)).await {
-            Ok(permit) => return Ok(TenantAnswer::Admitted(grant, permit)),
-            Err(r) if r.is_redis_lost() && attempts < 2 => continue,
-            Err(r) => return Err(tenant_refusal(&r.into_refusal(grant.status.clone()))),
-        }
+        return Ok(TenantAnswer::Admitted(grant, permit));
     }
 }
 

@@ -11,6 +11,7 @@
 //! answer its `x-request-id`; [`error`] maps every failure to the
 //! caller's error shape.
 
+mod admit;
 pub mod charges;
 pub mod dispatch;
 pub mod error;

@@ -128,45 +128,24 @@ async fn pass(state: &Arc<AppState>, request: Request) -> Result<Response, ApiEr
 }
 
 /// Admits one request with no tokens on the tenant (and in `redis` mode in
-/// Redis, re-admitted once under the fallback when the call found Redis lost).
+/// Redis; see [`super::admit`]).
 async fn admit(
     state: &Arc<AppState>,
     tenant: &Tenant,
     wait_until: Instant,
 ) -> Result<(Grant, Permit), ApiError> {
-    let scope = &tenant.scope;
-    for attempt in 1..=2 {
-        let left = wait_until.saturating_duration_since(Instant::now());
-        let request = AcquireRequest {
-            lane: Lane::Interactive,
-            prompt_tokens: 0,
-            max_completion_tokens: 0,
-            model: Arc::from(PASSTHROUGH_MODEL),
-            adaptive: false,
-            max_wait_ns: u64::try_from(left.as_nanos()).unwrap_or(u64::MAX),
-            busy_above: None,
-            probe: false,
-        };
-        let (answer, handle) = (state.registry.acquire(scope, &request).await)
-            .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-        let grant = answer.map_err(|refusal| handler::tenant_refusal(&refusal))?;
-        let permit = Permit::new(&handle, &grant);
-        let Some(gate) = state.redis_gate.get() else {
-            return Ok((grant, permit));
-        };
-        match gate
-            .admit(scope, permit, Default::default(), wait_until)
-            .await
-        {
-            Ok(permit) => return Ok((grant, permit)),
-            Err(r) if r.is_redis_lost() && attempt < 2 => {}
-            Err(r) => return Err(handler::tenant_refusal(&r.into_refusal(grant.status))),
-        }
-    }
-    Err(ApiError::unavailable(
-        "Redis was lost while admitting the request.",
-        Duration::from_secs(1),
-    ))
+    let request = AcquireRequest {
+        lane: Lane::Interactive,
+        prompt_tokens: 0,
+        max_completion_tokens: 0,
+        model: Arc::from(PASSTHROUGH_MODEL),
+        adaptive: false,
+        max_wait_ns: 0,
+        busy_above: None,
+        probe: false,
+    };
+    let admitted = super::admit::admit(state, None, &tenant.scope, &request, wait_until).await?;
+    admitted.map_err(|refusal| handler::tenant_refusal(&refusal))
 }
 
 /// The client's headers that go on, and the upstream's key.

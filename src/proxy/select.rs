@@ -31,8 +31,9 @@ pub struct UpstreamDemand {
     pub wait_until: Instant,
 }
 
-/// Asks `upstream`'s actor (and, in `redis` mode, Redis) for a permit, waiting
-/// until `wait_until` at most, both steps together (now: not at all).
+/// Asks `upstream`'s actors (its model group's first, when the model is in
+/// one) and, in `redis` mode, Redis for a permit, waiting until `wait_until`
+/// at most (now: not at all; see [`super::admit`]).
 async fn try_one(
     state: &AppState,
     upstream: &Upstream,
@@ -40,61 +41,19 @@ async fn try_one(
     wait_until: Instant,
     busy_above: Option<Ceiling>,
 ) -> Result<Result<Permit, Refusal>, ApiError> {
-    try_one_after(state, upstream, demand, wait_until, busy_above, 0).await
-}
-
-/// Times a request found Redis lost and is admitted again under the fallback
-/// allowance, as the tenant's admission does: Redis flapping between tries
-/// would otherwise re-admit it without end.
-const REDIS_LOST_RETRIES: u32 = 1;
-
-/// [`try_one`] after Redis was found lost `lost` times for this request.
-async fn try_one_after(
-    state: &AppState,
-    upstream: &Upstream,
-    demand: &UpstreamDemand,
-    wait_until: Instant,
-    busy_above: Option<Ceiling>,
-    lost: u32,
-) -> Result<Result<Permit, Refusal>, ApiError> {
-    let wait = wait_until.saturating_duration_since(Instant::now());
-    let (answer, handle) = state
-        .registry
-        .acquire(
-            &upstream.scope,
-            &AcquireRequest {
-                lane: demand.lane,
-                prompt_tokens: demand.prompt_tokens,
-                max_completion_tokens: demand.completion_tokens,
-                model: demand.model.clone(),
-                adaptive: false,
-                max_wait_ns: u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
-                busy_above,
-                probe: false,
-            },
-        )
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
-    let grant = match answer {
-        Ok(grant) => grant,
-        Err(refusal) => return Ok(Err(refusal)),
+    let request = AcquireRequest {
+        lane: demand.lane,
+        prompt_tokens: demand.prompt_tokens,
+        max_completion_tokens: demand.completion_tokens,
+        model: demand.model.clone(),
+        adaptive: false,
+        max_wait_ns: 0,
+        busy_above,
+        probe: false,
     };
-    let permit = Permit::new(&handle, &grant);
-    let Some(gate) = state.redis_gate.get() else {
-        return Ok(Ok(permit));
-    };
-    // `redis` mode: the upstream's cluster-wide limit is reserved in Redis too,
-    // within what is left of the same wait. A request that found Redis lost is
-    // re-admitted under the fallback allowance.
-    let admitted = gate.admit(&upstream.scope, permit, grant.cost, wait_until);
-    match admitted.await {
-        Ok(permit) => Ok(Ok(permit)),
-        Err(r) if r.is_redis_lost() && lost < REDIS_LOST_RETRIES => {
-            let again = try_one_after(state, upstream, demand, wait_until, busy_above, lost + 1);
-            Box::pin(again).await
-        }
-        Err(r) => Ok(Err(r.into_refusal(grant.status))),
-    }
+    let group = upstream.model_groups.for_model(&demand.model);
+    let admitted = super::admit::admit(state, group, &upstream.scope, &request, wait_until).await?;
+    Ok(admitted.map(|(_, permit)| permit))
 }
 
 /// Picks and charges an upstream among `candidates` (in preference order).

@@ -27,6 +27,38 @@ pub struct Tenant {
     pub scope: ScopeId,
     /// Queue wait cap (and default).
     pub max_wait: Duration,
+    /// Its quotas for some models.
+    pub model_groups: ModelScopes,
+}
+
+/// A tenant's or an upstream's model groups in config order: each one's
+/// patterns and its scope.
+#[derive(Debug, Default)]
+pub struct ModelScopes(Vec<(Vec<String>, ScopeId)>);
+
+impl ModelScopes {
+    /// The groups of `owner` as configured.
+    pub fn new(owner: &ScopeId, groups: &[crate::config::ModelLimitConfig]) -> ModelScopes {
+        ModelScopes(
+            (groups.iter())
+                .map(|g| {
+                    let scope = ScopeId::model_group(owner, g.group_name());
+                    (g.models.clone(), scope)
+                })
+                .collect(),
+        )
+    }
+
+    /// The scope of the first group whose patterns match `model`.
+    pub fn for_model(&self, model: &str) -> Option<&ScopeId> {
+        (self.0.iter())
+            .find(|(patterns, _)| {
+                patterns
+                    .iter()
+                    .any(|p| crate::config::model_matches(p, model))
+            })
+            .map(|(_, scope)| scope)
+    }
 }
 
 /// An upstream as the request path sees it.
@@ -55,6 +87,8 @@ pub struct Upstream {
     pub stream_idle_timeout: Duration,
     /// Its actor's scope.
     pub scope: ScopeId,
+    /// The provider's limits for some of its models.
+    pub model_groups: ModelScopes,
     /// Its response metrics.
     pub metrics: UpstreamMetrics,
 }
@@ -135,10 +169,7 @@ impl Route {
     }
 
     fn matches(&self, model: &str) -> bool {
-        self.patterns.iter().any(|p| match p.strip_suffix('*') {
-            Some(prefix) => model.starts_with(prefix),
-            None => p == model,
-        })
+        (self.patterns.iter()).any(|p| crate::config::model_matches(p, model))
     }
 
     /// Whether the route has patterns (`*`, `prefix*`), whose models only its

@@ -120,13 +120,15 @@ fn parse_key(key: &str) -> Option<(ScopeId, Option<&str>)> {
     let kind = match parts.next()? {
         "tenant" => ScopeKind::Tenant,
         "upstream" => ScopeKind::Upstream,
+        "tenant-model" => ScopeKind::TenantModel,
+        "upstream-model" => ScopeKind::UpstreamModel,
         _ => return None,
     };
     let id = parts.next().filter(|id| !id.is_empty())?;
     let dimension = parts.next();
-    let scope = match kind {
-        ScopeKind::Tenant => ScopeId::tenant(id),
-        ScopeKind::Upstream => ScopeId::upstream(id),
+    let scope = ScopeId {
+        kind,
+        id: id.into(),
     };
     Some((scope, dimension))
 }
@@ -144,7 +146,7 @@ async fn key_status(
     let not_found = || {
         let mut e = ApiError::bad_request(
             format!(
-                "No key {key:?}. Keys look like tenant:<id>:<requests|tokens|concurrency> or upstream:<id>."
+                "No key {key:?}. Keys look like tenant:<id>:<requests|tokens|input_tokens|output_tokens|concurrency>, upstream:<id>, or upstream-model:<id>@<group>."
             ),
             Some("key"),
         );
@@ -172,11 +174,18 @@ async fn key_status(
     let body = match dimension {
         None => json!({
             "key": key, "requests": window(status.requests), "tokens": window(status.tokens),
+            "input_tokens": window(status.input_tokens), "output_tokens": window(status.output_tokens),
             "concurrency": {"limit": status.concurrency_limit, "in_flight": status.in_flight},
             "queue": queue, "cooling_ms": status.cooling_ns.div_ceil(1_000_000),
         }),
         Some("requests") => json!({"key": key, "usage": window(status.requests), "queue": queue}),
         Some("tokens") => json!({"key": key, "usage": window(status.tokens), "queue": queue}),
+        Some("input_tokens") => {
+            json!({"key": key, "usage": window(status.input_tokens), "queue": queue})
+        }
+        Some("output_tokens") => {
+            json!({"key": key, "usage": window(status.output_tokens), "queue": queue})
+        }
         Some("concurrency") => json!({
             "key": key, "usage": {"limit": status.concurrency_limit, "used": status.in_flight,
             "remaining": status.concurrency_limit.map(|l| l.saturating_sub(status.in_flight))}, "queue": queue,

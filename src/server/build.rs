@@ -15,7 +15,7 @@ use crate::limiter::{Ceiling, LimitSpec};
 use crate::ops::metrics::Metrics;
 use crate::proxy::AppState;
 use crate::proxy::error::ApiError;
-use crate::proxy::state::{Credentials, Route, Tenant, Upstream};
+use crate::proxy::state::{Credentials, ModelScopes, Route, Tenant, Upstream};
 use crate::tokens::{CountMemo, Encoding};
 use crate::upstream_http::{Endpoint, UpstreamHttp};
 use std::collections::HashMap;
@@ -167,6 +167,10 @@ fn routes(
     for u in &config.upstreams {
         let scope = ScopeId::upstream(&u.id);
         specs.insert(scope.clone(), scope_spec(&u.quota, config, None));
+        for group in &u.model_limits {
+            let group_scope = ScopeId::model_group(&scope, group.group_name());
+            specs.insert(group_scope, scope_spec(&group.quota, config, None));
+        }
         upstreams.insert(
             u.id.clone(),
             Arc::new(Upstream {
@@ -181,6 +185,7 @@ fn routes(
                 timeout: u.timeout,
                 stream_idle_timeout: u.stream_idle_timeout,
                 metrics: metrics.upstream(&scope.id),
+                model_groups: ModelScopes::new(&scope, &u.model_limits),
                 scope,
             }),
         );
@@ -222,8 +227,13 @@ fn tenant_table(
     for t in &tenant_configs {
         let scope = ScopeId::tenant(&t.id);
         specs.insert(scope.clone(), scope_spec(&t.quota, config, adaptive));
+        for group in &t.model_limits {
+            let group_scope = ScopeId::model_group(&scope, group.group_name());
+            specs.insert(group_scope, scope_spec(&group.quota, config, adaptive));
+        }
         let tenant = Arc::new(Tenant {
             id: scope.id.clone(),
+            model_groups: ModelScopes::new(&scope, &t.model_limits),
             scope,
             max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
         });

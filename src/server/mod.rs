@@ -178,15 +178,7 @@ fn serve_builtin_mock(
     mut stop: watch::Receiver<bool>,
 ) -> Result<SocketAddr, ServeError> {
     let addr = listener.local_addr()?;
-    let mock_config = crate::mock::MockConfig {
-        rpm: config.rpm.unwrap_or(0),
-        tpm: config.tpm.unwrap_or(0),
-        itpm: config.itpm.unwrap_or(0),
-        otpm: config.otpm.unwrap_or(0),
-        concurrency: config.concurrency.unwrap_or(0),
-        latency_ms: config.latency_ms,
-        ..crate::mock::MockConfig::default()
-    };
+    let mock_config = crate::mock::MockConfig::from_builtin(config);
     let stopped = async move {
         let _ = stop.wait_for(|stop| *stop).await;
     };

@@ -34,15 +34,16 @@ async fn three_nodes(
     tenant: &str,
     upstream: &MockHandle,
 ) -> (Option<RedisServer>, Vec<Arc<Node>>) {
-    three_nodes_with(mode, share, tenant, "", upstream).await
+    three_nodes_with(mode, share, tenant, &[], upstream).await
 }
 
-/// As [`three_nodes`], the Anthropic upstream's limits being `account`.
+/// As [`three_nodes`], each config line `(from, to)` of `lines` rewritten
+/// (the upstreams' limits).
 async fn three_nodes_with(
     mode: &str,
     share: &str,
     tenant: &str,
-    account: &str,
+    lines: &[(&str, &str)],
     upstream: &MockHandle,
 ) -> (Option<RedisServer>, Vec<Arc<Node>>) {
     let redis = mode.starts_with("redis").then(RedisServer::start);
@@ -50,11 +51,10 @@ async fn three_nodes_with(
     let mut nodes = Vec::new();
     for i in 0..3 {
         let mut toml = cluster_toml(i, &ports, mode, share)
-            .replace(&format!("rpm = {LIMIT}\nmax_wait = \"0s\""), tenant)
-            .replace(
-                "kind = \"anthropic\"",
-                &format!("kind = \"anthropic\"\n{account}"),
-            );
+            .replace(&format!("rpm = {LIMIT}\nmax_wait = \"0s\""), tenant);
+        for (from, to) in lines {
+            toml = toml.replace(from, to);
+        }
         if let Some(redis) = &redis {
             toml.push_str(&format!(
                 "\n[redis]\nurl = \"{}\"\ntimeout = \"50ms\"\n",
@@ -301,9 +301,10 @@ async fn account_within_input_and_output_limits(mode: &str, share: &str) {
         (c.itpm, c.otpm, c.completion_max_tokens) = (INPUT_LIMIT, OUTPUT_LIMIT, 20);
     })
     .await;
-    let account = format!("itpm = {INPUT_LIMIT}\notpm = {OUTPUT_LIMIT}");
+    let account = format!("kind = \"anthropic\"\nitpm = {INPUT_LIMIT}\notpm = {OUTPUT_LIMIT}");
+    let lines = [("kind = \"anthropic\"", account.as_str())];
     let tenant = "max_wait = \"300ms\"";
-    let (_redis, nodes) = three_nodes_with(mode, share, tenant, &account, &upstream).await;
+    let (_redis, nodes) = three_nodes_with(mode, share, tenant, &lines, &upstream).await;
     let admitted = paced_load(urls(&nodes), &[12, 7, 3], 3.0, vec![agent_call()]).await;
     let stats = upstream.stats();
     println!(
@@ -350,4 +351,84 @@ async fn an_anthropic_account_is_never_refused_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anthropic_account_is_never_refused_in_redis_lease() {
     account_within_input_and_output_limits("redis-lease", "full").await;
+}
+
+/// The OpenAI account of the model-limit runs: its tokens per window, and
+/// gpt-4o's within them (the gateway's upstream and the mock's own alike).
+const ACCOUNT_TOKENS: u64 = 6_000;
+const GPT_4O_TOKENS: u64 = 1_500;
+
+/// An OpenAI account limiting gpt-4o apart behind three nodes of `mode`, sent
+/// gpt-4o and gpt-4o-mini in turn: the upstream refuses neither, gpt-4o is
+/// held to its own limit, and gpt-4o-mini is served from the rest.
+async fn account_with_a_model_limit(mode: &str, share: &str) {
+    use tollgate::mock::ModelLimits;
+    let upstream = mock(|c| {
+        c.tpm = ACCOUNT_TOKENS;
+        c.model_limits = vec![ModelLimits {
+            models: vec!["gpt-4o".into()],
+            tpm: GPT_4O_TOKENS,
+            ..ModelLimits::default()
+        }];
+    })
+    .await;
+    let account = format!(
+        "kind = \"openai\"\nbase_url = \"{{MOCK}}\"\ntpm = {ACCOUNT_TOKENS}\n\n[[upstreams.model_limits]]\nmodels = [\"gpt-4o\"]\ntpm = {GPT_4O_TOKENS}\n"
+    );
+    let lines = [(
+        "kind = \"openai\"\nbase_url = \"{MOCK}\"\n",
+        account.as_str(),
+    )];
+    let tenant = "max_wait = \"300ms\"";
+    let (_redis, nodes) = three_nodes_with(mode, share, tenant, &lines, &upstream).await;
+    let ask = |model: &str| {
+        let body = serde_json::json!({"model": model, "max_tokens": 40,
+            "messages": [{"role": "user", "content": "Name three prime numbers."}]});
+        ("/chat/completions", body)
+    };
+    let requests = vec![ask("gpt-4o"), ask("gpt-4o-mini")];
+    let admitted = paced_load(urls(&nodes), &[14, 8, 4], 3.0, requests).await;
+    let stats = upstream.stats();
+    let tokens = stats.prompt_tokens + stats.completion_tokens;
+    println!(
+        "{mode} {share} model limit: {admitted:?} served, {tokens} of {ACCOUNT_TOKENS} tokens at the upstream, refused there {:?}",
+        stats.refused
+    );
+    assert_eq!(admitted.iter().sum::<u64>(), stats.admitted);
+    assert_eq!(
+        (stats.refused.tokens, stats.refused.requests),
+        (0, 0),
+        "{mode}: the upstream refused"
+    );
+    assert!(
+        tokens <= ACCOUNT_TOKENS,
+        "{mode}: {tokens} > {ACCOUNT_TOKENS}"
+    );
+    // gpt-4o alone would have had its 1,500: the rest went to gpt-4o-mini.
+    assert!(
+        tokens > GPT_4O_TOKENS,
+        "{mode}: {tokens} tokens: the other model was held to gpt-4o's limit"
+    );
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_limit_within_an_account_holds_in_local_split() {
+    account_with_a_model_limit("local", "split").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_limit_within_an_account_holds_in_lease() {
+    account_with_a_model_limit("lease", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_limit_within_an_account_holds_in_redis() {
+    account_with_a_model_limit("redis", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_limit_within_an_account_holds_in_redis_lease() {
+    account_with_a_model_limit("redis-lease", "full").await;
 }

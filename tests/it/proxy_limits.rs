@@ -958,3 +958,51 @@ async fn a_token_bucket_request_burst_does_not_bound_the_token_limit() {
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_tenants_model_quota_holds_its_models_and_is_all_or_nothing_with_the_tenants() {
+    let upstream = mock(|_| {}).await;
+    let limits = r#"rpm = 3
+max_wait = "0s"
+
+[[tenants.model_limits]]
+models = ["gpt-4o"]
+rpm = 2
+
+[[tenants.model_limits]]
+models = ["gpt-3.5*"]
+name = "legacy"
+rpm = 10"#;
+    let node = node(&single(limits), &[&upstream]).await;
+    let ask = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
+    let status = |r: reqwest::Response| r.status().as_u16();
+    // gpt-4o: its group's 2, then refused there, charging the tenant nothing.
+    assert_eq!(
+        status(post(&node, "/chat/completions", ask("gpt-4o"), &[]).await),
+        200
+    );
+    assert_eq!(
+        status(post(&node, "/chat/completions", ask("gpt-4o"), &[]).await),
+        200
+    );
+    assert_eq!(
+        status(post(&node, "/chat/completions", ask("gpt-4o"), &[]).await),
+        429
+    );
+    // A model in no group meets the tenant's limit alone: its third request.
+    assert_eq!(
+        status(post(&node, "/chat/completions", ask("gpt-4o-mini"), &[]).await),
+        200
+    );
+    // The legacy group has room, the tenant none: refused, and the group's
+    // charge is given back.
+    let refused = post(&node, "/chat/completions", ask("gpt-3.5-turbo"), &[]).await;
+    assert_eq!(refused.status(), 429);
+    let used = |key: serde_json::Value| key["requests"]["used"].clone();
+    assert_eq!(used(node.key("tenant-model:t@gpt-4o").await), 2);
+    assert_eq!(used(node.key("tenant-model:t@legacy").await), 0);
+    assert_eq!(used(node.key("tenant:t").await), 3);
+    assert_eq!(upstream.stats().admitted, 3);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}

@@ -71,11 +71,20 @@ fn sent(l: &MockLine) -> bool {
     l.outcome == "admitted" || is_limit(l.reason.as_deref())
 }
 
-/// Whether a refusal reason is one of the mock's limits (not bad input).
+/// Whether a refusal reason is one of the mock's limits (not bad input): the
+/// window's, a model group's (logged under the same reasons) or the day's.
 fn is_limit(reason: Option<&str>) -> bool {
     matches!(
         reason,
-        Some("requests" | "tokens" | "input_tokens" | "output_tokens" | "concurrency")
+        Some(
+            "requests"
+                | "tokens"
+                | "input_tokens"
+                | "output_tokens"
+                | "concurrency"
+                | "requests_per_day"
+                | "tokens_per_day"
+        )
     )
 }
 

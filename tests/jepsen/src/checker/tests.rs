@@ -402,10 +402,12 @@ fn every_limit_the_upstream_refuses_on_is_a_429_and_bad_input_is_not() {
         "input_tokens",
         "output_tokens",
         "concurrency",
+        "requests_per_day",
+        "tokens_per_day",
     ];
     let lines: Vec<MockLine> = limits.iter().map(|r| refused(r)).collect();
-    assert_eq!(upstream_429s(&lines), 5);
+    assert_eq!(upstream_429s(&lines), 7);
     // Each was sent by the gateway: its overshoot, in the window's peak too.
-    assert_eq!(window_peak(&lines, 1_000).requests, 5);
+    assert_eq!(window_peak(&lines, 1_000).requests, 7);
     assert_eq!(upstream_429s(&[refused("invalid")]), 0);
 }
