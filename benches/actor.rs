@@ -7,6 +7,10 @@
 //! monotonic clock and on the wall-following node clock a running node uses
 //! (src/clock/wall.rs), then with the scope bound as `gossip` (allowances) and as
 //! `lease` (credit held) bind it, with the cost of one clock reading of each clock.
+//! Last, the quota shapes side by side on the same clock and runtime: a scope
+//! limiting requests and tokens (two windows), one limiting requests, tokens,
+//! input and output tokens (four), and a request admitted on a model group's
+//! scope and then its owner's (two scopes).
 //! Run: `cargo bench --bench actor`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -38,6 +42,27 @@ enum Bound {
     Lease,
 }
 
+/// The measured scope's shape.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// Requests and tokens windows, and a concurrency limit.
+    TwoWindows,
+    /// Requests, tokens, input and output tokens windows, and concurrency.
+    FourWindows,
+    /// Two windows, the request admitted on a model group's scope (two
+    /// windows too) first.
+    WithModelGroup,
+}
+
+impl Shape {
+    fn windows(self) -> usize {
+        match self {
+            Shape::FourWindows => 4,
+            Shape::TwoWindows | Shape::WithModelGroup => 2,
+        }
+    }
+}
+
 /// A credit holding `amount` for the whole run, as a reply from its owner leaves it.
 fn held_credit(key: &str, slots: bool, amount: u64, clock: Clock) -> Credit {
     let recipe = Arc::new(CreditRecipe {
@@ -60,27 +85,20 @@ fn held_credit(key: &str, slots: bool, amount: u64, clock: Clock) -> Credit {
     credit
 }
 
-fn allowances(bound: Bound, clock: Clock) -> Allowances {
+fn allowances(bound: Bound, clock: Clock, windows: usize) -> Allowances {
+    let amounts: [Option<u64>; 4] = std::array::from_fn(|i| (i < windows).then_some(1 << 50));
     match bound {
         Bound::Local => Allowances::default(),
         Bound::Gossip => Allowances {
-            windows: [
-                Some(Allowance::new(1 << 40)),
-                Some(Allowance::new(1 << 50)),
-                None,
-                None,
-            ],
+            windows: amounts.map(|a| a.map(Allowance::new)),
             concurrency: Some(Allowance::new(1 << 20)),
             ..Allowances::default()
         },
         Bound::Lease => Allowances {
             credits: Credits {
-                windows: [
-                    Some(held_credit("tenant:bench:requests", false, 1 << 40, clock)),
-                    Some(held_credit("tenant:bench:tokens", false, 1 << 50, clock)),
-                    None,
-                    None,
-                ],
+                windows: amounts.map(|a| {
+                    a.map(|amount| held_credit("tenant:bench:window", false, amount, clock))
+                }),
                 concurrency: Some(held_credit(
                     "tenant:bench:concurrency",
                     true,
@@ -93,23 +111,28 @@ fn allowances(bound: Bound, clock: Clock) -> Allowances {
     }
 }
 
-fn registry(clock: Clock, bound: Bound) -> (Registry, ScopeId) {
+/// The measured registry: the tenant's scope, and with [`Shape::WithModelGroup`]
+/// its model group's (admitted first).
+fn registry(clock: Clock, bound: Bound, shape: Shape) -> (Registry, ScopeId, Option<ScopeId>) {
     let scope = ScopeId::tenant("bench");
-    let limit = |capacity| {
-        Some(LimitSpec::new(
-            capacity,
-            60 * NANOS_PER_SEC,
-            Algorithm::SlidingWindow,
-        ))
-    };
+    let windows = shape.windows();
     let spec = ScopeSpec {
-        windows: [limit(1 << 40), limit(1 << 50), None, None],
+        windows: std::array::from_fn(|i| {
+            (i < windows)
+                .then(|| LimitSpec::new(1 << 50, 60 * NANOS_PER_SEC, Algorithm::SlidingWindow))
+        }),
         counts_cache_reads: false,
         concurrency: Some(1 << 20),
         adaptive: None,
-        allowances: allowances(bound, clock),
+        allowances: allowances(bound, clock, windows),
         leased_from: None,
     };
+    let mut specs = HashMap::from([(scope.clone(), spec.clone())]);
+    let group = matches!(shape, Shape::WithModelGroup).then(|| {
+        let group = ScopeId::model_group(&scope, "gpt-4o-mini");
+        specs.insert(group.clone(), spec);
+        group
+    });
     let defaults = ActorDefaults {
         batch_ceiling: Ceiling::from_share(0.6),
         aging_ns: 5 * NANOS_PER_SEC,
@@ -117,17 +140,36 @@ fn registry(clock: Clock, bound: Bound) -> (Registry, ScopeId) {
         idle_timeout_ns: 120 * NANOS_PER_SEC,
     };
     let registry = Registry::new(
-        HashMap::from([(scope.clone(), spec)]),
+        specs,
         defaults,
         clock,
         Arc::new(ActorMetrics::default()),
         None,
     )
     .expect("valid bench spec");
-    (registry, scope)
+    (registry, scope, group)
 }
 
-async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
+/// Admits on the group's scope (if any) and then the tenant's, and settles
+/// both, as `proxy::admit` and `Permit::holding` do.
+async fn round_trip(registry: &Registry, scopes: &(ScopeId, Option<ScopeId>), model: &Arc<str>) {
+    let inner = match &scopes.1 {
+        Some(group) => Some(admit(registry, group, model).await),
+        None => None,
+    };
+    let permit = admit(registry, &scopes.0, model).await;
+    let permit = match inner {
+        Some(inner) => permit.holding(inner),
+        None => permit,
+    };
+    permit.settle(SettleWith::Usage {
+        prompt: 100,
+        cache_read: 0,
+        completion: 50,
+    });
+}
+
+async fn admit(registry: &Registry, scope: &ScopeId, model: &Arc<str>) -> Permit {
     let (answer, handle) = registry
         .acquire(
             scope,
@@ -145,11 +187,7 @@ async fn round_trip(registry: &Registry, scope: &ScopeId, model: &Arc<str>) {
         .await
         .expect("actor reachable");
     let grant = answer.expect("roomy limits admit");
-    Permit::new(&handle, &grant).settle(SettleWith::Usage {
-        prompt: 100,
-        cache_read: 0,
-        completion: 50,
-    });
+    Permit::new(&handle, &grant)
 }
 
 /// Measures on `rt`: criterion's mean, then an HDR pass for the tail.
@@ -158,9 +196,10 @@ fn measure(
     name: &str,
     rt: &tokio::runtime::Runtime,
     clock: fn() -> Clock,
-    bound: Bound,
+    (bound, shape): (Bound, Shape),
 ) {
-    let (registry, scope) = rt.block_on(async { registry(clock(), bound) });
+    let (registry, scope, group) = rt.block_on(async { registry(clock(), bound, shape) });
+    let scope = (scope, group);
     let model: Arc<str> = "gpt-4o-mini".into();
     let registry = Arc::new(registry);
     // The measured loop runs in a spawned task, as request handlers do: `block_on`
@@ -211,14 +250,26 @@ fn actor(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    measure(c, "current-thread", &single, Clock::start, Bound::Local);
+    measure(
+        c,
+        "current-thread",
+        &single,
+        Clock::start,
+        (Bound::Local, Shape::TwoWindows),
+    );
     // As the node runs it: two workers, so a message may wake the other thread.
     let multi = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    measure(c, "multi-thread-2", &multi, Clock::start, Bound::Local);
+    measure(
+        c,
+        "multi-thread-2",
+        &multi,
+        Clock::start,
+        (Bound::Local, Shape::TwoWindows),
+    );
     // As a running node keeps time: following the wall clock's steps.
     let wall = Clock::following_wall;
     measure(
@@ -226,7 +277,7 @@ fn actor(c: &mut Criterion) {
         "multi-thread-2, wall-following clock",
         &multi,
         wall,
-        Bound::Local,
+        (Bound::Local, Shape::TwoWindows),
     );
     // As a cluster node decides: `gossip` allowances, `lease` credit.
     measure(
@@ -234,15 +285,37 @@ fn actor(c: &mut Criterion) {
         "multi-thread-2, wall clock, gossip",
         &multi,
         wall,
-        Bound::Gossip,
+        (Bound::Gossip, Shape::TwoWindows),
     );
     measure(
         c,
         "multi-thread-2, wall clock, lease",
         &multi,
         wall,
-        Bound::Lease,
+        (Bound::Lease, Shape::TwoWindows),
     );
+    // The quota shapes, side by side with the two-window scope above.
+    for (name, bound, shape) in [
+        ("wall clock, four windows", Bound::Local, Shape::FourWindows),
+        (
+            "wall clock, lease, four windows",
+            Bound::Lease,
+            Shape::FourWindows,
+        ),
+        (
+            "wall clock, with a model group",
+            Bound::Local,
+            Shape::WithModelGroup,
+        ),
+    ] {
+        measure(
+            c,
+            &format!("multi-thread-2, {name}"),
+            &multi,
+            wall,
+            (bound, shape),
+        );
+    }
     // One reading of each clock, what every admission and settlement takes.
     for (name, clock) in [
         ("monotonic", Clock::start as fn() -> Clock),

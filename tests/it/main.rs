@@ -14,6 +14,7 @@ mod cluster_lease;
 mod cluster_redis;
 mod cluster_spill;
 mod conformance;
+mod estimates;
 mod layers;
 mod mock_upstream;
 mod ops;
