@@ -177,6 +177,7 @@ async fn admit(registry: &Registry, scope: &ScopeId, model: &Arc<str>) -> Permit
                 lane: Lane::Interactive,
                 prompt_tokens: 100,
                 max_completion_tokens: 200,
+                completion_estimate: None,
                 model: model.clone(),
                 adaptive: false,
                 max_wait_ns: 0,

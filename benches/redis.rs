@@ -53,6 +53,7 @@ fn one(requests: Algorithm, tokens: Algorithm) -> Reservation {
         cost: Cost {
             input: 1,
             output: 0,
+            output_cap: 0,
         },
         concurrency: 0,
         permit_id: String::new(),
@@ -248,6 +249,7 @@ async fn main() {
                 cost: Cost {
                     input: 10,
                     output: 0,
+                    output_cap: 0,
                 },
                 concurrency: 0,
                 permit_id: String::new(),
@@ -259,6 +261,7 @@ async fn main() {
                 tokens: Cost {
                     input: 5,
                     output: 0,
+                    output_cap: 0,
                 },
             };
             store.settle(&keys, &r, &refs, actual, None).await.unwrap();
@@ -293,6 +296,7 @@ async fn main() {
                 cost: Cost {
                     input: 1,
                     output: 0,
+                    output_cap: 0,
                 },
                 concurrency: 0,
                 permit_id: String::new(),

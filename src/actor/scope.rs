@@ -50,6 +50,10 @@ pub struct Cost {
     pub input: u64,
     /// Output tokens: the completion (its estimate until settled).
     pub output: u64,
+    /// The most output the request may produce (its `max_tokens`), what an
+    /// output-token window charges at admission, as Anthropic charges OTPM
+    /// (0: `output`). The real output replaces it at settlement.
+    pub output_cap: u64,
 }
 
 impl Cost {
@@ -65,7 +69,7 @@ impl Cost {
             Dimension::Requests | Dimension::Concurrency => 1,
             Dimension::Tokens => self.tokens(),
             Dimension::InputTokens => self.input,
-            Dimension::OutputTokens => self.output,
+            Dimension::OutputTokens => self.output.max(self.output_cap),
             Dimension::Cooldown | Dimension::Queue => 0,
         }
     }
@@ -136,7 +140,8 @@ pub struct Charge {
     /// Per window dimension, in [`Dimension::WINDOWED`] order.
     reservations: [Option<Reservation>; WINDOWS],
     credit: Spending,
-    /// Tokens reserved, input and output (0 when the scope limits no tokens).
+    /// Tokens reserved: all of them where the tokens window is limited, else
+    /// what the input and output windows charge (0 when none is).
     pub tokens_reserved: u64,
     /// What the request was costed at.
     pub cost: Cost,
@@ -300,12 +305,21 @@ impl ScopeLimits {
         Cost {
             input: prompt.saturating_add(cached),
             output: completion,
+            output_cap: 0,
         }
     }
 
-    /// Whether the scope limits any token dimension.
-    fn limits_tokens(&self) -> bool {
-        self.windows[1..].iter().any(Option::is_some)
+    /// The tokens `cost` reserves here: all of them where the tokens window is
+    /// limited, else what the input and output windows charge (0 when none is).
+    fn tokens_reserved(&self, cost: Cost) -> u64 {
+        if self.windows[1].is_some() {
+            return cost.tokens();
+        }
+        let part = |i: usize| match &self.windows[i] {
+            Some(_) => cost.on(Dimension::WINDOWED[i]),
+            None => 0,
+        };
+        part(2).saturating_add(part(3))
     }
 
     /// The window dimensions this scope limits, with their limiters.
@@ -476,11 +490,7 @@ impl ScopeLimits {
             reserved.ok()
         });
         self.in_flight += 1;
-        let tokens_reserved = if self.limits_tokens() {
-            cost.tokens()
-        } else {
-            0
-        };
+        let tokens_reserved = self.tokens_reserved(cost);
         Ok(Charge {
             reservations,
             credit,
@@ -651,6 +661,7 @@ mod tests {
         Cost {
             input: n,
             output: 0,
+            output_cap: 0,
         }
     }
 
@@ -737,6 +748,7 @@ mod tests {
         let first = Cost {
             input: 600,
             output: 80,
+            output_cap: 0,
         };
         let charge = s.admit(now, first, Lane::Interactive, None).unwrap();
         assert_eq!(charge.tokens_reserved, 680, "input and output together");
@@ -744,6 +756,7 @@ mod tests {
         let second = Cost {
             input: 300,
             output: 40,
+            output_cap: 0,
         };
         let blocked = s.admit(now, second, Lane::Interactive, None).unwrap_err();
         assert_eq!(blocked.dimension, Dimension::OutputTokens);
@@ -753,6 +766,7 @@ mod tests {
         let used = Cost {
             input: 600,
             output: 5,
+            output_cap: 0,
         };
         let settled = s.settle(now, charge, Settle::Actual(used));
         assert_eq!(settled.tokens.refunded, 75, "input's and output's refunds");
@@ -765,6 +779,7 @@ mod tests {
         let huge = Cost {
             input: 1,
             output: 101,
+            output_cap: 0,
         };
         let never = s.check(now, huge, Lane::Interactive, None).unwrap_err();
         assert_eq!(
@@ -782,7 +797,8 @@ mod tests {
             counting.usage_cost(10, 900, 5),
             Cost {
                 input: 910,
-                output: 5
+                output: 5,
+                output_cap: 0,
             }
         );
     }

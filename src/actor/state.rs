@@ -321,8 +321,9 @@ impl Core {
 
     /// The request's cost: its prompt and its completion estimate.
     fn cost(&self, request: &AcquireRequest) -> Cost {
-        let completion = match self.settings.adaptive {
-            Some(policy) if request.adaptive => {
+        let completion = match (request.completion_estimate, self.settings.adaptive) {
+            (Some(estimate), _) => estimate.min(request.max_completion_tokens),
+            (None, Some(policy)) if request.adaptive => {
                 self.completions
                     .estimate(&request.model, request.max_completion_tokens, policy)
             }
@@ -331,6 +332,7 @@ impl Core {
         Cost {
             input: request.prompt_tokens,
             output: completion,
+            output_cap: request.max_completion_tokens,
         }
     }
 
@@ -547,7 +549,7 @@ impl Core {
         let permit_id = self.next_permit;
         self.next_permit += 1;
         let (tokens_reserved, cost) = (charge.tokens_reserved, charge.cost);
-        debug_assert!(tokens_reserved == 0 || tokens_reserved >= prompt_tokens);
+        debug_assert!(cost.input == prompt_tokens);
         self.permits.insert(permit_id, Held { charge, model });
         Grant {
             permit_id,

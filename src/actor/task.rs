@@ -21,8 +21,13 @@ pub struct AcquireRequest {
     pub lane: Lane,
     /// Prompt tokens (exact estimate).
     pub prompt_tokens: u64,
-    /// Upper bound of completion tokens (the request's max_tokens or the default).
+    /// Upper bound of completion tokens (the request's max_tokens or the default):
+    /// what output-token windows charge at admission.
     pub max_completion_tokens: u64,
+    /// The completion to reserve elsewhere, when another scope estimated it
+    /// (an upstream reserves its tenant's adaptive estimate); `None`: this
+    /// scope's own policy.
+    pub completion_estimate: Option<u64>,
     /// Model, for adaptive statistics.
     pub model: Arc<str>,
     /// Estimate the completion adaptively (tenants with policy `adaptive`); else
@@ -43,8 +48,7 @@ pub struct AcquireRequest {
 pub struct Grant {
     /// Id to settle with.
     pub permit_id: u64,
-    /// Tokens reserved on this scope (prompt + completion estimate; 0 when
-    /// it limits no tokens).
+    /// Tokens reserved on this scope (0 when it limits no tokens).
     pub tokens_reserved: u64,
     /// What the request was costed at: its prompt and completion estimate.
     pub cost: super::scope::Cost,

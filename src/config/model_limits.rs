@@ -62,7 +62,7 @@ pub(super) fn check(path: &str, groups: &[ModelLimitConfig]) -> Result<(), (Stri
         }
         let name = group.group_name();
         let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-_.*".contains(&b);
-        if name.len() > 64 || !name.bytes().all(allowed) {
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(allowed) {
             let field = if group.name.is_some() {
                 "name"
             } else {

@@ -475,6 +475,13 @@ fn model_groups_are_checked_and_named_by_their_first_pattern() {
     assert_eq!(field, "tenants[0].model_limits[0].models");
     let (field, _) = invalid(&group("models = [\"a\"]\nname = \"a/b\"\nrpm = 5"));
     assert_eq!(field, "tenants[0].model_limits[0].name");
+    let (field, _) = invalid(&group("models = [\"a\"]\nname = \"\"\nrpm = 5"));
+    assert_eq!(field, "tenants[0].model_limits[0].name");
+    let long = format!("models = [\"a\"]\nname = \"{}\"\nrpm = 5", "g".repeat(64));
+    let long_id = group(&long).replace("id = \"t\"", &format!("id = \"{}\"", "t".repeat(64)));
+    let (field, reason) = invalid(&long_id);
+    assert_eq!(field, "tenants[0].model_limits[0].name");
+    assert!(reason.contains("gossip"), "{reason}");
     let (field, _) = invalid(&group("models = [\"a\"]\nrpm = 0"));
     assert_eq!(field, "tenants[0].model_limits[0].rpm");
     let twice = format!(

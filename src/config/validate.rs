@@ -42,7 +42,7 @@ pub fn validate(config: &Config) -> Result<(), Violation> {
                 );
             }
         }
-        validate_model_limits("builtin_mock", &mock.model_limits, config)?;
+        validate_model_limits("builtin_mock", None, &mock.model_limits, config)?;
         // The mock's groups limit rpm, tpm, itpm and otpm exactly per minute.
         for (i, group) in mock.model_limits.iter().enumerate() {
             let q = &group.quota;
@@ -438,8 +438,11 @@ fn validate_quota(
 }
 
 /// A scope's model groups: their patterns and names, and each one's limits.
+/// `owner`: the scope's key prefix (`upstream-model:<id>`), whose groups' keys
+/// must stay within what gossip carries; `None` for the mock's.
 fn validate_model_limits(
     path: &str,
+    owner: Option<&str>,
     groups: &[super::ModelLimitConfig],
     config: &Config,
 ) -> Result<(), Violation> {
@@ -447,6 +450,20 @@ fn validate_model_limits(
     for (i, group) in groups.iter().enumerate() {
         let at = format!("{path}.model_limits[{i}]");
         validate_quota(&at, &group.quota, config.limits.algorithm)?;
+        // The longest key of the group (its output tokens') is shared over gossip,
+        // which carries keys of at most MAX_LIMIT_KEY_BYTES: a longer one would
+        // stay on its node, unbounded cluster-wide.
+        let most = tollgate_cluster::counter::MAX_LIMIT_KEY_BYTES;
+        if let Some(owner) = owner {
+            let key = format!("{owner}@{}:output_tokens", group.group_name());
+            if key.len() > most {
+                let why = format!(
+                    "its keys (e.g. {key:?}) would be {} bytes, above the {most} gossip carries: shorten the group's name or the id",
+                    key.len()
+                );
+                return fail(format!("{at}.name"), why);
+            }
+        }
     }
     Ok(())
 }
@@ -485,7 +502,8 @@ fn validate_tenants(config: &Config) -> Result<(), Violation> {
             }
         }
         validate_quota(&path, &tenant.quota, config.limits.algorithm)?;
-        validate_model_limits(&path, &tenant.model_limits, config)?;
+        let owner = format!("tenant-model:{}", tenant.id);
+        validate_model_limits(&path, Some(&owner), &tenant.model_limits, config)?;
         // The default too: otherwise a request could wait in the queue past its
         // own deadline instead of getting a 429 with retry-after in time.
         let max_wait = tenant.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT);
@@ -533,7 +551,8 @@ fn validate_upstreams(config: &Config) -> Result<(), Violation> {
             );
         }
         validate_quota(&path, &upstream.quota, config.limits.algorithm)?;
-        validate_model_limits(&path, &upstream.model_limits, config)?;
+        let owner = format!("upstream-model:{}", upstream.id);
+        validate_model_limits(&path, Some(&owner), &upstream.model_limits, config)?;
         if upstream.timeout.is_zero() {
             return fail(format!("{path}.timeout"), "must be greater than 0");
         }

@@ -382,15 +382,17 @@ impl SlidingLog {
         freeing.map(|e| e.at_ms + self.limits.window_ms - now_ms)
     }
 
+    /// Charges `cost` at `now_ms`. Saturating: a request's `max_tokens` is the
+    /// client's number, and an unlimited dimension admits any.
     fn charge(&mut self, now_ms: u64, cost: Cost) {
-        self.total.requests += 1;
-        self.total.tokens += cost.tokens;
-        self.total.input += cost.input;
-        self.window_output += cost.output;
+        self.total.requests = self.total.requests.saturating_add(1);
+        self.total.tokens = self.total.tokens.saturating_add(cost.tokens);
+        self.total.input = self.total.input.saturating_add(cost.input);
+        self.window_output = self.window_output.saturating_add(cost.output);
         match self.entries.back_mut() {
             Some(back) if back.at_ms == now_ms => {
                 back.total = self.total;
-                back.output += cost.output;
+                back.output = back.output.saturating_add(cost.output);
             }
             _ => self.entries.push_back(Entry {
                 at_ms: now_ms,

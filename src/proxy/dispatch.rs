@@ -198,11 +198,17 @@ fn upstream_headers(req: &Admitted<'_>, upstream: &Upstream) -> HeaderMap {
     headers
 }
 
-fn cool_down(state: &AppState, upstream: &Upstream, wait: Duration) {
+/// Stops sending `model` to `upstream` for `wait`: the provider said a limit is
+/// used up. A model in one of the upstream's groups cools its group down
+/// alone: the provider's figures are per model (OpenAI) or model class
+/// (Anthropic), and the group is what the config says shares them; the
+/// account's other models keep their room.
+fn cool_down(state: &AppState, upstream: &Upstream, model: &str, wait: Duration) {
     let clock = state.registry.clock();
+    let scope = (upstream.model_groups.for_model(model)).unwrap_or(&upstream.scope);
     state
         .registry
-        .cool_down(&upstream.scope, clock.ns_at(Instant::now() + wait));
+        .cool_down(scope, clock.ns_at(Instant::now() + wait));
 }
 
 /// One attempt. `retried_at`: when an earlier attempt's answer dated the
@@ -345,18 +351,19 @@ async fn take_answer(
     let cost = Cost {
         input: req.demand.prompt_tokens,
         output: req.demand.completion_tokens,
+        output_cap: req.demand.max_completion_tokens,
     };
     if let Some(wait) = provider_exhausted_for(response.headers(), cost, SystemTime::now()) {
         // The provider is the ground truth: when it says a window is used up, stop
         // sending there until one request's worth is back, even if our own figures
         // disagree.
-        cool_down(state, upstream, wait.min(MAX_COOLDOWN));
+        cool_down(state, upstream, &req.demand.model, wait.min(MAX_COOLDOWN));
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
         let wait = upstream_retry_after(response.headers())
             .unwrap_or(state.config.retry.cooldown)
             .min(MAX_COOLDOWN);
-        cool_down(state, upstream, wait);
+        cool_down(state, upstream, &req.demand.model, wait);
         let error = ApiError::rate_limited(
             format!("upstream {} is rate limited", upstream.id),
             wait.max(Duration::from_millis(1)),

@@ -200,7 +200,7 @@ pub(super) fn tenant_refusal(refusal: &Refusal) -> ApiError {
     let dimension = refusal.blocked.dimension.as_str();
     if refusal.blocked.never {
         let mut e = ApiError::too_large(format!(
-            "The request's estimated cost exceeds the tenant's {dimension} limit per window; lower max_tokens or the prompt."
+            "The request's estimated cost exceeds a {dimension} limit per window of the tenant (or of its quota for this model); lower max_tokens or the prompt."
         ));
         e.rate_headers = headers.map(Box::new);
         return e;
@@ -238,6 +238,7 @@ impl Asked<'_> {
         Cost {
             input: self.parsed.prompt_tokens,
             output: self.parsed.max_completion_tokens,
+            output_cap: 0,
         }
     }
 }
@@ -378,6 +379,7 @@ async fn admit_on_tenant<'r>(
             lane: asked.lane,
             prompt_tokens: asked.parsed.prompt_tokens,
             max_completion_tokens: asked.parsed.max_completion_tokens,
+            completion_estimate: None,
             model: asked.parsed.model.clone(),
             adaptive: state.adaptive(),
             max_wait_ns: 0,
@@ -417,16 +419,14 @@ async fn forward(
 ) -> Result<Response, ApiError> {
     let rate_headers = RateHeaders::from_status(&grant.status);
     let parsed = &asked.parsed;
-    // The upstream reserves what the tenant reserved (the adaptive estimate, if any).
-    let completion_tokens = if grant.tokens_reserved > 0 {
-        grant.tokens_reserved.saturating_sub(parsed.prompt_tokens)
-    } else {
-        parsed.max_completion_tokens
-    };
+    // The upstream reserves the completion the tenant estimated (the adaptive
+    // estimate, if any); its output windows charge max_tokens, as the
+    // provider does.
     let demand = UpstreamDemand {
         lane: asked.lane,
         prompt_tokens: parsed.prompt_tokens,
-        completion_tokens,
+        completion_tokens: grant.cost.output,
+        max_completion_tokens: parsed.max_completion_tokens,
         model: parsed.model.clone(),
         wait_until: asked.wait_until,
     };

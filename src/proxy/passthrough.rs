@@ -138,6 +138,7 @@ async fn admit(
         lane: Lane::Interactive,
         prompt_tokens: 0,
         max_completion_tokens: 0,
+        completion_estimate: None,
         model: Arc::from(PASSTHROUGH_MODEL),
         adaptive: false,
         max_wait_ns: 0,

@@ -2,7 +2,7 @@
 //! `retry-after` on a 429, and the rate-limit headers of every answer, OpenAI's
 //! (`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as
 //! durations) and Anthropic's (`anthropic-ratelimit-{requests,input-tokens,
-//! output-tokens,tokens}-{limit,remaining,reset}`, resets as RFC 3339 instants).
+//! output-tokens}-{limit,remaining,reset}`, resets as RFC 3339 instants).
 //! When the provider says a window is used up, the upstream cools down, even if
 //! the gateway's own figures disagree (another consumer on the same account).
 
@@ -15,12 +15,12 @@ pub(super) const MAX_COOLDOWN: Duration = Duration::from_secs(120);
 
 /// Anthropic's limits as `(limit, remaining, reset)` header names, with what a
 /// request costs each: `requests`, `input-tokens` (ITPM), `output-tokens`
-/// (OTPM), and `tokens` (whichever of the two token limits is tighter).
-const ANTHROPIC: [([HeaderName; 3], Unit); 4] = [
+/// (OTPM, charged `max_tokens` on arrival). Its `tokens` headers repeat
+/// whichever of the two is tighter, without saying which: not read.
+const ANTHROPIC: [([HeaderName; 3], Unit); 3] = [
     (names("requests"), Unit::Request),
     (names("input-tokens"), Unit::Input),
     (names("output-tokens"), Unit::Output),
-    (names("tokens"), Unit::Smaller),
 ];
 
 /// What one request costs a limit.
@@ -29,9 +29,6 @@ enum Unit {
     Request,
     Input,
     Output,
-    /// The smaller of input and output (the `tokens` headers speak of the
-    /// tighter limit, not of a total).
-    Smaller,
 }
 
 impl Unit {
@@ -39,8 +36,7 @@ impl Unit {
         match self {
             Unit::Request => 1,
             Unit::Input => cost.input,
-            Unit::Output => cost.output,
-            Unit::Smaller => cost.input.min(cost.output),
+            Unit::Output => cost.on(crate::actor::Dimension::OutputTokens),
         }
         .max(1)
     }
@@ -60,15 +56,10 @@ const fn names(dimension: &'static str) -> [HeaderName; 3] {
             HeaderName::from_static("anthropic-ratelimit-input-tokens-remaining"),
             HeaderName::from_static("anthropic-ratelimit-input-tokens-reset"),
         ],
-        b"output-tokens" => [
+        _ => [
             HeaderName::from_static("anthropic-ratelimit-output-tokens-limit"),
             HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining"),
             HeaderName::from_static("anthropic-ratelimit-output-tokens-reset"),
-        ],
-        _ => [
-            HeaderName::from_static("anthropic-ratelimit-tokens-limit"),
-            HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
-            HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
         ],
     }
 }
@@ -246,6 +237,7 @@ mod tests {
         let cost = Cost {
             input: 500,
             output: 1_000,
+            output_cap: 0,
         };
         assert_eq!(
             provider_exhausted_for(&output, cost, now),
@@ -255,6 +247,7 @@ mod tests {
         let small = Cost {
             input: 500,
             output: 100,
+            output_cap: 0,
         };
         assert_eq!(provider_exhausted_for(&output, small, now), None);
         // A reset already past, or one that does not parse: no pause.

@@ -25,6 +25,8 @@ pub struct UpstreamDemand {
     pub prompt_tokens: u64,
     /// Completion tokens to reserve (the tenant's estimate).
     pub completion_tokens: u64,
+    /// The request's `max_tokens`: what output-token windows charge.
+    pub max_completion_tokens: u64,
     /// Model.
     pub model: Arc<str>,
     /// Stop waiting at this instant.
@@ -44,7 +46,8 @@ async fn try_one(
     let request = AcquireRequest {
         lane: demand.lane,
         prompt_tokens: demand.prompt_tokens,
-        max_completion_tokens: demand.completion_tokens,
+        max_completion_tokens: demand.max_completion_tokens,
+        completion_estimate: Some(demand.completion_tokens),
         model: demand.model.clone(),
         adaptive: false,
         max_wait_ns: 0,

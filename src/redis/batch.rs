@@ -219,6 +219,7 @@ mod tests {
             cost: crate::actor::scope::Cost {
                 input: 1,
                 output: 0,
+                output_cap: 0,
             },
             concurrency: 0,
             permit_id: String::new(),

@@ -321,7 +321,7 @@ impl RedisStore {
         for r in rs {
             inv.arg(r.cost.tokens())
                 .arg(r.cost.input)
-                .arg(r.cost.output)
+                .arg(r.cost_on(crate::actor::Dimension::OutputTokens))
                 .arg(&r.permit_id)
                 .arg(r.slot_ttl_ms);
         }

@@ -899,3 +899,45 @@ rpm = 10"#;
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// The provider's word about one model cools that model's group down, not the
+/// account: gpt-4o's limit (unknown to the gateway) is used up by someone
+/// else, and the account's other models keep being served at once.
+#[tokio::test]
+async fn a_models_429_cools_its_group_down_and_not_the_accounts_other_models() {
+    let upstream = mock(|m| {
+        m.model_limits = vec![tollgate::mock::ModelLimits {
+            models: vec!["gpt-4o".into()],
+            rpm: 1,
+            ..Default::default()
+        }];
+    })
+    .await;
+    let ask = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
+    let direct = reqwest::Client::new()
+        .post(format!("{}/chat/completions", upstream.base_url()))
+        .json(&ask("gpt-4o"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 200);
+    let group = "\n[[upstreams.model_limits]]\nmodels = [\"gpt-4o\"]\nname = \"gpt-4o\"\n";
+    let config = single("max_wait = \"0s\"").replacen(
+        "base_url = \"{MOCK}\"\n",
+        &format!("base_url = \"{{MOCK}}\"\n{group}"),
+        1,
+    );
+    let node = node(&config, &[&upstream]).await;
+    let refused = post(&node, "/chat/completions", ask("gpt-4o"), &[]).await;
+    assert_eq!(refused.status(), 429);
+    let group = node.key("upstream-model:mock@gpt-4o").await;
+    assert!(group["cooling_ms"].as_u64().unwrap() > 1_000, "{group}");
+    assert_eq!(node.key("upstream:mock").await["cooling_ms"], 0);
+    for _ in 0..3 {
+        let served = post(&node, "/chat/completions", ask("gpt-4o-mini"), &[]).await;
+        assert_eq!(served.status(), 200);
+    }
+    assert_eq!(upstream.stats().refused.requests, 1, "one 429, then none");
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}

@@ -33,6 +33,7 @@ fn reservation(requests: DimSpec, tokens: DimSpec, token_cost: u64) -> Reservati
         cost: Cost {
             input: token_cost,
             output: 0,
+            output_cap: 0,
         },
         concurrency: 0,
         permit_id: String::new(),
@@ -48,6 +49,7 @@ fn settled(requests: u64, tokens: u64) -> Settled {
         tokens: Cost {
             input: tokens,
             output: 0,
+            output_cap: 0,
         },
     }
 }
@@ -306,6 +308,7 @@ async fn concurrent_callers_from_several_clients_never_exceed_the_capacity() {
                     cost: Cost {
                         input: 1,
                         output: 0,
+                        output_cap: 0,
                     },
                     concurrency: 0,
                     permit_id: String::new(),
@@ -346,6 +349,7 @@ async fn a_batch_is_decided_as_the_same_reservations_one_call_at_a_time() {
         cost: Cost {
             input: cost,
             output: 0,
+            output_cap: 0,
         },
         concurrency: 3,
         permit_id: id.to_owned(),
@@ -515,6 +519,7 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
             cost: Cost {
                 input: 10,
                 output: 0,
+                output_cap: 0,
             },
             concurrency: 2,
             permit_id: format!("{scope}-1"),
@@ -987,7 +992,11 @@ async fn input_and_output_tokens_are_reserved_and_settled_on_their_own_windows()
     // 100 input and 50 output tokens a window, as an ITPM/OTPM account.
     let r = |input, output| Reservation {
         windows: [DimSpec::NONE, DimSpec::NONE, window(100), window(50)],
-        cost: Cost { input, output },
+        cost: Cost {
+            input,
+            output,
+            output_cap: 0,
+        },
         concurrency: 0,
         permit_id: String::new(),
         slot_ttl_ms: 0,
@@ -1009,6 +1018,7 @@ async fn input_and_output_tokens_are_reserved_and_settled_on_their_own_windows()
         tokens: Cost {
             input: 60,
             output: 5,
+            output_cap: 0,
         },
     };
     let corrections = s.settle(&keys, &first, &refs, used, None).await.unwrap();

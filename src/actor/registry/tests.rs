@@ -98,6 +98,7 @@ fn request(max_wait_ns: Nanos) -> AcquireRequest {
         lane: Lane::Interactive,
         prompt_tokens: 10,
         max_completion_tokens: 10,
+        completion_estimate: None,
         model: "m".into(),
         adaptive: false,
         max_wait_ns,
@@ -552,4 +553,60 @@ async fn a_request_whose_wait_is_known_to_outlast_its_deadline_is_refused_at_onc
         "waited"
     );
     drop(unsettled);
+}
+
+#[tokio::test]
+async fn output_windows_charge_max_tokens_where_the_tokens_window_takes_an_estimate() {
+    // An upstream of 1,000 tokens and 150 output tokens per window, sent a
+    // request whose tenant estimated 10 of its max_tokens 100.
+    let scope = ScopeId::upstream("anthropic");
+    let window = |capacity| {
+        Some(LimitSpec::new(
+            capacity,
+            10 * NANOS_PER_SEC,
+            Algorithm::SlidingWindow,
+        ))
+    };
+    let spec = ScopeSpec {
+        windows: [None, window(1_000), None, window(150)],
+        counts_cache_reads: false,
+        concurrency: None,
+        adaptive: None,
+        allowances: Allowances::default(),
+        leased_from: None,
+    };
+    let defaults = ActorDefaults {
+        batch_ceiling: Ceiling::FULL,
+        aging_ns: NANOS_PER_SEC,
+        max_queue: 4,
+        idle_timeout_ns: 60 * NANOS_PER_SEC,
+    };
+    let metrics = Arc::new(ActorMetrics::default());
+    let specs = HashMap::from([(scope.clone(), spec)]);
+    let registry = Registry::new(specs, defaults, Clock::start(), metrics, None).unwrap();
+    let ask = AcquireRequest {
+        max_completion_tokens: 100,
+        completion_estimate: Some(10),
+        ..request(0)
+    };
+    let (answer, handle) = registry.acquire(&scope, &ask).await.unwrap();
+    let grant = answer.unwrap();
+    assert_eq!((grant.cost.output, grant.cost.output_cap), (10, 100));
+    let status = registry.status(&scope).await.unwrap();
+    assert_eq!(status.tokens.unwrap().used, 20, "prompt and the estimate");
+    assert_eq!(status.output_tokens.unwrap().used, 100, "max_tokens");
+    // A second such request fits the tokens window, not the output one.
+    let (second, _) = registry.acquire(&scope, &ask).await.unwrap();
+    assert_eq!(
+        second.unwrap_err().blocked.dimension,
+        Dimension::OutputTokens
+    );
+    // Settled at 7 output tokens: the output window holds the real figure.
+    Permit::new(&handle, &grant).settle(SettleWith::Usage {
+        prompt: 10,
+        cache_read: 0,
+        completion: 7,
+    });
+    let status = registry.status(&scope).await.unwrap();
+    assert_eq!(status.output_tokens.unwrap().used, 7);
 }

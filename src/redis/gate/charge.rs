@@ -57,6 +57,7 @@ impl RemoteCharge for Charge {
                 let tokens = Cost {
                     input,
                     output: completion,
+                    output_cap: 0,
                 };
                 Settled {
                     requests: 1,

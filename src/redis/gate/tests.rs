@@ -42,6 +42,7 @@ fn tokens(n: u64) -> Cost {
     Cost {
         input: n,
         output: 0,
+        output_cap: 0,
     }
 }
 
