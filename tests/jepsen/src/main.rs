@@ -79,6 +79,10 @@ struct RunArgs {
     /// judges how soon a killed node's slots come back.
     #[arg(long)]
     concurrency: Option<u64>,
+    /// Half the requests agents' traffic: tool definitions and calls, an image,
+    /// a list of prompts, a Responses call.
+    #[arg(long)]
+    agents: bool,
     /// Run again what an earlier run did (its directory's spec.json: the same
     /// seed, schedule and settings); every other option is ignored.
     #[arg(long)]
@@ -231,6 +235,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         spillover,
         fault,
         concurrency,
+        agents,
         replay,
     } = args;
     let spec = match replay {
@@ -260,6 +265,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             buckets: tollgate_jepsen::run::STRESS_BUCKETS,
             tuning: Default::default(),
             tasks: None,
+            agents,
             // Away from the CI suite's subnets (31-79).
             subnet: (std::process::id() % 150) as u8 + 100,
             bin: std::env::current_exe()?,

@@ -132,6 +132,9 @@ pub struct Shape {
     pub stream_share: f64,
     /// Share of requests in the batch lane.
     pub batch_share: f64,
+    /// Share of requests that are agents' traffic ([`agent_request`]), sent
+    /// whole (not streamed).
+    pub agent_share: f64,
     /// Seeds the clients.
     pub seed: u64,
     /// Request loops per client (at least 1), sharing its demand: one loop sends
@@ -160,7 +163,7 @@ pub async fn run(ips: Vec<String>, shape: Shape, started: Instant, end: Instant)
                     shape.seed ^ ((node as u64) << 8) ^ tenant as u64 ^ ((lane as u64) << 20);
                 let client = Client {
                     http: client.clone(),
-                    url: format!("http://{ip}:{PROXY_PORT}/v1/chat/completions"),
+                    base: format!("http://{ip}:{PROXY_PORT}/v1"),
                     node,
                     tenant,
                     started,
@@ -182,7 +185,8 @@ pub async fn run(ips: Vec<String>, shape: Shape, started: Instant, end: Instant)
 
 struct Client {
     http: reqwest::Client,
-    url: String,
+    /// The node's `/v1`.
+    base: String,
     node: usize,
     tenant: usize,
     started: Instant,
@@ -205,9 +209,14 @@ impl Client {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
             }
-            let stream = rng.random_bool(shape.stream_share);
+            let agent = rng.random_bool(shape.agent_share);
+            let stream = !agent && rng.random_bool(shape.stream_share);
             let batch = rng.random_bool(shape.batch_share);
-            let op = self.one(stream, batch).await;
+            let (path, body) = match agent {
+                true => agent_request(self.tenant, rng.random_range(0..AGENT_KINDS)),
+                false => chat_request(self.tenant, stream),
+            };
+            let op = self.one(path, &body, stream, batch).await;
             let retry = op.retry_after_ms.map(Duration::from_millis);
             ops.lock().push(op);
             let jitter = gap.mul_f64(rng.random_range(0.5..1.5));
@@ -216,16 +225,9 @@ impl Client {
         }
     }
 
-    async fn one(&self, stream: bool, batch: bool) -> Op {
+    async fn one(&self, path: &str, body: &serde_json::Value, stream: bool, batch: bool) -> Op {
         let invoke_ms = self.started.elapsed().as_millis() as u64;
-        let body = serde_json::json!({
-            "model": tenant_model(self.tenant),
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 8,
-            "stream": stream,
-            "stream_options": stream.then(|| serde_json::json!({"include_usage": true})),
-        });
-        let mut request = (self.http.post(&self.url))
+        let mut request = (self.http.post(format!("{}{path}", self.base)))
             .bearer_auth(tenant_key(self.tenant))
             .header("content-type", "application/json")
             .body(body.to_string());
@@ -258,6 +260,62 @@ impl Client {
     }
 }
 
+/// The clients' plain request: a short chat, streamed or not.
+fn chat_request(tenant: usize, stream: bool) -> (&'static str, serde_json::Value) {
+    let body = serde_json::json!({
+        "model": tenant_model(tenant),
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "stream": stream,
+        "stream_options": stream.then(|| serde_json::json!({"include_usage": true})),
+    });
+    ("/chat/completions", body)
+}
+
+/// Kinds of [`agent_request`].
+pub const AGENT_KINDS: usize = 4;
+
+/// One request of an agent, of kind `kind` (`0..AGENT_KINDS`): a chat with tool
+/// definitions, a tool call and its result; a chat with an image; a list of
+/// prompts; a Responses call with instructions, a tool and function-call items.
+pub fn agent_request(tenant: usize, kind: usize) -> (&'static str, serde_json::Value) {
+    use serde_json::json;
+    let model = tenant_model(tenant);
+    let tool = json!({"type": "function", "function": {"name": "search",
+        "description": "Search the knowledge base.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}});
+    match kind % AGENT_KINDS {
+        0 => (
+            "/chat/completions",
+            json!({"model": model, "max_tokens": 8, "tools": [tool],
+            "messages": [{"role": "user", "content": "Find the refund policy."},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "search", "arguments": "{\"query\":\"refunds\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Within 30 days."}]}),
+        ),
+        1 => (
+            "/chat/completions",
+            json!({"model": model, "max_tokens": 8,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Describe it."},
+                {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "low"}}]}]}),
+        ),
+        2 => (
+            "/completions",
+            json!({"model": model, "max_tokens": 4,
+            "prompt": ["Summarise A.", "Summarise B.", "Summarise C."]}),
+        ),
+        _ => (
+            "/responses",
+            json!({"model": model, "max_output_tokens": 8, "instructions": "Be brief.",
+            "tools": [{"type": "function", "name": "search", "description": "Search.",
+                "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}],
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Refunds?"}]},
+                {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "30 days"}]}),
+        ),
+    }
+}
+
 /// The wait a response asks for, in ms: `retry-after-ms` when it parses (what
 /// the official OpenAI SDKs read first, and what tollgate and the mock send),
 /// else `retry-after` in seconds. Both clients of the harness read it so
@@ -272,7 +330,13 @@ pub fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
 /// Total tokens from a response body: the `usage` object of a JSON response, or
 /// of a stream's last usage chunk.
 pub fn usage_tokens(body: &[u8]) -> Option<u64> {
-    let total = |v: &serde_json::Value| v["usage"]["total_tokens"].as_u64();
+    let total = |v: &serde_json::Value| {
+        let usage = &v["usage"];
+        (usage["total_tokens"].as_u64()).or_else(|| {
+            let part = |name: &str| usage[name].as_u64();
+            Some(part("input_tokens")? + part("output_tokens")?)
+        })
+    };
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
         return total(&v);
     }

@@ -4,7 +4,8 @@
 //! Redis modes also through Redis killed and restarted and through a node cut from
 //! its peers and Redis at once (`island`); two combinations (a bridge
 //! partition with a node restart, an isolated node with 30% packet loss); three
-//! tenants under one upstream limit; a node restarted with its clock 2 s behind
+//! tenants under one upstream limit; agents' traffic (tools, images, prompt
+//! lists, the Responses API) through a partition; a node restarted with its clock 2 s behind
 //! (`lease`, `redis-lease`; and in `lease` together with another node killed
 //! and restarted within one window of its last spending); the machine's wall
 //! clock stepped 90 ms forward and back (`redis-lease`); slow links (tbf shaping;
@@ -58,6 +59,7 @@ fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
         buckets: tollgate_jepsen::run::STRESS_BUCKETS,
         tuning: Default::default(),
         tasks: None,
+        agents: false,
         subnet,
         bin: PathBuf::from(env!("CARGO_BIN_EXE_tollgate-jepsen")),
         dir,
@@ -136,6 +138,16 @@ async fn lease_keeps_its_promise_per_tenant_and_upstream_with_three_tenants() {
     println!("{report}");
     assert!(report.contains("tenant t2 per window"), "{report}");
     assert!(outcome.passed(), "{report}");
+}
+
+/// Agents' traffic (tool definitions and calls, an image, a list of prompts,
+/// a Responses call, half the requests) through a partition: the promise and
+/// 0 upstream 429s hold as with plain chats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_keeps_its_promise_under_agents_traffic() {
+    let mut agents = spec("lease", "partition", 71);
+    agents.agents = true;
+    keeps(agents).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -201,6 +201,7 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Results> {
                     buckets: spec.buckets,
                     tuning: spec.tuning,
                     tasks: None,
+                    agents: false,
                     subnet: spec.subnet.wrapping_add(index % 100).max(1),
                     bin: spec.bin.clone(),
                     dir: spec.dir.join(&name),

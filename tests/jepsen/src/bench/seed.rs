@@ -100,6 +100,7 @@ pub(super) async fn run(spec: &BenchSpec, first_index: u8) -> anyhow::Result<Vec
             loops: 1,
             buckets: spec.buckets,
             tuning: spec.tuning,
+            agents: false,
             tasks: Some(TaskSpec::seed_scenario(
                 &cell.estimate,
                 cell.mode == "direct",

@@ -71,6 +71,11 @@ pub struct RunSpec {
     /// the upstream then also grants `tpm` tokens per window.
     #[serde(default)]
     pub tasks: Option<TaskSpec>,
+    /// Half the clients' requests are agents' traffic: tool definitions and
+    /// calls, an image, a list of prompts, a Responses call
+    /// ([`crate::workload::agent_request`]).
+    #[serde(default)]
+    pub agents: bool,
     /// Subnet index (10.77.K.0/24): distinct runs may overlap in time.
     pub subnet: u8,
     /// The harness binary (started as `node` and `mock` in the hosts).
