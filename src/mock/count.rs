@@ -22,8 +22,10 @@
 //!   as messages or calls, the tools as chat's.
 //! - Anthropic: the same message rule; tools add Anthropic's documented tool
 //!   system prompt ([`ANTHROPIC_TOOL_PROMPT`]) and each definition's JSON
-//!   text; an image the most one costs ([`ANTHROPIC_IMAGE_MOST`], width x
-//!   height / 750 at the largest size Anthropic keeps).
+//!   text; an image sent as base64 its width x height / 750 once scaled
+//!   within Anthropic's limits (1,568 px on its long side, about 1.15
+//!   megapixels); one given by address the most one costs
+//!   ([`ANTHROPIC_IMAGE_MOST`]).
 
 use serde_json::Value;
 use tiktoken_rs::CoreBPE;
@@ -118,7 +120,7 @@ impl Counter {
                 part.get("detail").and_then(Value::as_str),
                 part.get("image_url").and_then(Value::as_str),
             ),
-            (Some("image"), _) => ANTHROPIC_IMAGE_MOST,
+            (Some("image"), _) => anthropic_image(part.get("source")),
             (Some("tool_use"), _) => {
                 let name = part.get("name").and_then(Value::as_str).unwrap_or("");
                 let input = part.get("input").map_or(0, |i| self.text(&i.to_string()));
@@ -244,11 +246,39 @@ fn openai_image(detail: Option<&str>, url: Option<&str>) -> u64 {
     85 + 170 * w.div_ceil(512_000) * h.div_ceil(512_000)
 }
 
+/// Anthropic's rule: an image larger than 1,568 px on its long side, or than
+/// about 1.15 megapixels, is scaled down keeping its aspect; it then costs
+/// width x height / 750. The mock fetches nothing: an image by address is
+/// charged the most one can cost.
+fn anthropic_image(source: Option<&Value>) -> u64 {
+    let base64 = source
+        .filter(|s| s.get("type").and_then(Value::as_str) == Some("base64"))
+        .and_then(|s| s.get("data").and_then(Value::as_str));
+    let Some((w, h)) = base64.and_then(base64_image_size) else {
+        return ANTHROPIC_IMAGE_MOST;
+    };
+    let (mut w, mut h) = (w.max(1), h.max(1));
+    let long = w.max(h);
+    if long > 1_568 {
+        (w, h) = (w * 1_568 / long, h * 1_568 / long);
+    }
+    const MOST_PIXELS: u64 = 1_092 * 1_092;
+    if w * h > MOST_PIXELS {
+        let scale = (MOST_PIXELS as f64 / (w * h) as f64).sqrt();
+        (w, h) = ((w as f64 * scale) as u64, (h as f64 * scale) as u64);
+    }
+    (w * h).div_ceil(750)
+}
+
 /// The size of the image in a base64 `data:` URL, read from its header.
 fn data_url_image_size(url: &str) -> Option<(u64, u64)> {
-    use base64::Engine;
     let rest = url.strip_prefix("data:")?;
-    let data = rest.split_once(";base64,")?.1;
+    base64_image_size(rest.split_once(";base64,")?.1)
+}
+
+/// The size of a base64 image, read from its header.
+fn base64_image_size(data: &str) -> Option<(u64, u64)> {
+    use base64::Engine;
     // The header is near the start: decode at most 128 KiB of it.
     let take = data.len().min(128 * 1024) / 4 * 4;
     let bytes = (base64::engine::general_purpose::STANDARD)

@@ -17,6 +17,11 @@ pub(super) fn data_url_size(url: &str) -> Option<(u64, u64)> {
     if !meta.ends_with(";base64") {
         return None;
     }
+    base64_size(data)
+}
+
+/// The width and height of a base64 image, if its header says them.
+pub(super) fn base64_size(data: &str) -> Option<(u64, u64)> {
     let prefix = &data.as_bytes()[..data.len().min(MAX_HEADER_BASE64)];
     let whole = &prefix[..prefix.len() / 4 * 4];
     let bytes = base64::engine::general_purpose::STANDARD
@@ -24,6 +29,26 @@ pub(super) fn data_url_size(url: &str) -> Option<(u64, u64)> {
         .ok()?;
     let size = imagesize::blob_size(&bytes).ok()?;
     Some((size.width as u64, size.height as u64))
+}
+
+/// Anthropic's cost of a `width` x `height` image: width x height / 750,
+/// after it is scaled down (aspect kept) to at most 1,568 px on its long side
+/// and about 1.15 megapixels (1,092 x 1,092). Rounded up at every step, so it
+/// never falls below the provider's figure by rounding.
+pub(super) fn anthropic_tokens(width: u64, height: u64) -> u64 {
+    const LONG_SIDE: f64 = 1_568.0;
+    const AREA: f64 = 1_092.0 * 1_092.0;
+    let (mut w, mut h) = (width.max(1) as f64, height.max(1) as f64);
+    let longest = w.max(h);
+    if longest > LONG_SIDE {
+        (w, h) = (w * LONG_SIDE / longest, h * LONG_SIDE / longest);
+    }
+    if w * h > AREA {
+        let scale = (AREA / (w * h)).sqrt();
+        (w, h) = (w * scale, h * scale);
+    }
+    let tokens = (w.ceil() * h.ceil() / 750.0).ceil() as u64;
+    tokens.min(super::ANTHROPIC_IMAGE_MOST_TOKENS)
 }
 
 /// OpenAI's high-detail cost of a `width` x `height` image: scaled to fit
@@ -69,5 +94,20 @@ mod tests {
         assert_eq!(openai_tiles_tokens(2048, 4096), 1_105);
         assert_eq!(openai_tiles_tokens(100, 100), 255);
         assert!(openai_tiles_tokens(2048, 768) <= super::super::IMAGE_HIGH_DETAIL_MOST_TOKENS);
+    }
+
+    #[test]
+    fn anthropic_images_cost_their_area_over_750_within_the_size_limits() {
+        // Anthropic's published figures: 200 x 200 about 54 tokens, 1000 x 1000
+        // about 1,334, 1092 x 1092 about 1,590 (the most).
+        assert_eq!(anthropic_tokens(200, 200), 54);
+        assert_eq!(anthropic_tokens(1000, 1000), 1_334);
+        assert_eq!(anthropic_tokens(1092, 1092), 1_590);
+        assert!(anthropic_tokens(4000, 3000) <= 1_600);
+        assert!(anthropic_tokens(8000, 100) <= 1_600);
+        let data = png(800, 600)
+            .trim_start_matches("data:image/png;base64,")
+            .to_owned();
+        assert_eq!(base64_size(&data), Some((800, 600)));
     }
 }

@@ -333,6 +333,31 @@ pub struct ContentPart<'a> {
     /// An `image_url` part's image (its `detail` decides its cost).
     #[serde(default, borrow)]
     pub image_url: Option<ImageUrl<'a>>,
+    /// An Anthropic `image` part's source (its size, when it carries the
+    /// image itself, decides its cost).
+    #[serde(default, borrow)]
+    pub source: Option<ImageSource<'a>>,
+}
+
+/// An Anthropic `image` part's source, as far as counting needs it.
+#[derive(Debug, Deserialize)]
+pub struct ImageSource<'a> {
+    /// `base64` (the image itself), `url` or `file`.
+    #[serde(rename = "type", default, borrow)]
+    pub kind: Option<std::borrow::Cow<'a, str>>,
+    /// The base64 image of a `base64` source.
+    #[serde(default, borrow)]
+    pub data: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// An Anthropic image's tokens: by its size when the request carries it
+/// (`base64`), else the most one costs.
+pub fn anthropic_image_tokens(source: Option<&ImageSource<'_>>) -> u64 {
+    (source.filter(|s| s.kind.as_deref() == Some("base64")))
+        .and_then(|s| image::base64_size(s.data.as_deref()?))
+        .map_or(ANTHROPIC_IMAGE_MOST_TOKENS, |(w, h)| {
+            image::anthropic_tokens(w, h)
+        })
 }
 
 /// An `image_url` part's image, as far as counting needs it.
@@ -370,7 +395,7 @@ impl Content<'_> {
                         let detail = image.and_then(|i| i.detail.as_deref());
                         openai_image_tokens(detail, image.and_then(|i| i.url.as_deref()))
                     }
-                    ("image", _) => ANTHROPIC_IMAGE_MOST_TOKENS,
+                    ("image", _) => anthropic_image_tokens(part.source.as_ref()),
                     _ => NON_TEXT_PART_TOKENS,
                 })
                 .sum(),

@@ -159,6 +159,19 @@ fn list_and_responses_cases() -> Vec<Case> {
     cases
 }
 
+fn anthropic_image_cases() -> Vec<Case> {
+    [(200, 200), (1000, 1000), (4000, 3000)]
+        .into_iter()
+        .map(|(w, h)| {
+            let data = png(w, h).replace("data:image/png;base64,", "");
+            let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": [{"role": "user",
+                "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+                    {"type": "text", "text": "What is this?"}]}]});
+            ("Anthropic image as data", Api::Messages, "/messages", body)
+        })
+        .collect()
+}
+
 fn anthropic_cases() -> Vec<Case> {
     [1, 4]
         .into_iter()
@@ -204,6 +217,7 @@ async fn the_estimate_is_never_below_the_providers_count_for_any_kind_of_request
     cases.extend(image_cases());
     cases.extend(list_and_responses_cases());
     cases.extend(anthropic_cases());
+    cases.extend(anthropic_image_cases());
     // Per kind: (estimate - count) / count of each request.
     let mut errors: Vec<(&str, Vec<f64>)> = Vec::new();
     for (kind, api, path, body) in cases {
