@@ -48,20 +48,45 @@ pub(super) struct Counter {
     bpe: &'static CoreBPE,
     /// The cookbook's per-function start: 7 on `o200k_base` models, 10 before.
     function_start: u64,
+    /// Models that count images by 32 px patches: their multiplier, in
+    /// thousandths; `None`: by 512 px tiles.
+    patch_multiplier: Option<u64>,
 }
+
+/// OpenAI's models that count images by 32 px patches, with their multiplier
+/// in thousandths (its vision guide's table).
+const PATCH_MODELS: [(&str, u64); 5] = [
+    ("gpt-5-mini", 1_620),
+    ("gpt-5-nano", 2_460),
+    ("gpt-4.1-mini", 1_620),
+    ("gpt-4.1-nano", 2_460),
+    ("o4-mini", 1_720),
+];
 
 impl Counter {
     /// The counter of `model`'s encoding.
     pub(super) fn for_model(model: &str) -> Counter {
-        match get_tokenizer(model) {
-            Some(Tokenizer::O200kBase | Tokenizer::O200kHarmony) => Counter {
-                bpe: tiktoken_rs::o200k_base_singleton(),
-                function_start: 7,
-            },
-            _ => Counter {
-                bpe: tiktoken_rs::cl100k_base_singleton(),
-                function_start: 10,
-            },
+        let patch_multiplier = (PATCH_MODELS.iter())
+            .find(|(name, _)| model.starts_with(name))
+            .map(|(_, multiplier)| *multiplier);
+        let (bpe, function_start) = match get_tokenizer(model) {
+            Some(Tokenizer::O200kBase | Tokenizer::O200kHarmony) => {
+                (tiktoken_rs::o200k_base_singleton(), 7)
+            }
+            _ => (tiktoken_rs::cl100k_base_singleton(), 10),
+        };
+        Counter {
+            bpe,
+            function_start,
+            patch_multiplier,
+        }
+    }
+
+    /// An OpenAI image by this model's rule.
+    fn image(self, detail: Option<&str>, url: Option<&str>) -> u64 {
+        match self.patch_multiplier {
+            Some(multiplier) => patch_image(multiplier, url),
+            None => openai_image(detail, url),
         }
     }
 
@@ -111,12 +136,12 @@ impl Counter {
             (Some("text" | "input_text" | "output_text"), Some(text)) => self.text(text),
             (Some("image_url"), _) => {
                 let detail = part.pointer("/image_url/detail").and_then(Value::as_str);
-                openai_image(
+                self.image(
                     detail,
                     part.pointer("/image_url/url").and_then(Value::as_str),
                 )
             }
-            (Some("input_image"), _) => openai_image(
+            (Some("input_image"), _) => self.image(
                 part.get("detail").and_then(Value::as_str),
                 part.get("image_url").and_then(Value::as_str),
             ),
@@ -244,6 +269,30 @@ fn openai_image(detail: Option<&str>, url: Option<&str>) -> u64 {
         h = (h * 768_000).div_ceil(short);
     }
     85 + 170 * w.div_ceil(512_000) * h.div_ceil(512_000)
+}
+
+/// OpenAI's patch rule: the 32 px patches covering the image; more than 1,536
+/// and the image is scaled down until at most 1,536 cover it (the guide's
+/// steps, in floating point as it writes them); then times the model's
+/// multiplier. An image the mock cannot see (an address) costs the most.
+fn patch_image(multiplier: u64, url: Option<&str>) -> u64 {
+    const MOST: f64 = 1_536.0;
+    let patches = match url.and_then(data_url_image_size) {
+        None => MOST,
+        Some((w, h)) => {
+            let (w, h) = (w.max(1) as f64, h.max(1) as f64);
+            let covering = (w / 32.0).ceil() * (h / 32.0).ceil();
+            if covering <= MOST {
+                covering
+            } else {
+                let mut r = (32.0 * 32.0 * MOST / (w * h)).sqrt();
+                let (across, down) = (w * r / 32.0, h * r / 32.0);
+                r *= (across.floor() / across).min(down.floor() / down);
+                ((w * r / 32.0).ceil() * (h * r / 32.0).ceil()).min(MOST)
+            }
+        }
+    };
+    (patches as u64 * multiplier).div_ceil(1_000)
 }
 
 /// Anthropic's rule: an image larger than 1,568 px on its long side, or than

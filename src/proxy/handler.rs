@@ -350,11 +350,8 @@ fn parse_and_route<'s>(
             .ok_or_else(|| ApiError::unknown_model(model))?;
         route_cell.set(Some(route));
         let encoding = state.encoding_for(route, model);
-        Ok(TokenCounter::memoized(
-            encoding,
-            &state.count_memo,
-            &tenant.id,
-        ))
+        let counter = TokenCounter::memoized(encoding, &state.count_memo, &tenant.id);
+        Ok(counter.with_images(crate::tokens::ImageRule::for_model(model)))
     })?;
     let route = route_cell
         .get()

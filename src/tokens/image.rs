@@ -51,6 +51,14 @@ pub(super) fn anthropic_tokens(width: u64, height: u64) -> u64 {
     tokens.min(super::ANTHROPIC_IMAGE_MOST_TOKENS)
 }
 
+/// The 32 px patches covering a `width` x `height` image, at most
+/// [`super::IMAGE_MOST_PATCHES`] (OpenAI scales a larger image down to fit
+/// that many, which never takes more).
+pub(super) fn patches(width: u64, height: u64) -> u64 {
+    let covering = width.max(1).div_ceil(32) * height.max(1).div_ceil(32);
+    covering.min(super::IMAGE_MOST_PATCHES)
+}
+
 /// OpenAI's high-detail cost of a `width` x `height` image: scaled to fit
 /// 2048 x 2048, then down to 768 px on its short side, 170 tokens per 512 px
 /// tile of that, plus 85.
@@ -94,6 +102,23 @@ mod tests {
         assert_eq!(openai_tiles_tokens(2048, 4096), 1_105);
         assert_eq!(openai_tiles_tokens(100, 100), 255);
         assert!(openai_tiles_tokens(2048, 768) <= super::super::IMAGE_HIGH_DETAIL_MOST_TOKENS);
+    }
+
+    #[test]
+    fn patch_models_cost_32_px_patches_times_their_multiplier() {
+        use super::super::ImageRule;
+        let mini = ImageRule::for_model("gpt-4.1-mini-2025-04-14");
+        assert_eq!(mini, ImageRule::Patches { per_mille: 1_620 });
+        assert_eq!(ImageRule::for_model("gpt-4.1"), ImageRule::Tiles);
+        // OpenAI's example: 1024 x 1024 is 32 x 32 = 1,024 patches.
+        assert_eq!(patches(1024, 1024), 1_024);
+        assert_eq!(mini.tokens(None, Some(&png(1024, 1024))), 1_659);
+        // A larger image is scaled to at most 1,536 patches; by address, the
+        // most one costs, whatever its detail.
+        assert_eq!(patches(1800, 2400), 1_536);
+        assert_eq!(mini.tokens(Some("low"), Some("https://e.com/a.png")), 2_489);
+        let nano = ImageRule::for_model("gpt-4.1-nano");
+        assert_eq!(nano.tokens(None, None), 3_779);
     }
 
     #[test]

@@ -60,10 +60,59 @@ pub const ANTHROPIC_IMAGE_MOST_TOKENS: u64 = 1_600;
 /// An image's reservation by its `detail` and, when the request carries the
 /// image (a `data:` URL), its size (OpenAI's tile rule); else the rule's bound.
 pub fn openai_image_tokens(detail: Option<&str>, url: Option<&str>) -> u64 {
-    match (detail, url.and_then(image::data_url_size)) {
-        (Some("low"), _) => IMAGE_LOW_DETAIL_TOKENS,
-        (_, Some((width, height))) => image::openai_tiles_tokens(width, height),
-        _ => IMAGE_HIGH_DETAIL_MOST_TOKENS,
+    ImageRule::Tiles.tokens(detail, url)
+}
+
+/// Most 32 px patches an image costs on the patch rule.
+pub const IMAGE_MOST_PATCHES: u64 = 1_536;
+
+/// How an OpenAI model counts an image.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImageRule {
+    /// 170 per 512 px tile plus 85 (gpt-4o, gpt-4.1, the o-series but o4-mini).
+    #[default]
+    Tiles,
+    /// One per 32 px patch, at most [`IMAGE_MOST_PATCHES`], times the model's
+    /// multiplier in thousandths (gpt-4.1-mini and gpt-5-mini 1.62,
+    /// gpt-4.1-nano and gpt-5-nano 2.46, o4-mini 1.72).
+    Patches {
+        /// The multiplier, in thousandths.
+        per_mille: u64,
+    },
+}
+
+impl ImageRule {
+    /// The rule of `model` (by OpenAI's published list; tiles otherwise).
+    pub fn for_model(model: &str) -> ImageRule {
+        let per_mille = [
+            ("gpt-4.1-mini", 1_620),
+            ("gpt-5-mini", 1_620),
+            ("gpt-4.1-nano", 2_460),
+            ("gpt-5-nano", 2_460),
+            ("o4-mini", 1_720),
+        ]
+        .into_iter()
+        .find(|(prefix, _)| model.starts_with(prefix))
+        .map(|(_, m)| m);
+        per_mille.map_or(ImageRule::Tiles, |per_mille| ImageRule::Patches {
+            per_mille,
+        })
+    }
+
+    /// An image's reservation by its `detail` and, when the request carries
+    /// the image (a `data:` URL), its size; else the rule's bound. The patch
+    /// rule ignores `detail` (its models do not document one).
+    pub fn tokens(self, detail: Option<&str>, url: Option<&str>) -> u64 {
+        let size = url.and_then(image::data_url_size);
+        match (self, detail, size) {
+            (ImageRule::Tiles, Some("low"), _) => IMAGE_LOW_DETAIL_TOKENS,
+            (ImageRule::Tiles, _, Some((w, h))) => image::openai_tiles_tokens(w, h),
+            (ImageRule::Tiles, _, None) => IMAGE_HIGH_DETAIL_MOST_TOKENS,
+            (ImageRule::Patches { per_mille }, _, size) => {
+                let patches = size.map_or(IMAGE_MOST_PATCHES, |(w, h)| image::patches(w, h));
+                (patches * per_mille).div_ceil(1_000)
+            }
+        }
     }
 }
 
@@ -204,6 +253,7 @@ pub const COMMON_ROLES: [&str; 6] = [
 pub struct TokenCounter<'a> {
     encoding: Encoding,
     how: Counting<'a>,
+    images: ImageRule,
 }
 
 #[derive(Clone, Copy)]
@@ -217,6 +267,7 @@ impl From<Encoding> for TokenCounter<'_> {
         TokenCounter {
             encoding,
             how: Counting::Direct,
+            images: ImageRule::Tiles,
         }
     }
 }
@@ -227,7 +278,19 @@ impl<'a> TokenCounter<'a> {
         TokenCounter {
             encoding,
             how: Counting::Memoized(memo, tenant),
+            images: ImageRule::Tiles,
         }
+    }
+
+    /// The same counter, costing OpenAI images by `rule` (the model's).
+    pub fn with_images(mut self, rule: ImageRule) -> Self {
+        self.images = rule;
+        self
+    }
+
+    /// An OpenAI image's tokens, by the model's rule.
+    pub fn image_tokens(self, detail: Option<&str>, url: Option<&str>) -> u64 {
+        self.images.tokens(detail, url)
     }
 
     /// Tokens in a message's `role` (never memoized: [`Encoding::count_role`]
@@ -393,7 +456,7 @@ impl Content<'_> {
                     ("image_url", _) => {
                         let image = part.image_url.as_ref();
                         let detail = image.and_then(|i| i.detail.as_deref());
-                        openai_image_tokens(detail, image.and_then(|i| i.url.as_deref()))
+                        counter.image_tokens(detail, image.and_then(|i| i.url.as_deref()))
                     }
                     ("image", _) => anthropic_image_tokens(part.source.as_ref()),
                     _ => NON_TEXT_PART_TOKENS,

@@ -13,7 +13,7 @@
 
 use super::{
     NON_TEXT_PART_TOKENS, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TokenCounter,
-    count_json, openai_image_tokens,
+    count_json,
 };
 use serde_json::Value;
 
@@ -81,7 +81,7 @@ fn count_content(counter: TokenCounter<'_>, content: &Value) -> u64 {
                     (Some("input_text" | "output_text" | "text"), Some(text)) => {
                         counter.count_text(text)
                     }
-                    (Some("input_image"), _) => openai_image_tokens(
+                    (Some("input_image"), _) => counter.image_tokens(
                         part.get("detail").and_then(Value::as_str),
                         part.get("image_url").and_then(Value::as_str),
                     ),

@@ -125,6 +125,15 @@ fn image_cases() -> Vec<Case> {
         "/chat/completions",
         image_chat(&png(1024, 1024), Some("low")),
     ));
+    for url in [
+        png(1024, 1024),
+        png(1800, 2400),
+        "https://example.com/a.png".into(),
+    ] {
+        let mut body = image_chat(&url, None);
+        body["model"] = json!("gpt-4.1-mini");
+        cases.push(("image, a patch model", Api::Chat, "/chat/completions", body));
+    }
     cases.push((
         "image by address, high",
         Api::Chat,
