@@ -19,7 +19,9 @@ pub mod admin;
 pub mod build;
 
 /// The whole HTTP surface of a node: the proxy's routes and the operations
-/// routes, with every other path answered in the caller's error shape.
+/// routes, with every other path answered in the caller's error shape, and
+/// every answer carrying an `x-request-id` (the proxied ones their
+/// provider's, when it gave one).
 pub fn app(state: Arc<AppState>) -> axum::Router {
     let admin = Arc::new(admin::AdminParts::of(&state));
     proxy::routes()
@@ -27,6 +29,13 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .merge(admin::routes(admin))
         .fallback(proxy::not_found)
         .method_not_allowed_fallback(proxy::method_not_allowed)
+        .layer(axum::middleware::map_response(with_request_id))
+}
+
+/// Gives an answer that has none its own `x-request-id`.
+async fn with_request_id(mut response: axum::response::Response) -> axum::response::Response {
+    proxy::request_id::stamp(&mut response);
+    response
 }
 
 /// The handles cluster sync works on, with requests peers spill here served by

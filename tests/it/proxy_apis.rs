@@ -178,3 +178,24 @@ async fn passed_through_endpoints_stream_both_ways_and_cost_one_request_each() {
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// Every answer carries an id a client can quote: the model list, the
+/// operations routes, an unknown path.
+#[tokio::test]
+async fn every_answer_carries_a_request_id() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&single("rpm = 10"), &[&upstream]).await;
+    let client = reqwest::Client::new();
+    for path in ["/v1/models", "/healthz", "/metrics", "/v1/nowhere"] {
+        let answer = (client.get(format!("http://{}{path}", node.addr)))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap();
+        let id = answer.headers().get("x-request-id");
+        let id = id.and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(id.starts_with("req_") && id.len() > 8, "{path}: {id:?}");
+    }
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
