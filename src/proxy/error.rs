@@ -243,7 +243,7 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         if let Some(rate) = &self.rate_headers {
-            rate.apply(headers);
+            rate.apply_for(self.flavor, headers);
         }
         if let Some(wait) = self.retry_after {
             let secs = wait.as_millis().div_ceil(1000).max(1);

@@ -438,7 +438,8 @@ async fn forward(
     };
     match dispatch(state, admitted, permit, Box::new(guard)).await {
         Ok(mut response) => {
-            rate_headers.apply(response.headers_mut());
+            let flavor = super::error::Flavor::of(asked.api);
+            rate_headers.apply_for(flavor, response.headers_mut());
             Ok(response)
         }
         Err(mut error) => {

@@ -1,6 +1,8 @@
-//! OpenAI-style rate-limit headers from a scope's figures:
+//! Rate-limit headers from a scope's figures: OpenAI's
 //! `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, with resets written the
-//! way OpenAI writes them (`"1s"`, `"6m0s"`, `"120ms"`), which SDKs parse.
+//! way OpenAI writes them (`"1s"`, `"6m0s"`, `"120ms"`), which SDKs parse; and for
+//! Anthropic's clients `anthropic-ratelimit-*`, its input and output windows
+//! included, resets as RFC 3339 instants.
 
 use crate::actor::ScopeStatus;
 use crate::actor::scope::WindowStatus;
@@ -21,11 +23,38 @@ pub const TOKENS: [HeaderName; 3] = [
     HeaderName::from_static("x-ratelimit-reset-tokens"),
 ];
 
-/// The six header values of one response.
+/// Anthropic's names, `anthropic-ratelimit-<limit>-{limit,remaining,reset}`,
+/// for requests, tokens, input tokens and output tokens.
+const ANTHROPIC: [[HeaderName; 3]; 4] = [
+    [
+        HeaderName::from_static("anthropic-ratelimit-requests-limit"),
+        HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-requests-reset"),
+    ],
+    [
+        HeaderName::from_static("anthropic-ratelimit-tokens-limit"),
+        HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
+    ],
+    [
+        HeaderName::from_static("anthropic-ratelimit-input-tokens-limit"),
+        HeaderName::from_static("anthropic-ratelimit-input-tokens-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-input-tokens-reset"),
+    ],
+    [
+        HeaderName::from_static("anthropic-ratelimit-output-tokens-limit"),
+        HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-output-tokens-reset"),
+    ],
+];
+
+/// The rate-limit header values of one response.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RateHeaders {
     requests: Option<WindowStatus>,
     tokens: Option<WindowStatus>,
+    input_tokens: Option<WindowStatus>,
+    output_tokens: Option<WindowStatus>,
 }
 
 impl RateHeaders {
@@ -34,6 +63,40 @@ impl RateHeaders {
         RateHeaders {
             requests: status.requests,
             tokens: status.tokens,
+            input_tokens: status.input_tokens,
+            output_tokens: status.output_tokens,
+        }
+    }
+
+    /// Writes the headers of `flavor`'s clients: OpenAI's always (SDKs of
+    /// either read them), and for Anthropic's clients Anthropic's too, which
+    /// also say the input and output windows (resets as RFC 3339 instants from
+    /// `now`).
+    pub fn apply_for(&self, flavor: super::error::Flavor, headers: &mut HeaderMap) {
+        self.apply(headers);
+        if flavor == super::error::Flavor::Anthropic {
+            self.apply_anthropic(headers, std::time::SystemTime::now());
+        }
+    }
+
+    /// Anthropic's `anthropic-ratelimit-*` headers of every limited window.
+    pub fn apply_anthropic(&self, headers: &mut HeaderMap, now: std::time::SystemTime) {
+        let windows = [
+            self.requests,
+            self.tokens,
+            self.input_tokens,
+            self.output_tokens,
+        ];
+        for (window, [limit, remaining, reset]) in windows.into_iter().zip(ANTHROPIC) {
+            let Some(w) = window else { continue };
+            headers.insert(limit, HeaderValue::from(w.limit));
+            headers.insert(remaining, HeaderValue::from(w.remaining));
+            // Whole seconds, rounded up: the window is whole again by then.
+            let at = now + std::time::Duration::from_secs(w.reset_ns.div_ceil(1_000_000_000));
+            let text = humantime::format_rfc3339_seconds(at).to_string();
+            if let Ok(value) = HeaderValue::from_str(&text) {
+                headers.insert(reset, value);
+            }
         }
     }
 
@@ -129,6 +192,35 @@ pub fn parse_reset(text: &str) -> Option<std::time::Duration> {
 #[cfg(test)]
 mod tests {
     use super::{RateHeaders, format_reset, parse_reset};
+
+    #[test]
+    fn anthropic_clients_are_told_each_window_with_its_reset_instant() {
+        let window = |limit, used, reset_ns| {
+            Some(WindowStatus {
+                limit,
+                used,
+                remaining: limit - used,
+                reset_ns,
+            })
+        };
+        let rate = RateHeaders {
+            requests: window(50, 1, 59_000_000_000),
+            input_tokens: window(30_000, 500, 1_500_000_000),
+            output_tokens: window(8_000, 8_000, 60_000_000_000),
+            ..RateHeaders::default()
+        };
+        let mut headers = HeaderMap::new();
+        let now = humantime::parse_rfc3339("2026-12-07T12:00:00Z").unwrap();
+        rate.apply_anthropic(&mut headers, now);
+        assert_eq!(headers["anthropic-ratelimit-requests-remaining"], "49");
+        assert_eq!(headers["anthropic-ratelimit-input-tokens-limit"], "30000");
+        assert_eq!(
+            headers["anthropic-ratelimit-input-tokens-reset"],
+            "2026-12-07T12:00:02Z"
+        );
+        assert_eq!(headers["anthropic-ratelimit-output-tokens-remaining"], "0");
+        assert!(headers.get("anthropic-ratelimit-tokens-limit").is_none());
+    }
     use crate::actor::scope::WindowStatus;
     use axum::http::HeaderMap;
     use std::time::Duration;
@@ -221,13 +313,13 @@ mod tests {
         let mut headers = HeaderMap::new();
         RateHeaders {
             requests: window(500, 498, 1_500_000_000),
-            tokens: None,
+            ..RateHeaders::default()
         }
         .apply(&mut headers);
         assert_eq!(headers.len(), 3, "no token headers without a token limit");
         RateHeaders {
-            requests: None,
             tokens: window(150_000, 149_000, 20_000_000),
+            ..RateHeaders::default()
         }
         .apply(&mut headers);
         for (name, value) in [

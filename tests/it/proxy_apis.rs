@@ -199,3 +199,35 @@ async fn every_answer_carries_a_request_id() {
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// A Messages API client is told its input and output windows in Anthropic's
+/// headers, beside OpenAI's.
+#[tokio::test]
+async fn messages_answers_carry_anthropics_rate_limit_headers() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&single("rpm = 10\nitpm = 5000\notpm = 1000"), &[&upstream]).await;
+    let body = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let answer = post(
+        &node,
+        "/messages",
+        body,
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let headers = answer.headers();
+    assert_eq!(headers["anthropic-ratelimit-requests-remaining"], "9");
+    assert_eq!(headers["anthropic-ratelimit-output-tokens-limit"], "1000");
+    assert_eq!(
+        headers["anthropic-ratelimit-output-tokens-remaining"],
+        "950"
+    );
+    let reset = headers["anthropic-ratelimit-input-tokens-reset"]
+        .to_str()
+        .unwrap();
+    assert!(humantime::parse_rfc3339(reset).is_ok(), "{reset}");
+    assert!(headers.contains_key("x-ratelimit-remaining-requests"));
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
