@@ -106,11 +106,12 @@ struct BenchArgs {
     #[arg(long, default_value = "1,3,5")]
     nodes: String,
     /// Workloads, comma-separated: patterns (mixed, uniform, hot-tenant,
-    /// skewed-nodes, bursty) and `seed` (the seed scenario: every cell of it,
-    /// after the matrix).
+    /// skewed-nodes, bursty, agents: uniform with half the requests agents'
+    /// calls) and `seed` (the seed scenario: every cell of it, after the
+    /// matrix).
     #[arg(
         long,
-        default_value = "uniform,hot-tenant,skewed-nodes,bursty,mixed,seed"
+        default_value = "uniform,hot-tenant,skewed-nodes,bursty,mixed,agents,seed"
     )]
     workloads: String,
     /// Request loops in the whole cluster, shared by the clients (at least one

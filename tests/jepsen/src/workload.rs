@@ -54,16 +54,19 @@ pub enum Pattern {
     SkewedNodes,
     /// Every client sends the same, in 2 s on / 2 s off phases (all in step).
     Bursty,
+    /// As `uniform`, half the requests agents' calls ([`agent_request`]).
+    Agents,
 }
 
 impl Pattern {
     /// Every pattern, for the benchmark matrix.
-    pub const ALL: [Pattern; 5] = [
+    pub const ALL: [Pattern; 6] = [
         Pattern::Mixed,
         Pattern::Uniform,
         Pattern::HotTenant,
         Pattern::SkewedNodes,
         Pattern::Bursty,
+        Pattern::Agents,
     ];
 
     /// Its name on the command line and in tables.
@@ -74,6 +77,7 @@ impl Pattern {
             Pattern::HotTenant => "hot-tenant",
             Pattern::SkewedNodes => "skewed-nodes",
             Pattern::Bursty => "bursty",
+            Pattern::Agents => "agents",
         }
     }
 
@@ -83,7 +87,7 @@ impl Pattern {
             .find(|p| p.name() == name)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown workload {name:?}: mixed, uniform, hot-tenant, skewed-nodes, bursty"
+                    "unknown workload {name:?}: mixed, uniform, hot-tenant, skewed-nodes, bursty, agents"
                 )
             })
     }
@@ -94,7 +98,7 @@ impl Pattern {
         let (n, t) = (nodes.max(1) as f64, tenants.max(1) as f64);
         match self {
             Pattern::Mixed => 4.0 / (node as f64 + 1.0) / (tenant as f64 + 1.0),
-            Pattern::Uniform | Pattern::Bursty => 4.0 / (n * t),
+            Pattern::Uniform | Pattern::Bursty | Pattern::Agents => 4.0 / (n * t),
             Pattern::HotTenant => {
                 // 16:1 between tenant 0 and each other tenant.
                 let parts = 16.0 + (t - 1.0);
