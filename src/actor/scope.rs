@@ -57,6 +57,23 @@ pub struct Cost {
 }
 
 impl Cost {
+    /// What a request that used `prompt` input tokens (cache reads apart),
+    /// `cache_read` cache-read ones and `completion` output tokens costs a
+    /// scope that counts cache reads as input or not.
+    pub fn of_usage(
+        prompt: u64,
+        cache_read: u64,
+        completion: u64,
+        counts_cache_reads: bool,
+    ) -> Cost {
+        let cached = if counts_cache_reads { cache_read } else { 0 };
+        Cost {
+            input: prompt.saturating_add(cached),
+            output: completion,
+            output_cap: 0,
+        }
+    }
+
     /// Input and output together.
     pub fn tokens(self) -> u64 {
         self.input.saturating_add(self.output)
@@ -297,16 +314,7 @@ impl ScopeLimits {
     /// What a request that used `prompt` input tokens (cache reads apart),
     /// `cache_read` cache-read ones and `completion` output tokens costs here.
     pub fn usage_cost(&self, prompt: u64, cache_read: u64, completion: u64) -> Cost {
-        let cached = if self.counts_cache_reads {
-            cache_read
-        } else {
-            0
-        };
-        Cost {
-            input: prompt.saturating_add(cached),
-            output: completion,
-            output_cap: 0,
-        }
+        Cost::of_usage(prompt, cache_read, completion, self.counts_cache_reads)
     }
 
     /// The tokens `cost` reserves here: all of them where the tokens window is

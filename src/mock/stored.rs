@@ -64,6 +64,11 @@ fn not_found(message: String) -> ApiError {
     }
 }
 
+/// The 401 of a call without the mock's key, in OpenAI's shape.
+fn unauthorized(mock: &MockState, headers: &HeaderMap) -> Option<Response> {
+    (mock.check_auth(headers).err()).map(|error| error.into_response(Flavor::OpenAi))
+}
+
 fn no_response(id: &str) -> ApiError {
     not_found(format!("No response found with id '{id}'."))
 }
@@ -74,8 +79,8 @@ pub(crate) async fn get_response(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(error) = mock.check_auth(&headers) {
-        return error.into_response(Flavor::OpenAi);
+    if let Some(refused) = unauthorized(&mock, &headers) {
+        return refused;
     }
     match mock.stored.get(&id) {
         Some(response) => axum::Json(response).into_response(),
@@ -89,8 +94,8 @@ pub(crate) async fn delete_response(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(error) = mock.check_auth(&headers) {
-        return error.into_response(Flavor::OpenAi);
+    if let Some(refused) = unauthorized(&mock, &headers) {
+        return refused;
     }
     if mock.stored.delete(&id) {
         axum::Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response()
@@ -106,8 +111,8 @@ pub(crate) async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(error) = mock.check_auth(&headers) {
-        return error.into_response(Flavor::OpenAi);
+    if let Some(refused) = unauthorized(&mock, &headers) {
+        return refused;
     }
     let mut bytes = 0u64;
     let mut stream = body.into_data_stream();
@@ -138,8 +143,8 @@ pub(crate) async fn content(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(error) = mock.check_auth(&headers) {
-        return error.into_response(Flavor::OpenAi);
+    if let Some(refused) = unauthorized(&mock, &headers) {
+        return refused;
     }
     let size = (id.strip_prefix("file-mock"))
         .and_then(|rest| rest.split_once('-'))

@@ -21,17 +21,17 @@ pub(super) async fn admit(
     state: &AppState,
     group: Option<&ScopeId>,
     scope: &ScopeId,
-    request: &AcquireRequest,
+    mut request: AcquireRequest,
     wait_until: Instant,
 ) -> Result<Admission, ApiError> {
     let inner = match group {
-        Some(group) => match admit_one(state, group, request, wait_until).await? {
+        Some(group) => match admit_one(state, group, &mut request, wait_until).await? {
             Ok((_, permit)) => Some(permit),
             Err(refusal) => return Ok(Err(refusal)),
         },
         None => None,
     };
-    let admitted = admit_one(state, scope, request, wait_until).await?;
+    let admitted = admit_one(state, scope, &mut request, wait_until).await?;
     Ok(admitted.map(|(grant, permit)| match inner {
         Some(inner) => (grant, permit.holding(inner)),
         None => (grant, permit),
@@ -44,21 +44,20 @@ pub(super) async fn admit(
 const REDIS_LOST_RETRIES: u32 = 1;
 
 /// Admits `request` on one scope's actor and, in `redis` mode, in Redis, within
-/// what is left of the wait.
+/// what is left of the wait (set into `request` before each try).
 async fn admit_one(
     state: &AppState,
     scope: &ScopeId,
-    request: &AcquireRequest,
+    request: &mut AcquireRequest,
     wait_until: Instant,
 ) -> Result<Admission, ApiError> {
     let mut lost = 0;
     loop {
-        let mut asked = request.clone();
         if !request.probe {
             let left = wait_until.saturating_duration_since(Instant::now());
-            asked.max_wait_ns = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
+            request.max_wait_ns = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
         }
-        let (answer, handle) = (state.registry.acquire(scope, &asked).await)
+        let (answer, handle) = (state.registry.acquire(scope, request).await)
             .map_err(|e| ApiError::unavailable(e.to_string(), Duration::from_secs(1)))?;
         let grant = match answer {
             Ok(grant) => grant,

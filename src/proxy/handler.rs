@@ -85,7 +85,7 @@ pub async fn handle(
         tenant: None,
         status: None,
     };
-    let mut response = match serve(&state, api, hop, &headers, body, &mut outcome.tenant).await {
+    let response = match serve(&state, api, hop, &headers, body, &mut outcome.tenant).await {
         Ok(response) => response,
         Err(error) => {
             let id = request_id::new();
@@ -97,7 +97,8 @@ pub async fn handle(
             response
         }
     };
-    request_id::stamp(&mut response);
+    // Answers without the provider's id get the node's own from the app's
+    // response layer (`server::app`).
     outcome.status = Some(response.status().as_u16());
     response
 }
@@ -383,7 +384,7 @@ async fn admit_on_tenant<'r>(
             busy_above: None,
             probe,
         };
-        let answer = super::admit::admit(state, group, scope, &request, asked.wait_until).await?;
+        let answer = super::admit::admit(state, group, scope, request, asked.wait_until).await?;
         let (grant, permit) = match answer {
             Ok(admitted) => admitted,
             Err(refusal) if probe => {

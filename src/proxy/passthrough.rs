@@ -57,12 +57,10 @@ const FORWARDED_RESPONSE_HEADERS: [HeaderName; 4] = [
 
 /// Every passed-through path.
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let mut response = match pass(&state, request).await {
+    match pass(&state, request).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
-    };
-    request_id::stamp(&mut response);
-    response
+    }
 }
 
 async fn pass(state: &Arc<AppState>, request: Request) -> Result<Response, ApiError> {
@@ -145,7 +143,7 @@ async fn admit(
         busy_above: None,
         probe: false,
     };
-    let admitted = super::admit::admit(state, None, &tenant.scope, &request, wait_until).await?;
+    let admitted = super::admit::admit(state, None, &tenant.scope, request, wait_until).await?;
     admitted.map_err(|refusal| handler::tenant_refusal(&refusal))
 }
 

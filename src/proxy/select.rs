@@ -55,7 +55,7 @@ async fn try_one(
         probe: false,
     };
     let group = upstream.model_groups.for_model(&demand.model);
-    let admitted = super::admit::admit(state, group, &upstream.scope, &request, wait_until).await?;
+    let admitted = super::admit::admit(state, group, &upstream.scope, request, wait_until).await?;
     Ok(admitted.map(|(_, permit)| permit))
 }
 

@@ -17,17 +17,32 @@ fn registry_with(
     idle_secs: u64,
 ) -> (Registry, ScopeId) {
     let scope = ScopeId::tenant("t");
-    let window = |capacity| {
-        Some(LimitSpec::new(
-            capacity,
-            10 * NANOS_PER_SEC,
-            Algorithm::SlidingWindow,
-        ))
-    };
+    let windows = [window(requests), window(tokens), None, None];
+    let registry = registry_over(&scope, windows, Some(slots), max_queue, idle_secs);
+    (registry, scope)
+}
+
+/// A limit of `capacity` per 10 s.
+fn window(capacity: u64) -> Option<LimitSpec> {
+    Some(LimitSpec::new(
+        capacity,
+        10 * NANOS_PER_SEC,
+        Algorithm::SlidingWindow,
+    ))
+}
+
+/// A registry of `scope` alone, with these `windows` and `slots`.
+fn registry_over(
+    scope: &ScopeId,
+    windows: [Option<LimitSpec>; crate::actor::WINDOWS],
+    slots: Option<u64>,
+    max_queue: usize,
+    idle_secs: u64,
+) -> Registry {
     let spec = ScopeSpec {
-        windows: [window(requests), window(tokens), None, None],
+        windows,
         counts_cache_reads: false,
-        concurrency: Some(slots),
+        concurrency: slots,
         adaptive: None,
         allowances: Allowances::default(),
         leased_from: None,
@@ -38,15 +53,14 @@ fn registry_with(
         max_queue,
         idle_timeout_ns: idle_secs * NANOS_PER_SEC,
     };
-    let registry = Registry::new(
+    Registry::new(
         HashMap::from([(scope.clone(), spec)]),
         defaults,
         Clock::start(),
         Arc::new(ActorMetrics::default()),
         None,
     )
-    .unwrap();
-    (registry, scope)
+    .unwrap()
 }
 
 async fn acquire(registry: &Registry, scope: &ScopeId) -> Result<Permit, Refusal> {
@@ -560,30 +574,8 @@ async fn output_windows_charge_max_tokens_where_the_tokens_window_takes_an_estim
     // An upstream of 1,000 tokens and 150 output tokens per window, sent a
     // request whose tenant estimated 10 of its max_tokens 100.
     let scope = ScopeId::upstream("anthropic");
-    let window = |capacity| {
-        Some(LimitSpec::new(
-            capacity,
-            10 * NANOS_PER_SEC,
-            Algorithm::SlidingWindow,
-        ))
-    };
-    let spec = ScopeSpec {
-        windows: [None, window(1_000), None, window(150)],
-        counts_cache_reads: false,
-        concurrency: None,
-        adaptive: None,
-        allowances: Allowances::default(),
-        leased_from: None,
-    };
-    let defaults = ActorDefaults {
-        batch_ceiling: Ceiling::FULL,
-        aging_ns: NANOS_PER_SEC,
-        max_queue: 4,
-        idle_timeout_ns: 60 * NANOS_PER_SEC,
-    };
-    let metrics = Arc::new(ActorMetrics::default());
-    let specs = HashMap::from([(scope.clone(), spec)]);
-    let registry = Registry::new(specs, defaults, Clock::start(), metrics, None).unwrap();
+    let windows = [None, window(1_000), None, window(150)];
+    let registry = registry_over(&scope, windows, None, 4, 60);
     let ask = AcquireRequest {
         max_completion_tokens: 100,
         completion_estimate: Some(10),

@@ -46,37 +46,7 @@ impl RemoteCharge for Charge {
         // TIME when it runs, so the time the settlement spends in flight only
         // dates the charge later (the safe direction).
         let answered_ago_ms = (answered.into_inner()).map(|at| at.elapsed().as_millis() as u64);
-        let actual = match how {
-            SettleWith::Usage {
-                prompt,
-                cache_read,
-                completion,
-            } => {
-                let cached = if counts_cache_reads { cache_read } else { 0 };
-                let input = prompt.saturating_add(cached);
-                let tokens = Cost {
-                    input,
-                    output: completion,
-                    output_cap: 0,
-                };
-                Settled {
-                    requests: 1,
-                    tokens,
-                }
-            }
-            SettleWith::KeepReserved => Settled {
-                requests: 1,
-                tokens: reservation.cost,
-            },
-            SettleWith::RefundTokens => Settled {
-                requests: 1,
-                tokens: Cost::default(),
-            },
-            SettleWith::Cancel => Settled {
-                requests: 0,
-                tokens: Cost::default(),
-            },
-        };
+        let actual = settled(how, reservation.cost, counts_cache_reads);
         tokio::spawn(async move {
             let settled = gate
                 .store
@@ -93,6 +63,25 @@ impl RemoteCharge for Charge {
             }
         });
     }
+}
+
+/// What a reservation of `reserved` comes to in Redis when its permit ends
+/// `how`: the same figures the local settlement takes (`Cost::of_usage`).
+pub(super) fn settled(how: SettleWith, reserved: Cost, counts_cache_reads: bool) -> Settled {
+    let (requests, tokens) = match how {
+        SettleWith::Usage {
+            prompt,
+            cache_read,
+            completion,
+        } => (
+            1,
+            Cost::of_usage(prompt, cache_read, completion, counts_cache_reads),
+        ),
+        SettleWith::KeepReserved => (1, reserved),
+        SettleWith::RefundTokens => (1, Cost::default()),
+        SettleWith::Cancel => (0, Cost::default()),
+    };
+    Settled { requests, tokens }
 }
 
 impl RedisGate {

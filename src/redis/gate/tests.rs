@@ -1,3 +1,4 @@
+use super::charge::settled;
 use super::*;
 
 /// A gate over one tenant limiting requests (12 per window) and slots (3), its
@@ -159,5 +160,42 @@ async fn reservations_ask_for_the_caps_peers_losses_lowered() {
     assert_eq!(
         (reservation.windows[0].capacity, reservation.concurrency),
         (12, 3)
+    );
+}
+
+#[test]
+fn redis_settles_to_the_figures_the_local_scope_settles_to() {
+    let reserved = Cost {
+        input: 100,
+        output: 40,
+        output_cap: 200,
+    };
+    let usage = SettleWith::Usage {
+        prompt: 90,
+        cache_read: 900,
+        completion: 7,
+    };
+    // Cache reads count as input only where the scope says so.
+    assert_eq!(settled(usage, reserved, false).tokens.input, 90);
+    let counted = settled(usage, reserved, true);
+    assert_eq!((counted.requests, counted.tokens.input), (1, 990));
+    assert_eq!(
+        counted.tokens.on(Dimension::OutputTokens),
+        7,
+        "the real output"
+    );
+    let kept = settled(SettleWith::KeepReserved, reserved, false);
+    assert_eq!(
+        kept.tokens.on(Dimension::OutputTokens),
+        200,
+        "max_tokens kept"
+    );
+    assert_eq!(settled(SettleWith::Cancel, reserved, false).requests, 0);
+    assert_eq!(
+        settled(SettleWith::RefundTokens, reserved, false),
+        Settled {
+            requests: 1,
+            tokens: Cost::default()
+        }
     );
 }
