@@ -65,18 +65,22 @@ async fn completions_response(
     let max_tokens = request::max_tokens(&[("max_tokens", req.max_tokens)])?;
     let (stream, include_usage) = request::stream_mode(req.stream, req.stream_options)?;
     request::single_choice(req.n)?;
+    // Each prompt's `best_of` completions are all generated and billed; one
+    // is returned.
+    let best_of = request::best_of(req.best_of)?;
     req.prompt.validate("prompt", true)?;
     mock.check_model(&req.model)?;
     let prompt_tokens = req.prompt.count(Counter::for_model(&req.model));
     let (seq, completion) = mock.draw(Some(max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)));
     let prompts = req.prompt.len() as u64;
+    let generated = prompts * best_of;
     let charge = Charge {
         api: Api::Completions,
         model: &req.model,
         prompt_tokens,
-        completion_tokens: completion.tokens * prompts,
+        completion_tokens: completion.tokens * generated,
         // The cap the request set: the default of 16 only caps the draw.
-        output_cap: max_tokens.map(|cap| cap.saturating_mul(prompts)),
+        output_cap: max_tokens.map(|cap| cap.saturating_mul(generated)),
         stream,
     };
     let Admission { slot, headers } = mock.admit(charge).await?;
@@ -91,14 +95,20 @@ async fn completions_response(
         include_usage,
     };
     if !stream {
-        return Ok(json_response(completions_json(&reply, prompts), headers));
+        return Ok(json_response(
+            completions_json(&reply, prompts, generated),
+            headers,
+        ));
     }
     let mut sse = SseBuilder::default();
-    completions_stream(&mut sse, &reply, prompts, mock.config().inter_token_ms);
+    let pace = mock.config().inter_token_ms;
+    completions_stream(&mut sse, &reply, (prompts, generated), pace);
     Ok(sse.into_response(headers, slot))
 }
 
-fn completions_json(reply: &Reply<'_>, prompts: u64) -> Vec<u8> {
+/// The answer: a choice per prompt; the usage bills every `generated`
+/// completion.
+fn completions_json(reply: &Reply<'_>, prompts: u64, generated: u64) -> Vec<u8> {
     let text = completion::text(reply.completion.tokens);
     let choices: Vec<TextChoice> = (0..prompts)
         .map(|index| TextChoice {
@@ -108,7 +118,7 @@ fn completions_json(reply: &Reply<'_>, prompts: u64) -> Vec<u8> {
             finish_reason: Some(reply.finish_reason()),
         })
         .collect();
-    let usage = Usage::new(reply.prompt_tokens, reply.completion.tokens * prompts);
+    let usage = Usage::new(reply.prompt_tokens, reply.completion.tokens * generated);
     to_json(&TextCompletion {
         id: &reply.id,
         object: "text_completion",
@@ -119,7 +129,12 @@ fn completions_json(reply: &Reply<'_>, prompts: u64) -> Vec<u8> {
     })
 }
 
-fn completions_stream(sse: &mut SseBuilder, reply: &Reply<'_>, prompts: u64, inter_token_ms: u64) {
+fn completions_stream(
+    sse: &mut SseBuilder,
+    reply: &Reply<'_>,
+    (prompts, generated): (u64, u64),
+    inter_token_ms: u64,
+) {
     let emit = |sse: &mut SseBuilder, choices: &[TextChoice<'_>], usage| {
         let chunk = TextCompletion {
             id: &reply.id,
@@ -153,7 +168,7 @@ fn completions_stream(sse: &mut SseBuilder, reply: &Reply<'_>, prompts: u64, int
         emit(sse, &[last], reply.chunk_usage());
     }
     if reply.include_usage {
-        let usage = Usage::new(reply.prompt_tokens, reply.completion.tokens * prompts);
+        let usage = Usage::new(reply.prompt_tokens, reply.completion.tokens * generated);
         emit(sse, &[], Some(Some(usage)));
     }
     sse.done_marker();

@@ -48,6 +48,10 @@ pub(crate) struct CompletionsRequest<'a> {
     pub(crate) stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub(crate) n: Option<u64>,
+    /// Completions generated per prompt, the best one returned; every one is
+    /// billed.
+    #[serde(default)]
+    pub(crate) best_of: Option<u64>,
 }
 
 /// `POST /v1/embeddings`.
@@ -218,6 +222,18 @@ pub(crate) fn stream_mode(
 }
 
 /// 400 unless `n` is absent or 1 (the mock generates one choice per prompt).
+/// Completions generated per prompt for `best_of` (1 when absent); 400 outside
+/// OpenAI's 1..=20.
+pub(crate) fn best_of(best_of: Option<u64>) -> Result<u64, ApiError> {
+    match best_of {
+        None => Ok(1),
+        Some(b @ 1..=20) => Ok(b),
+        Some(b) => Err(ApiError::Invalid(format!(
+            "Invalid 'best_of': must be between 1 and 20, got {b}."
+        ))),
+    }
+}
+
 pub(crate) fn single_choice(n: Option<u64>) -> Result<(), ApiError> {
     match n {
         None | Some(1) => Ok(()),

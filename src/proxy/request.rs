@@ -115,6 +115,9 @@ struct CompletionsBody<'a> {
     prompt: TextInput<'a>,
     max_tokens: Option<i64>,
     n: Option<i64>,
+    /// Completions generated per prompt (the best `n` returned), every one
+    /// billed.
+    best_of: Option<i64>,
     #[serde(default)]
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -199,12 +202,17 @@ fn check_max_tokens(value: Option<i64>, field: &str, default: u64) -> Result<u64
 }
 
 fn check_n(n: Option<i64>) -> Result<u64, ApiError> {
+    check_choices(n, "n")
+}
+
+/// Choices a request asks for in `field` (`n`, `best_of`): 1 when absent.
+fn check_choices(n: Option<i64>, field: &'static str) -> Result<u64, ApiError> {
     match n {
         None => Ok(1),
         Some(v) if (1..=MAX_CHOICES).contains(&v) => Ok(v as u64),
         Some(v) => Err(ApiError::bad_request(
-            format!("`n` must be between 1 and {MAX_CHOICES}, got {v}"),
-            Some("n"),
+            format!("`{field}` must be between 1 and {MAX_CHOICES}, got {v}"),
+            Some(field),
         )),
     }
 }
@@ -315,8 +323,10 @@ fn completions_fields<'c>(
 ) -> Result<Fields, ApiError> {
     let b: CompletionsBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
     let counter = counter_for(&b.model)?;
-    // Every prompt of a list gets its own `n` completions.
-    let per_prompt = check_max_tokens(b.max_tokens, "max_tokens", default)? * check_n(b.n)?;
+    // Every prompt of a list gets its own `n` completions, `best_of` of them
+    // generated (and billed) when it asks for more.
+    let choices = check_n(b.n)?.max(check_choices(b.best_of, "best_of")?);
+    let per_prompt = check_max_tokens(b.max_tokens, "max_tokens", default)? * choices;
     let max = per_prompt.saturating_mul(b.prompt.prompts());
     Ok(Fields {
         wants_usage: b.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -592,6 +602,8 @@ mod tests {
             three.max_completion_tokens, 60,
             "10 x 2 choices x 3 prompts"
         );
+        let best = completions(r#"{"model":"m","prompt":["a","b"],"max_tokens":10,"best_of":3}"#);
+        assert_eq!(best.max_completion_tokens, 60, "10 x best_of 3 x 2 prompts");
         let lists = completions(r#"{"model":"m","prompt":[[1,2],[3]],"max_tokens":10}"#);
         assert_eq!((lists.prompt_tokens, lists.max_completion_tokens), (3, 20));
     }

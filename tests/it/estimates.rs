@@ -4,7 +4,8 @@
 //! estimate read from what the node reserved (its metrics). The
 //! estimate must never be below the provider's count (the reservation would be
 //! short); the table of how far above it is, per kind, is docs/BENCHMARKS.md's
-//! (`cargo test --test it estimates:: -- --nocapture`).
+//! (`cargo test --test it estimates:: -- --nocapture`). The completion reserved
+//! must cover what the provider bills too.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
@@ -144,12 +145,12 @@ fn image_cases() -> Vec<Case> {
 }
 
 fn list_and_responses_cases() -> Vec<Case> {
-    let mut cases: Vec<Case> = [1, 3, 10]
+    let mut cases: Vec<Case> = [(1, 1), (3, 1), (10, 1), (3, 4)]
         .into_iter()
-        .map(|n| {
+        .map(|(n, best_of)| {
             let prompts: Vec<String> = (0..n).map(|i| format!("Summarise chapter {i}.")).collect();
-            let body =
-                json!({"model": "gpt-3.5-turbo-instruct", "max_tokens": 5, "prompt": prompts});
+            let body = json!({"model": "gpt-3.5-turbo-instruct", "max_tokens": 5,
+                "best_of": best_of, "prompt": prompts});
             ("list of prompts", Api::Completions, "/completions", body)
         })
         .collect();
@@ -212,9 +213,10 @@ async fn reserved_so_far(node: &Node) -> u64 {
 }
 
 /// The completion the node reserves for `body`: its `max_tokens` (5), once
-/// per prompt of a list.
+/// per prompt of a list and per completion `best_of` generates.
 fn completion_reserved(body: &Value) -> u64 {
-    body["prompt"].as_array().map_or(1, |p| p.len() as u64) * 5
+    let prompts = body["prompt"].as_array().map_or(1, |p| p.len() as u64);
+    prompts * body["best_of"].as_u64().unwrap_or(1) * 5
 }
 
 #[tokio::test]
@@ -237,7 +239,10 @@ async fn the_estimate_is_never_below_the_providers_count_for_any_kind_of_request
             &[]
         };
         let response = json(post(&node, path, body.clone(), headers).await).await;
-        let estimate = reserved_so_far(&node).await - before - completion_reserved(&body);
+        let reserved = reserved_so_far(&node).await - before;
+        let estimate = (reserved.checked_sub(completion_reserved(&body))).unwrap_or_else(|| {
+            panic!("{kind}: {reserved} reserved, less than it may bill: {body}")
+        });
         let usage = &response["usage"];
         let counted = (usage["prompt_tokens"].as_u64())
             .or(usage["input_tokens"].as_u64())
@@ -245,6 +250,15 @@ async fn the_estimate_is_never_below_the_providers_count_for_any_kind_of_request
         assert!(
             estimate >= counted,
             "{kind}: estimate {estimate} below the provider's {counted}: {body}"
+        );
+        // The completion reserved covers what the provider bills (every
+        // `best_of` completion of every prompt).
+        let billed = (usage["completion_tokens"].as_u64())
+            .or(usage["output_tokens"].as_u64())
+            .unwrap_or(0);
+        assert!(
+            billed <= completion_reserved(&body),
+            "{kind}: {billed} completion tokens billed, more than reserved: {body}"
         );
         let error = (estimate - counted) as f64 / counted as f64;
         match errors.iter_mut().find(|(k, _)| *k == kind) {
