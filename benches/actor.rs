@@ -9,8 +9,9 @@
 //! `lease` (credit held) bind it, with the cost of one clock reading of each clock.
 //! Last, the quota shapes side by side on the same clock and runtime: a scope
 //! limiting requests and tokens (two windows), one limiting requests, tokens,
-//! input and output tokens (four), and a request admitted on a model group's
-//! scope and then its owner's (two scopes).
+//! input and output tokens per minute and requests and tokens per day (six),
+//! and a request admitted on a model group's scope and then its owner's (two
+//! scopes).
 //! Run: `cargo bench --bench actor`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -24,10 +25,13 @@ use tollgate::actor::metrics::ActorMetrics;
 use tollgate::actor::registry::ActorDefaults;
 use tollgate::actor::scope::{Allowance, Allowances};
 use tollgate::actor::task::AcquireRequest;
-use tollgate::actor::{Lane, Permit, Registry, ScopeId, ScopeSpec, SettleWith};
+use tollgate::actor::{Dimension, Lane, Permit, Registry, ScopeId, ScopeSpec, SettleWith, WINDOWS};
 use tollgate::clock::Clock;
 use tollgate::limiter::{Algorithm, Ceiling, LimitSpec, NANOS_PER_SEC};
-use tollgate_cluster::counter::Window;
+use tollgate_cluster::counter::{Window, Windows};
+
+/// The day window of the daily dimensions.
+const DAY_MS: u64 = 86_400_000;
 use tollgate_cluster::lease::budget::CutOffPolicy;
 use tollgate_cluster::lease::line::SyncReply;
 
@@ -47,8 +51,9 @@ enum Bound {
 enum Shape {
     /// Requests and tokens windows, and a concurrency limit.
     TwoWindows,
-    /// Requests, tokens, input and output tokens windows, and concurrency.
-    FourWindows,
+    /// Requests, tokens, input and output tokens per minute, requests and
+    /// tokens per day, and concurrency.
+    SixWindows,
     /// Two windows, the request admitted on a model group's scope (two
     /// windows too) first.
     WithModelGroup,
@@ -57,7 +62,7 @@ enum Shape {
 impl Shape {
     fn windows(self) -> usize {
         match self {
-            Shape::FourWindows => 4,
+            Shape::SixWindows => 6,
             Shape::TwoWindows | Shape::WithModelGroup => 2,
         }
     }
@@ -66,7 +71,10 @@ impl Shape {
 /// A credit holding `amount` for the whole run, as a reply from its owner leaves it.
 fn held_credit(key: &str, slots: bool, amount: u64, clock: Clock) -> Credit {
     let recipe = Arc::new(CreditRecipe {
-        window: Window::try_new(60_000, 60).expect("window"),
+        windows: Windows::new(
+            Window::try_new(60_000, 60).expect("window"),
+            Window::try_new(DAY_MS, 24).expect("day window"),
+        ),
         policy: CutOffPolicy::Share,
         wake: Arc::default(),
     });
@@ -86,7 +94,7 @@ fn held_credit(key: &str, slots: bool, amount: u64, clock: Clock) -> Credit {
 }
 
 fn allowances(bound: Bound, clock: Clock, windows: usize) -> Allowances {
-    let amounts: [Option<u64>; 4] = std::array::from_fn(|i| (i < windows).then_some(1 << 50));
+    let amounts: [Option<u64>; WINDOWS] = std::array::from_fn(|i| (i < windows).then_some(1 << 50));
     match bound {
         Bound::Local => Allowances::default(),
         Bound::Gossip => Allowances {
@@ -96,8 +104,9 @@ fn allowances(bound: Bound, clock: Clock, windows: usize) -> Allowances {
         },
         Bound::Lease => Allowances {
             credits: Credits {
-                windows: amounts.map(|a| {
-                    a.map(|amount| held_credit("tenant:bench:window", false, amount, clock))
+                windows: std::array::from_fn(|i| {
+                    let key = format!("tenant:bench:{}", Dimension::WINDOWED[i].as_str());
+                    amounts[i].map(|amount| held_credit(&key, false, amount, clock))
                 }),
                 concurrency: Some(held_credit(
                     "tenant:bench:concurrency",
@@ -118,8 +127,19 @@ fn registry(clock: Clock, bound: Bound, shape: Shape) -> (Registry, ScopeId, Opt
     let windows = shape.windows();
     let spec = ScopeSpec {
         windows: std::array::from_fn(|i| {
-            (i < windows)
-                .then(|| LimitSpec::new(1 << 50, 60 * NANOS_PER_SEC, Algorithm::SlidingWindow))
+            let window_ns = match Dimension::WINDOWED[i].is_daily() {
+                true => DAY_MS * 1_000_000,
+                false => 60 * NANOS_PER_SEC,
+            };
+            (i < windows).then(|| {
+                let mut spec = LimitSpec::new(1 << 50, window_ns, Algorithm::SlidingWindow);
+                spec.buckets = if window_ns == 60 * NANOS_PER_SEC {
+                    60
+                } else {
+                    24
+                };
+                spec
+            })
         }),
         counts_cache_reads: false,
         concurrency: Some(1 << 20),
@@ -297,11 +317,11 @@ fn actor(c: &mut Criterion) {
     );
     // The quota shapes, side by side with the two-window scope above.
     for (name, bound, shape) in [
-        ("wall clock, four windows", Bound::Local, Shape::FourWindows),
+        ("wall clock, six windows", Bound::Local, Shape::SixWindows),
         (
-            "wall clock, lease, four windows",
+            "wall clock, lease, six windows",
             Bound::Lease,
-            Shape::FourWindows,
+            Shape::SixWindows,
         ),
         (
             "wall clock, with a model group",

@@ -49,7 +49,14 @@ struct Outcome {
 /// One request's reservation (cost 1 token) under `requests` and `tokens`.
 fn one(requests: Algorithm, tokens: Algorithm) -> Reservation {
     Reservation {
-        windows: [dim(requests), dim(tokens), DimSpec::NONE, DimSpec::NONE],
+        windows: [
+            dim(requests),
+            dim(tokens),
+            DimSpec::NONE,
+            DimSpec::NONE,
+            DimSpec::NONE,
+            DimSpec::NONE,
+        ],
         cost: Cost {
             input: 1,
             output: 0,
@@ -245,6 +252,8 @@ async fn main() {
                     dim(Algorithm::Window { bucket_ms: 1_000 }),
                     DimSpec::NONE,
                     DimSpec::NONE,
+                    DimSpec::NONE,
+                    DimSpec::NONE,
                 ],
                 cost: Cost {
                     input: 10,
@@ -255,7 +264,7 @@ async fn main() {
                 permit_id: String::new(),
                 slot_ttl_ms: 0,
             };
-            let refs = ["0", "0", "0", "0"].map(String::from);
+            let refs = ["0", "0", "0", "0", "0", "0"].map(String::from);
             let actual = Settled {
                 requests: 1,
                 tokens: Cost {
@@ -292,7 +301,14 @@ async fn main() {
         for alg in [Algorithm::Window { bucket_ms: 1_000 }, Algorithm::Log] {
             let keys = ScopeKeys::new("bench", &format!("tenant:scale:{n}:{alg:?}"));
             let r = Reservation {
-                windows: [DimSpec::NONE, dim(alg), DimSpec::NONE, DimSpec::NONE],
+                windows: [
+                    DimSpec::NONE,
+                    dim(alg),
+                    DimSpec::NONE,
+                    DimSpec::NONE,
+                    DimSpec::NONE,
+                    DimSpec::NONE,
+                ],
                 cost: Cost {
                     input: 1,
                     output: 0,

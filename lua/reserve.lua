@@ -6,16 +6,18 @@
 -- per-call cost (EVALSHA, TIME, reading the windows) once per batch instead of
 -- once per request.
 --
--- KEYS[1..4] the window keys: requests, tokens, input tokens, output tokens;
--- KEYS[5]    the concurrency semaphore key (all with the same {scope} hash tag)
+-- KEYS[1..6] the window keys: requests, tokens, input tokens, output tokens,
+--            requests per day, tokens per day;
+-- KEYS[7]    the concurrency semaphore key (all with the same {scope} hash tag)
 -- ARGV[1]      n, the number of reservations (1..64)
--- ARGV[2..17]  per window, four: alg ('window' | 'gcra' | 'log' | 'none'), cap,
---              window_ms, bucket_ms (window) or burst (gcra)
--- ARGV[18]     concurrency cap (0: none)
--- ARGV[19 + 5(i-1) ..] for reservation i: its tokens, input tokens and output
---              tokens (a request costs 1 on the requests window), permit id,
+-- ARGV[2..25]  per window, four: alg ('window' | 'gcra' | 'log' | 'none'), cap,
+--              window_ms, bucket_ms (window) or burst (gcra); each window has
+--              its own length (the day's are longer)
+-- ARGV[26]     concurrency cap (0: none)
+-- ARGV[27 + 5(i-1) ..] for reservation i: its tokens, input tokens and output
+--              tokens (a request costs 1 on the request windows), permit id,
 --              slot ttl in ms
--- Returns n answers, each {1, ref per window (4), now_ms} or {0, dimension,
+-- Returns n answers, each {1, ref per window (6), now_ms} or {0, dimension,
 --   retry_after_ms}; a window's ref is an integer (its bucket id), the others
 --   strings ('0' for none).
 -- Complexity: O(n) for window and gcra (a window is read once and written once
@@ -24,12 +26,13 @@
 
 local now = now_ms()
 local n = tonumber(ARGV[1])
-local names = { 'requests', 'tokens', 'input_tokens', 'output_tokens' }
+local names = { 'requests', 'tokens', 'input_tokens', 'output_tokens',
+  'requests_per_day', 'tokens_per_day' }
 local dims = {}
 for j, name in ipairs(names) do
   dims[j] = { name = name, spec = read_dim(KEYS[j], 2 + 4 * (j - 1)) }
 end
-local conc = tonumber(ARGV[18])
+local conc = tonumber(ARGV[26])
 -- Windows: read once; decisions update the state in memory; written once below.
 for _, d in ipairs(dims) do
   local s = d.spec
@@ -67,8 +70,9 @@ end
 
 local out = {}
 for i = 1, n do
-  local base = 19 + 5 * (i - 1)
-  local costs = { 1, tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]) }
+  local base = 27 + 5 * (i - 1)
+  local tokens = tonumber(ARGV[base])
+  local costs = { 1, tokens, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), 1, tokens }
   local worst = nil
   for j, d in ipairs(dims) do
     if d.spec.alg ~= 'none' then
@@ -79,13 +83,13 @@ for i = 1, n do
     end
   end
   if conc > 0 then
-    local retry = sem_check(KEYS[5], conc, now)
+    local retry = sem_check(KEYS[7], conc, now)
     if retry ~= 0 and worst == nil then worst = { 0, 'concurrency', retry } end
   end
   if worst then
     out[i] = worst
   else
-    local refs = { '0', '0', '0', '0' }
+    local refs = { '0', '0', '0', '0', '0', '0' }
     for j, d in ipairs(dims) do
       if d.spec.alg ~= 'none' then
         local ref = commit(d.spec, costs[j])
@@ -95,8 +99,8 @@ for i = 1, n do
         if d.spec.alg == 'window' then refs[j] = ref else refs[j] = tostring(ref) end
       end
     end
-    if conc > 0 then sem_commit(KEYS[5], ARGV[base + 3], tonumber(ARGV[base + 4]), now) end
-    out[i] = { 1, refs[1], refs[2], refs[3], refs[4], now }
+    if conc > 0 then sem_commit(KEYS[7], ARGV[base + 3], tonumber(ARGV[base + 4]), now) end
+    out[i] = { 1, refs[1], refs[2], refs[3], refs[4], refs[5], refs[6], now }
   end
 end
 for _, d in ipairs(dims) do

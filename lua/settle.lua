@@ -2,7 +2,7 @@
 -- dimension to its real cost (refund or debt, into the reservation's own bucket or
 -- log entry) and frees its concurrency slot.
 --
--- KEYS[1..4] the window keys, KEYS[5] the concurrency key (as reserve)
+-- KEYS[1..6] the window keys, KEYS[7] the concurrency key (as reserve)
 -- ARGV[1] permit id (removed from the semaphore; '' = none)
 -- ARGV[2] how many ms ago the upstream answered (-1: never sent or answered): the
 --   cost moves to the bucket of the answer (see dim_settle_at in lib.lua)
@@ -14,8 +14,8 @@
 
 local now = now_ms()
 local ago = tonumber(ARGV[2]) or -1
-local out = { 0, 0, 0, 0 }
-for j = 1, 4 do
+local out = { 0, 0, 0, 0, 0, 0 }
+for j = 1, 6 do
   local at = 3 + 7 * (j - 1)
   local d = read_dim(KEYS[j], at)
   if d.alg ~= 'none' then
@@ -23,5 +23,5 @@ for j = 1, 4 do
     out[j] = dim_settle_at(d, ARGV[at + 4], reserved, actual, ago, now)
   end
 end
-if ARGV[1] ~= '' then redis.call('ZREM', KEYS[5], ARGV[1]) end
+if ARGV[1] ~= '' then redis.call('ZREM', KEYS[7], ARGV[1]) end
 return out

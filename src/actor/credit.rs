@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
-use tollgate_cluster::counter::Window;
+use tollgate_cluster::counter::Windows;
 use tollgate_cluster::lease::budget::{Budget, CutOffPolicy, Spent};
 use tollgate_cluster::lease::line::Kind;
 
@@ -23,8 +23,8 @@ pub struct Credit(Arc<State>);
 /// What every credit of a node is made from.
 #[derive(Debug)]
 pub struct CreditRecipe {
-    /// The cluster window of windowed keys.
-    pub window: Window,
+    /// The cluster windows of windowed keys (each key's by its name).
+    pub windows: Windows,
     /// What a holder spends while cut off from its owner.
     pub policy: CutOffPolicy,
     /// Wakes the engine's holder loop.
@@ -179,7 +179,7 @@ impl Credit {
         let kind = if slots {
             Kind::Slots
         } else {
-            Kind::Windowed(recipe.window)
+            Kind::Windowed(*recipe.windows.of(&key))
         };
         Credit(Arc::new(State {
             key,
@@ -292,14 +292,10 @@ impl Credits {
     /// Each dimension's credit: the window dimensions in
     /// [`Dimension::WINDOWED`] order, then the slots.
     pub fn each(&self) -> [(Option<&Credit>, Dimension); crate::actor::WINDOWS + 1] {
-        let [requests, tokens, input, output] = &self.windows;
-        [
-            (requests.as_ref(), Dimension::Requests),
-            (tokens.as_ref(), Dimension::Tokens),
-            (input.as_ref(), Dimension::InputTokens),
-            (output.as_ref(), Dimension::OutputTokens),
-            (self.concurrency.as_ref(), Dimension::Concurrency),
-        ]
+        std::array::from_fn(|i| match Dimension::WINDOWED.get(i) {
+            Some(&dimension) => (self.windows[i].as_ref(), dimension),
+            None => (self.concurrency.as_ref(), Dimension::Concurrency),
+        })
     }
 }
 
@@ -309,7 +305,9 @@ mod tests {
 
     fn recipe() -> Arc<CreditRecipe> {
         Arc::new(CreditRecipe {
-            window: Window::try_new(1_000, 10).expect("window"),
+            windows: tollgate_cluster::counter::Window::try_new(1_000, 10)
+                .expect("window")
+                .into(),
             policy: CutOffPolicy::Share,
             wake: Arc::default(),
         })

@@ -154,11 +154,13 @@ pub struct ScopeMetrics {
     settlements: [Counter; 4],
 }
 
-const DIMENSIONS: [Dimension; 7] = [
+const DIMENSIONS: [Dimension; 9] = [
     Dimension::Requests,
     Dimension::Tokens,
     Dimension::InputTokens,
     Dimension::OutputTokens,
+    Dimension::RequestsPerDay,
+    Dimension::TokensPerDay,
     Dimension::Concurrency,
     Dimension::Cooldown,
     Dimension::Queue,
@@ -172,9 +174,11 @@ fn dimension_index(d: Dimension) -> usize {
         Dimension::Tokens => 1,
         Dimension::InputTokens => 2,
         Dimension::OutputTokens => 3,
-        Dimension::Concurrency => 4,
-        Dimension::Cooldown => 5,
-        Dimension::Queue => 6,
+        Dimension::RequestsPerDay => 4,
+        Dimension::TokensPerDay => 5,
+        Dimension::Concurrency => 6,
+        Dimension::Cooldown => 7,
+        Dimension::Queue => 8,
     }
 }
 

@@ -154,6 +154,10 @@ pub enum Dimension {
     InputTokens,
     /// Output (completion) tokens per window: Anthropic's OTPM.
     OutputTokens,
+    /// Requests per day window (RPD).
+    RequestsPerDay,
+    /// Prompt + completion tokens per day window (TPD).
+    TokensPerDay,
     /// Requests in flight.
     Concurrency,
     /// An upstream cooling down after it answered 429.
@@ -163,8 +167,9 @@ pub enum Dimension {
 }
 
 /// Window dimensions a scope may limit (requests, tokens, input and output
-/// tokens), the length of the arrays that keep one entry per window dimension.
-pub const WINDOWS: usize = 4;
+/// tokens per window; requests and tokens per day), the length of the arrays
+/// that keep one entry per window dimension.
+pub const WINDOWS: usize = 6;
 
 impl Dimension {
     /// The window dimensions, in the order scopes keep them.
@@ -173,11 +178,18 @@ impl Dimension {
         Dimension::Tokens,
         Dimension::InputTokens,
         Dimension::OutputTokens,
+        Dimension::RequestsPerDay,
+        Dimension::TokensPerDay,
     ];
 
     /// This dimension's place in [`Self::WINDOWED`]; `None` for the others.
     pub fn window_index(self) -> Option<usize> {
         Self::WINDOWED.iter().position(|d| *d == self)
+    }
+
+    /// Whether it is counted over the day window (`[limits] day_window`).
+    pub fn is_daily(self) -> bool {
+        matches!(self, Dimension::RequestsPerDay | Dimension::TokensPerDay)
     }
 
     /// Label value for metrics, keys and error messages.
@@ -187,6 +199,10 @@ impl Dimension {
             Dimension::Tokens => "tokens",
             Dimension::InputTokens => "input_tokens",
             Dimension::OutputTokens => "output_tokens",
+            // The day window's names end in the cluster's long-window suffix:
+            // a key's name says which window the cluster counts it over.
+            Dimension::RequestsPerDay => "requests_per_day",
+            Dimension::TokensPerDay => "tokens_per_day",
             Dimension::Concurrency => "concurrency",
             Dimension::Cooldown => "cooldown",
             Dimension::Queue => "queue",

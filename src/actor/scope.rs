@@ -83,8 +83,8 @@ impl Cost {
     /// tokens (all, input or output).
     pub fn on(self, dimension: Dimension) -> u64 {
         match dimension {
-            Dimension::Requests | Dimension::Concurrency => 1,
-            Dimension::Tokens => self.tokens(),
+            Dimension::Requests | Dimension::RequestsPerDay | Dimension::Concurrency => 1,
+            Dimension::Tokens | Dimension::TokensPerDay => self.tokens(),
             Dimension::InputTokens => self.input,
             Dimension::OutputTokens => self.output.max(self.output_cap),
             Dimension::Cooldown | Dimension::Queue => 0,
@@ -185,7 +185,7 @@ impl Settle {
             // A slot is given back whole, however the request ended.
             (_, Dimension::Concurrency) => reserved,
             (Settle::Cancel, _) => 0,
-            (_, Dimension::Requests) => reserved,
+            (_, Dimension::Requests | Dimension::RequestsPerDay) => reserved,
             (Settle::Actual(cost), dimension) => cost.on(dimension),
             (Settle::KeepReserved, _) => reserved,
             (Settle::RefundTokens, _) => 0,
@@ -246,6 +246,12 @@ pub struct ScopeStatus {
     /// Output token window figures, if limited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_tokens: Option<WindowStatus>,
+    /// Requests per day window figures, if limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_day: Option<WindowStatus>,
+    /// Tokens per day window figures, if limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<WindowStatus>,
     /// Requests in flight.
     pub in_flight: u64,
     /// Concurrency limit, if any.
@@ -582,7 +588,7 @@ impl ScopeLimits {
         let tokens = if self.windows[1].is_some() {
             corrections[1]
         } else {
-            let [_, _, input, output] = corrections;
+            let [_, _, input, output, ..] = corrections;
             Settlement {
                 refunded: input.refunded + output.refunded,
                 debt: input.debt + output.debt,
@@ -633,6 +639,8 @@ impl ScopeLimits {
             tokens: window(1),
             input_tokens: window(2),
             output_tokens: window(3),
+            requests_per_day: window(4),
+            tokens_per_day: window(5),
             in_flight: self.in_flight,
             concurrency_limit: self.concurrency,
             queued: [0, 0],
@@ -657,7 +665,7 @@ mod tests {
 
     fn scope(allowances: Allowances) -> ScopeLimits {
         ScopeLimits::new(
-            [window(100), window(10_000), None, None],
+            [window(100), window(10_000), None, None, None, None],
             Some(10),
             Ceiling::FULL,
         )
@@ -677,7 +685,9 @@ mod tests {
     fn reading_slot_demand_asks_for_no_credit() {
         use crate::actor::credit::{Credit, CreditRecipe, Credits};
         let recipe = Arc::new(CreditRecipe {
-            window: tollgate_cluster::counter::Window::try_new(1_000, 10).expect("window"),
+            windows: tollgate_cluster::counter::Window::try_new(1_000, 10)
+                .expect("window")
+                .into(),
             policy: tollgate_cluster::lease::budget::CutOffPolicy::Share,
             wake: Arc::default(),
         });
@@ -698,7 +708,7 @@ mod tests {
     fn cluster_allowance_bounds_the_local_window_and_can_move() {
         let allowance = Allowance::new(500);
         let mut s = scope(Allowances {
-            windows: [None, Some(allowance.clone()), None, None],
+            windows: [None, Some(allowance.clone()), None, None, None, None],
             ..Allowances::default()
         });
         let now = 1_000 * NANOS_PER_SEC;
@@ -748,7 +758,7 @@ mod tests {
     fn input_and_output_tokens_are_limited_apart_and_settled_apart() {
         // An Anthropic-shaped scope: 1,000 input and 100 output tokens a window.
         let mut s = ScopeLimits::new(
-            [None, None, window(1_000), window(100)],
+            [None, None, window(1_000), window(100), None, None],
             None,
             Ceiling::FULL,
         );
@@ -809,5 +819,40 @@ mod tests {
                 output_cap: 0,
             }
         );
+    }
+
+    #[test]
+    fn a_day_window_refuses_what_the_minute_still_allows_until_its_own_bucket_leaves() {
+        // 10 requests a minute, 12 a day (in hourly buckets).
+        let day = Limiter::try_new(LimitSpec {
+            buckets: 24,
+            ..LimitSpec::new(12, 86_400 * NANOS_PER_SEC, Algorithm::SlidingWindow)
+        })
+        .ok();
+        let mut s = ScopeLimits::new(
+            [window(10), None, None, None, day, None],
+            None,
+            Ceiling::FULL,
+        );
+        let start = 3_600 * NANOS_PER_SEC;
+        for _ in 0..10 {
+            s.admit(start, tokens(1), Lane::Interactive, None).unwrap();
+        }
+        // A minute later the minute window is empty; the day holds 2 more.
+        let later = start + 61 * NANOS_PER_SEC;
+        for _ in 0..2 {
+            s.admit(later, tokens(1), Lane::Interactive, None).unwrap();
+        }
+        let blocked = s
+            .admit(later, tokens(1), Lane::Interactive, None)
+            .unwrap_err();
+        assert_eq!(blocked.dimension, Dimension::RequestsPerDay);
+        // Not before the first hour's bucket has left the day window.
+        let leaves = 2 * 3_600 * NANOS_PER_SEC + 86_400 * NANOS_PER_SEC;
+        assert_eq!(blocked.retry_after_ns, leaves - later);
+        let status = s.status(later);
+        assert_eq!(status.requests_per_day.unwrap().used, 12);
+        assert_eq!(status.requests.unwrap().used, 2);
+        assert!(s.admit(leaves, tokens(1), Lane::Interactive, None).is_ok());
     }
 }

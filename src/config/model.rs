@@ -31,6 +31,10 @@ pub mod defaults {
     pub const WINDOW: Duration = Duration::from_secs(60);
     /// Buckets per sliding window.
     pub const BUCKETS: u32 = 60;
+    /// Window the `rpd`/`tpd` figures apply to.
+    pub const DAY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+    /// Buckets per day window (an hour each).
+    pub const DAY_BUCKETS: u32 = 24;
     /// Share of a key's capacity the batch lane may use.
     pub const BATCH_SHARE: f64 = 0.6;
     /// Head start interactive waiters get over batch waiters.
@@ -393,6 +397,11 @@ pub struct LimitDefaults {
     pub window: Duration,
     /// Buckets per window (`sliding-window` only); a bucket is window/buckets wide.
     pub buckets: u32,
+    /// Window the `rpd`/`tpd` figures apply to (a day; shorter in tests).
+    #[serde(with = "super::duration")]
+    pub day_window: Duration,
+    /// Buckets per day window; a day bucket is day_window/day_buckets wide.
+    pub day_buckets: u32,
     /// Fraction of each capacity the batch lane may use (0.0-1.0].
     pub batch_share: f64,
     /// How much earlier an interactive waiter is served than a batch waiter that
@@ -413,11 +422,28 @@ impl Default for LimitDefaults {
             algorithm: Algorithm::SlidingWindow,
             window: defaults::WINDOW,
             buckets: defaults::BUCKETS,
+            day_window: defaults::DAY_WINDOW,
+            day_buckets: defaults::DAY_BUCKETS,
             batch_share: defaults::BATCH_SHARE,
             batch_aging: defaults::BATCH_AGING,
             max_queue: defaults::MAX_QUEUE,
             idle_timeout: defaults::IDLE_TIMEOUT,
         }
+    }
+}
+
+impl LimitDefaults {
+    /// The windows the cluster counts keys over: the base window, and the day
+    /// window for the daily dimensions' keys (`..._per_day`), or why one cannot
+    /// be used.
+    pub fn cluster_windows(
+        &self,
+    ) -> Result<tollgate_cluster::counter::Windows, tollgate_cluster::counter::WindowError> {
+        use tollgate_cluster::counter::{Window, Windows};
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let base = Window::try_new(ms(self.window), self.buckets)?;
+        let day = Window::try_new(ms(self.day_window), self.day_buckets)?;
+        Ok(Windows::new(base, day))
     }
 }
 
@@ -508,6 +534,10 @@ pub struct Quota {
     /// `max_tokens` (or the adaptive estimate) at admission, settled to the
     /// provider's output count.
     pub otpm: Option<u64>,
+    /// Requests per day window (`limits.day_window`), beside the minute's.
+    pub rpd: Option<u64>,
+    /// Tokens (prompt + completion) per day window.
+    pub tpd: Option<u64>,
     /// Whether prompt-cache reads (Anthropic's `cache_read_input_tokens`) count
     /// as input tokens here (`itpm`, `tpm`). Anthropic leaves them out of ITPM
     /// for most models; set it for the models whose limits count them.
@@ -654,6 +684,8 @@ impl BuiltinMockConfig {
             tpm: self.tpm,
             itpm: self.itpm,
             otpm: self.otpm,
+            rpd: self.rpd,
+            tpd: self.tpd,
             concurrency: self.concurrency,
             ..Quota::default()
         }

@@ -85,6 +85,14 @@ fn impossible_combinations_name_the_field() {
     let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nidle_timeout = \"10s\"\n"));
     assert_eq!(field, "limits.idle_timeout");
 
+    let (field, _) = invalid(&MINIMAL.replace("tpm = 100", "tpm = 100\nrpd = 0"));
+    assert_eq!(field, "tenants[0].rpd");
+    let (field, reason) = invalid(&format!("{MINIMAL}\n[limits]\nday_window = \"30s\"\n"));
+    assert_eq!(field, "limits.day_window");
+    assert!(reason.contains("limits.window"), "{reason}");
+    let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nday_buckets = 0\n"));
+    assert_eq!(field, "limits.day_buckets");
+
     let (field, _) = invalid(&format!("{MINIMAL}\n[limits]\nbatch_share = 1.5\n"));
     assert_eq!(field, "limits.batch_share");
 
@@ -286,6 +294,17 @@ fn cluster_settings_that_break_the_promises_are_refused() {
         cluster("")
     ));
     assert_eq!(field, "limits.algorithm");
+    // Buckets of a whole number of milliseconds, the day's too.
+    let (field, _) = invalid(&format!(
+        "{}\n[limits]\nwindow = \"1s\"\nbuckets = 3\n",
+        cluster("")
+    ));
+    assert_eq!(field, "limits.buckets");
+    let (field, _) = invalid(&format!(
+        "{}\n[limits]\nday_window = \"1h\"\nday_buckets = 7\n",
+        cluster("")
+    ));
+    assert_eq!(field, "limits.day_buckets");
     // Lease mode: an RPC address, a real secret, a ttl no shorter than detection.
     let (field, _) = invalid(&cluster("").replace("rpc_listen = \"127.0.0.1:7101\"\n", ""));
     assert_eq!(field, "cluster.rpc_listen");

@@ -52,6 +52,8 @@ pub fn validate(config: &Config) -> Result<(), Violation> {
                 ("burst", q.burst.is_some()),
                 ("burst_tokens", q.burst_tokens.is_some()),
                 ("input_counts_cache_reads", q.input_counts_cache_reads),
+                ("rpd", q.rpd.is_some()),
+                ("tpd", q.tpd.is_some()),
             ];
             if let Some((name, _)) = foreign.iter().find(|(_, set)| *set) {
                 let why = "the mock's model groups take rpm, tpm, itpm and otpm only";
@@ -128,6 +130,26 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
             "redis",
             "is read only by the redis and redis-lease cluster modes; remove it or set [cluster] mode",
         );
+    }
+    validate_cluster_windows(config)
+}
+
+/// What the cluster counters need of every limit's window.
+fn validate_cluster_windows(config: &Config) -> Result<(), Violation> {
+    // Nodes date the buckets they publish by the local limiter's bucket width, and
+    // readers by the cluster's, in whole milliseconds: the two agree only when
+    // the width is a whole number of milliseconds.
+    let limits = &config.limits;
+    for (field, window, buckets) in [
+        ("limits.buckets", limits.window, limits.buckets),
+        ("limits.day_buckets", limits.day_window, limits.day_buckets),
+    ] {
+        if window.as_nanos() % (u128::from(buckets.max(1)) * 1_000_000) != 0 {
+            return fail(
+                field,
+                "in cluster modes must cut its window into buckets of whole milliseconds",
+            );
+        }
     }
     // Cluster counters publish the local window's buckets, which only the bucketed
     // sliding window has.
@@ -315,21 +337,28 @@ fn validate_server(config: &Config) -> Result<(), Violation> {
     Ok(())
 }
 
+/// `buckets` cut `window` into 1..=MAX_BUCKETS buckets of at least 1 ms.
+fn validate_buckets(field: &str, window: Duration, buckets: u32) -> Result<(), Violation> {
+    let most = bounds::MAX_BUCKETS;
+    if buckets == 0 || buckets > most || window / buckets < Duration::from_millis(1) {
+        return fail(
+            field,
+            format!("must be in 1..={most} with buckets no narrower than 1ms"),
+        );
+    }
+    Ok(())
+}
+
 fn validate_limits(config: &Config) -> Result<(), Violation> {
     let limits = &config.limits;
     if limits.window < Duration::from_secs(1) {
         return fail("limits.window", "must be at least 1s");
     }
-    let most = bounds::MAX_BUCKETS;
-    if limits.buckets == 0
-        || limits.buckets > most
-        || limits.window / limits.buckets < Duration::from_millis(1)
-    {
-        return fail(
-            "limits.buckets",
-            format!("must be in 1..={most} with buckets no narrower than 1ms"),
-        );
+    validate_buckets("limits.buckets", limits.window, limits.buckets)?;
+    if limits.day_window < limits.window {
+        return fail("limits.day_window", "must be at least limits.window");
     }
+    validate_buckets("limits.day_buckets", limits.day_window, limits.day_buckets)?;
     if !(limits.batch_share > 0.0 && limits.batch_share <= 1.0) {
         return fail("limits.batch_share", "must be in (0, 1]");
     }
@@ -389,6 +418,8 @@ fn validate_quota(
         ("tpm", quota.tpm),
         ("itpm", quota.itpm),
         ("otpm", quota.otpm),
+        ("rpd", quota.rpd),
+        ("tpd", quota.tpd),
         ("concurrency", quota.concurrency),
     ];
     for (name, value) in limits {

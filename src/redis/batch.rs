@@ -215,7 +215,14 @@ mod tests {
             window_ms: 60_000,
         };
         Reservation {
-            windows: [dim, dim, DimSpec::NONE, DimSpec::NONE],
+            windows: [
+                dim,
+                dim,
+                DimSpec::NONE,
+                DimSpec::NONE,
+                DimSpec::NONE,
+                DimSpec::NONE,
+            ],
             cost: crate::actor::scope::Cost {
                 input: 1,
                 output: 0,

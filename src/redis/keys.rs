@@ -5,7 +5,8 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScopeKeys {
     /// Window keys (HASH, ZSET or STRING by algorithm): requests, tokens, input
-    /// tokens, output tokens (`crate::actor::Dimension::WINDOWED` order).
+    /// tokens, output tokens, requests and tokens per day
+    /// (`crate::actor::Dimension::WINDOWED` order).
     pub windows: [String; crate::actor::WINDOWS],
     /// Concurrency semaphore (ZSET).
     pub concurrency: String,
@@ -16,7 +17,9 @@ impl ScopeKeys {
     pub fn new(prefix: &str, scope: &str) -> ScopeKeys {
         let at = |suffix: &str| format!("{prefix}:{{{scope}}}:{suffix}");
         ScopeKeys {
-            windows: ["r", "t", "ti", "to"].map(at),
+            // The day windows' names end as their limit keys' do, so a
+            // Redis key too says which window it is counted over.
+            windows: ["r", "t", "ti", "to", "r_per_day", "t_per_day"].map(at),
             concurrency: at("c"),
         }
     }

@@ -71,9 +71,9 @@ impl DimSpec {
 /// One request's reservation on one scope.
 #[derive(Debug, Clone)]
 pub struct Reservation {
-    /// The window dimensions: requests, tokens, input tokens, output tokens
-    /// (`crate::actor::Dimension::WINDOWED` order; [`DimSpec::NONE`] when not
-    /// limited).
+    /// The window dimensions: requests, tokens, input tokens, output tokens,
+    /// requests and tokens per day (`crate::actor::Dimension::WINDOWED` order;
+    /// [`DimSpec::NONE`] when not limited).
     pub windows: [DimSpec; crate::actor::WINDOWS],
     /// Its tokens: the prompt and the completion estimate.
     pub cost: crate::actor::scope::Cost,
@@ -382,7 +382,7 @@ impl RedisStore {
         let windows = r.windows.iter().zip(refs).zip(Dimension::WINDOWED);
         for ((window, reference), dimension) in windows {
             let actual = match dimension {
-                Dimension::Requests => actual.requests,
+                Dimension::Requests | Dimension::RequestsPerDay => actual.requests,
                 _ => actual.tokens.on(dimension),
             };
             inv.arg(&window.args()[..])
@@ -540,15 +540,13 @@ fn parse_reserved(answer: &[redis::Value]) -> Result<Reserved, StoreError> {
     let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).ok();
     let text = |v: &redis::Value| redis::from_redis_value_ref::<String>(v).ok();
     match answer {
-        [ok, a, b, c, d, now] if int(ok) == Some(1) => Ok(Reserved::Admitted {
-            refs: [
-                text(a).ok_or_else(unexpected)?,
-                text(b).ok_or_else(unexpected)?,
-                text(c).ok_or_else(unexpected)?,
-                text(d).ok_or_else(unexpected)?,
-            ],
-            now_ms: int(now).ok_or_else(unexpected)? as u64,
-        }),
+        [ok, refs @ .., now] if int(ok) == Some(1) && refs.len() == crate::actor::WINDOWS => {
+            let mut texts = refs.iter().map(text);
+            Ok(Reserved::Admitted {
+                refs: std::array::from_fn(|_| texts.next().flatten().unwrap_or_default()),
+                now_ms: int(now).ok_or_else(unexpected)? as u64,
+            })
+        }
         [ok, dim, retry] if int(ok) == Some(0) => {
             let retry = int(retry).ok_or_else(unexpected)?;
             Ok(Reserved::Refused {

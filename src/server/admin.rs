@@ -146,7 +146,7 @@ async fn key_status(
     let not_found = || {
         let mut e = ApiError::bad_request(
             format!(
-                "No key {key:?}. Keys look like tenant:<id>:<requests|tokens|input_tokens|output_tokens|concurrency>, upstream:<id>, or upstream-model:<id>@<group>."
+                "No key {key:?}. Keys look like tenant:<id>:<requests|tokens|input_tokens|output_tokens|requests_per_day|tokens_per_day|concurrency>, upstream:<id>, or upstream-model:<id>@<group>."
             ),
             Some("key"),
         );
@@ -175,6 +175,7 @@ async fn key_status(
         None => json!({
             "key": key, "requests": window(status.requests), "tokens": window(status.tokens),
             "input_tokens": window(status.input_tokens), "output_tokens": window(status.output_tokens),
+            "requests_per_day": window(status.requests_per_day), "tokens_per_day": window(status.tokens_per_day),
             "concurrency": {"limit": status.concurrency_limit, "in_flight": status.in_flight},
             "queue": queue, "cooling_ms": status.cooling_ns.div_ceil(1_000_000),
         }),
@@ -185,6 +186,12 @@ async fn key_status(
         }
         Some("output_tokens") => {
             json!({"key": key, "usage": window(status.output_tokens), "queue": queue})
+        }
+        Some("requests_per_day") => {
+            json!({"key": key, "usage": window(status.requests_per_day), "queue": queue})
+        }
+        Some("tokens_per_day") => {
+            json!({"key": key, "usage": window(status.tokens_per_day), "queue": queue})
         }
         Some("concurrency") => json!({
             "key": key, "usage": {"limit": status.concurrency_limit, "used": status.in_flight,

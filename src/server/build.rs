@@ -7,7 +7,7 @@ use crate::actor::Binding;
 use crate::actor::credit::CreditTable;
 use crate::actor::estimate::AdaptivePolicy;
 use crate::actor::registry::ActorDefaults;
-use crate::actor::{Registry, ScopeId, ScopeSpec};
+use crate::actor::{Dimension, Registry, ScopeId, ScopeSpec};
 use crate::api::Api;
 use crate::clock::Clock;
 use crate::config::{CompletionPolicy, Config, Quota, normalize_key_hash};
@@ -24,30 +24,40 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// One limit's spec: `capacity` per window, `burst` (token-bucket) its own.
+/// One limit's spec: `capacity` per window (the day window's for daily
+/// dimensions), `burst` (token-bucket) its own.
 fn limit_spec(
+    dimension: Dimension,
     capacity: Option<u64>,
     burst: Option<u64>,
     quota: &Quota,
     config: &Config,
 ) -> Option<LimitSpec> {
     let capacity = capacity?;
+    let limits = &config.limits;
+    let (window, buckets) = match dimension.is_daily() {
+        true => (limits.day_window, limits.day_buckets),
+        false => (limits.window, limits.buckets),
+    };
     Some(LimitSpec {
         capacity,
-        window_ns: u64::try_from(config.limits.window.as_nanos()).unwrap_or(u64::MAX),
-        algorithm: quota.algorithm.unwrap_or(config.limits.algorithm),
-        buckets: config.limits.buckets,
+        window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+        algorithm: quota.algorithm.unwrap_or(limits.algorithm),
+        buckets,
         burst: burst.unwrap_or(capacity).min(capacity),
     })
 }
 
 fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) -> ScopeSpec {
+    let spec = |dimension, capacity, burst| limit_spec(dimension, capacity, burst, quota, config);
     ScopeSpec {
         windows: [
-            limit_spec(quota.rpm, quota.burst, quota, config),
-            limit_spec(quota.tpm, quota.burst_tokens, quota, config),
-            limit_spec(quota.itpm, None, quota, config),
-            limit_spec(quota.otpm, None, quota, config),
+            spec(Dimension::Requests, quota.rpm, quota.burst),
+            spec(Dimension::Tokens, quota.tpm, quota.burst_tokens),
+            spec(Dimension::InputTokens, quota.itpm, None),
+            spec(Dimension::OutputTokens, quota.otpm, None),
+            spec(Dimension::RequestsPerDay, quota.rpd, None),
+            spec(Dimension::TokensPerDay, quota.tpd, None),
         ],
         counts_cache_reads: quota.input_counts_cache_reads,
         concurrency: quota.concurrency,
@@ -66,7 +76,6 @@ fn bind_allowances(
     specs: &mut HashMap<ScopeId, ScopeSpec>,
     wake: &Arc<tokio::sync::Notify>,
 ) -> (Arc<[Binding]>, Option<Arc<CreditTable>>) {
-    use crate::actor::Dimension;
     use crate::actor::credit::CreditRecipe;
     use crate::actor::scope::Allowance;
     use crate::config::{CutOff, LocalShare, SyncMode};
@@ -77,10 +86,7 @@ fn bind_allowances(
     if cluster.mode == SyncMode::Local && cluster.local_share == LocalShare::Full {
         return (Arc::from([]), None);
     }
-    let window = tollgate_cluster::counter::Window::try_new(
-        config.limits.window.as_millis() as u64,
-        config.limits.buckets,
-    );
+    let windows = config.limits.cluster_windows();
     let policy = match cluster.lease.cut_off {
         CutOff::Share => CutOffPolicy::Share,
         CutOff::FailClosed => CutOffPolicy::FailClosed,
@@ -88,9 +94,9 @@ fn bind_allowances(
     };
     // validate() proved the window publishable; without one, keys stay on their
     // local limits only.
-    let recipe = (window.as_ref().ok()).map(|w| {
+    let recipe = (windows.as_ref().ok()).map(|w| {
         Arc::new(CreditRecipe {
-            window: *w,
+            windows: *w,
             policy,
             wake: wake.clone(),
         })

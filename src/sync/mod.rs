@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_cluster::chitchat::transport::Transport;
 use tollgate_cluster::counter::ClusterUsage;
-use tollgate_cluster::counter::Window;
+use tollgate_cluster::counter::Windows;
 use tollgate_cluster::membership::{
     Membership, MembershipConfig, MembershipError, NodeMetadata, StateLimits,
 };
@@ -179,19 +179,18 @@ pub(crate) async fn start(
     transport: &dyn Transport,
 ) -> Result<SyncHandle, SyncError> {
     let limits = &node.limits;
-    let window = Window::try_new(limits.window.as_millis() as u64, limits.buckets)
-        .map_err(|e| SyncError::Window(e.to_string()))?;
-    let usage = Arc::new(Mutex::new(ClusterUsage::new(window)));
+    let windows = (limits.cluster_windows()).map_err(|e| SyncError::Window(e.to_string()))?;
+    let usage = Arc::new(Mutex::new(ClusterUsage::new(windows)));
     let (stop, stopped) = watch::channel(false);
     let (lease, rpc_task, lease_tasks) = match config.mode {
         mode if mode.leases() => {
-            let (feed, rpc, tasks) = start_lease(&node, config, window, &usage, &stopped).await?;
+            let (feed, rpc, tasks) = start_lease(&node, config, windows, &usage, &stopped).await?;
             (Some(feed), rpc, tasks)
         }
         _ => (None, None, Vec::new()),
     };
     let redis_gate = match config.mode {
-        SyncMode::Redis => Some(start_redis_gate(&node, config, window).await?),
+        SyncMode::Redis => Some(start_redis_gate(&node, config, windows).await?),
         _ => None,
     };
     let membership = Membership::start(membership_config(config, proxy), transport).await?;
@@ -230,10 +229,11 @@ pub(crate) async fn start(
 async fn start_lease(
     node: &Arc<NodeParts>,
     config: &ClusterConfig,
-    window: Window,
+    windows: Windows,
     usage: &Arc<Mutex<ClusterUsage>>,
     stopped: &watch::Receiver<bool>,
 ) -> Result<(LeaseFeed, Option<JoinHandle<()>>, Vec<JoinHandle<()>>), SyncError> {
+    let window = *windows.base();
     let lease = &config.lease;
     let view = Arc::new(RwLock::new(Arc::new(lease::View::default())));
     let mut tasks = Vec::new();
@@ -247,11 +247,11 @@ async fn start_lease(
         let owners: Box<dyn lease::holder::Owners> = Box::new(lease::holder::RedisOwner::new(
             store,
             redis.key_prefix.clone(),
-            window.bucket_ms(),
+            windows,
         ));
         (owners, None)
     } else {
-        let book = peer_book(node, config, window, usage, &view)?;
+        let book = peer_book(node, config, windows, usage, &view)?;
         rpc = Some(serve_rpc(node, config, &book, stopped).await?);
         tasks.push(tokio::spawn(lease::owner::offer_room_at_each_bucket(
             book.clone(),
@@ -290,7 +290,7 @@ async fn start_lease(
 async fn start_redis_gate(
     node: &Arc<NodeParts>,
     config: &ClusterConfig,
-    window: Window,
+    windows: Windows,
 ) -> Result<Arc<crate::redis::gate::RedisGate>, SyncError> {
     let redis = node
         .redis
@@ -305,8 +305,7 @@ async fn start_redis_gate(
         store,
         &redis.key_prefix,
         &node.bindings,
-        window.window_ms(),
-        window.bucket_ms(),
+        windows,
         redis.slot_ttl,
         format!("{}/{incarnation}", config.node_id),
     ));
@@ -333,13 +332,13 @@ async fn connect_redis(
 fn peer_book(
     node: &Arc<NodeParts>,
     config: &ClusterConfig,
-    window: Window,
+    windows: Windows,
     usage: &Arc<Mutex<ClusterUsage>>,
     view: &Arc<RwLock<Arc<lease::View>>>,
 ) -> Result<Arc<OwnerBook>, SyncError> {
     let lease = &config.lease;
     let ttl_ms = lease.ttl.as_millis() as u64;
-    let keys = KeyTable::new(node.bindings.clone(), window, lease.max_credit, ttl_ms).map_err(
+    let keys = KeyTable::new(node.bindings.clone(), windows, lease.max_credit, ttl_ms).map_err(
         |(key, e)| SyncError::Lease {
             key,
             reason: e.to_string(),

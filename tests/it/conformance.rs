@@ -432,3 +432,95 @@ async fn a_model_limit_within_an_account_holds_in_redis() {
 async fn a_model_limit_within_an_account_holds_in_redis_lease() {
     account_with_a_model_limit("redis-lease", "full").await;
 }
+
+/// The daily quota of the day-quota runs, and the day window they count it
+/// over (the gateway's `[limits] day_window` and the mock's own alike): long
+/// enough that nothing leaves it during a run.
+const DAY_REQUESTS: u64 = 30;
+const DAY_WINDOW_MS: u64 = 120_000;
+
+/// An account with a daily request quota beside a per-minute one twice as
+/// large, behind three nodes of `mode`, sent ~4.5 x the day's quota: the
+/// upstream never refuses where the mode promises <= L (its own day window
+/// counts exactly), the day's quota binds though the minute's does not, and
+/// the cluster serves close to all of it.
+async fn account_within_a_daily_quota(mode: &str, share: &str) {
+    let upstream = mock(|c| {
+        c.rpd = DAY_REQUESTS;
+        c.day_window_ms = DAY_WINDOW_MS;
+    })
+    .await;
+    let account = format!(
+        "kind = \"openai\"\nbase_url = \"{{MOCK}}\"\nrpm = {}\nrpd = {DAY_REQUESTS}\n",
+        2 * DAY_REQUESTS
+    );
+    let lines = [(
+        "kind = \"openai\"\nbase_url = \"{MOCK}\"\n",
+        account.as_str(),
+    )];
+    // Ends the tenant's table with one of its own: the day window and its
+    // one-second buckets.
+    let tenant = format!(
+        "max_wait = \"300ms\"\n\n[limits]\nday_window = \"{}ms\"\nday_buckets = {}",
+        DAY_WINDOW_MS,
+        DAY_WINDOW_MS / 1_000
+    );
+    let (_redis, nodes) = three_nodes_with(mode, share, &tenant, &lines, &upstream).await;
+    let admitted = load(urls(&nodes), &[20, 10, 4], 4.0).await;
+    let stats = upstream.stats();
+    let (at_most, at_least) = match mode {
+        "gossip" => (DAY_REQUESTS + DAY_REQUESTS / 5, DAY_REQUESTS * 9 / 10),
+        "local" => (DAY_REQUESTS, DAY_REQUESTS * 8 / 10),
+        _ => (DAY_REQUESTS, DAY_REQUESTS * 95 / 100),
+    };
+    println!(
+        "{mode} {share} daily quota: {admitted:?} served, {} of {DAY_REQUESTS} at the upstream, refused there {:?}",
+        stats.admitted, stats.refused
+    );
+    assert_eq!(admitted.iter().sum::<u64>(), stats.admitted);
+    if at_most == DAY_REQUESTS {
+        assert_eq!(
+            stats.refused.requests_per_day, 0,
+            "{mode}: the upstream refused"
+        );
+    }
+    assert!(
+        stats.admitted <= at_most,
+        "{mode}: {} > {at_most}",
+        stats.admitted
+    );
+    assert!(
+        stats.admitted >= at_least,
+        "{mode}: only {} of {DAY_REQUESTS} served",
+        stats.admitted
+    );
+    let status = admin(&nodes[0], "/admin/keys/upstream:mock:requests_per_day").await;
+    assert_eq!(status["usage"]["limit"], DAY_REQUESTS, "{status}");
+    stop_all(nodes).await;
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_quota_holds_in_local_split() {
+    account_within_a_daily_quota("local", "split").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_quota_holds_in_gossip() {
+    account_within_a_daily_quota("gossip", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_quota_holds_in_lease() {
+    account_within_a_daily_quota("lease", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_quota_holds_in_redis() {
+    account_within_a_daily_quota("redis", "full").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_quota_holds_in_redis_lease() {
+    account_within_a_daily_quota("redis-lease", "full").await;
+}

@@ -29,7 +29,14 @@ fn window(capacity: u64) -> DimSpec {
 
 fn reservation(requests: DimSpec, tokens: DimSpec, token_cost: u64) -> Reservation {
     Reservation {
-        windows: [requests, tokens, DimSpec::NONE, DimSpec::NONE],
+        windows: [
+            requests,
+            tokens,
+            DimSpec::NONE,
+            DimSpec::NONE,
+            DimSpec::NONE,
+            DimSpec::NONE,
+        ],
         cost: Cost {
             input: token_cost,
             output: 0,
@@ -54,7 +61,7 @@ fn settled(requests: u64, tokens: u64) -> Settled {
     }
 }
 
-fn admitted(r: &Reserved) -> [String; 4] {
+fn admitted(r: &Reserved) -> [String; 6] {
     match r {
         Reserved::Admitted { refs, .. } => refs.clone(),
         other => panic!("expected admission, got {other:?}"),
@@ -120,7 +127,11 @@ async fn a_settlement_moves_the_charge_to_when_the_upstream_answered() {
             .settle(&keys, &r, &refs[0], settled(1, 10), Some(0))
             .await
             .unwrap();
-        assert_eq!(corrections, [0, 0, 0, 0], "{name}: moved, not changed");
+        assert_eq!(
+            corrections,
+            [0, 0, 0, 0, 0, 0],
+            "{name}: moved, not changed"
+        );
         // Past the admissions' window: the four others have left, the answered
         // one still counts (requests and tokens), until a window after its answer.
         tokio::time::sleep(Duration::from_millis(600)).await;
@@ -178,7 +189,7 @@ async fn all_or_nothing_refunds_and_debt_go_to_the_reservations_bucket() {
         .settle(&keys, &r, &first, settled(1, 100), None)
         .await
         .unwrap();
-    assert_eq!(corrections, [0, -500, 0, 0]);
+    assert_eq!(corrections, [0, -500, 0, 0, 0, 0]);
     let second = admitted(&s.reserve(&keys, &r).await.unwrap());
     // 700 used; a debt of 300 on the second fills the window exactly.
     s.settle(&keys, &r, &second, settled(1, 900), None)
@@ -304,7 +315,14 @@ async fn concurrent_callers_from_several_clients_never_exceed_the_capacity() {
             let keys = keys.clone();
             tasks.push(tokio::spawn(async move {
                 let r = Reservation {
-                    windows: [window(1_000), window(100), DimSpec::NONE, DimSpec::NONE],
+                    windows: [
+                        window(1_000),
+                        window(100),
+                        DimSpec::NONE,
+                        DimSpec::NONE,
+                        DimSpec::NONE,
+                        DimSpec::NONE,
+                    ],
                     cost: Cost {
                         input: 1,
                         output: 0,
@@ -345,7 +363,14 @@ async fn a_batch_is_decided_as_the_same_reservations_one_call_at_a_time() {
     // Requests 6, tokens 100, 3 slots: every dimension refuses somewhere, and a
     // refusal between admissions charges nothing.
     let r = |cost: u64, id: &str| Reservation {
-        windows: [window(6), window(100), DimSpec::NONE, DimSpec::NONE],
+        windows: [
+            window(6),
+            window(100),
+            DimSpec::NONE,
+            DimSpec::NONE,
+            DimSpec::NONE,
+            DimSpec::NONE,
+        ],
         cost: Cost {
             input: cost,
             output: 0,
@@ -513,6 +538,8 @@ async fn the_same_scripts_run_on_a_three_shard_redis_cluster() {
                     capacity: 100,
                     window_ms: 1_000,
                 },
+                DimSpec::NONE,
+                DimSpec::NONE,
                 DimSpec::NONE,
                 DimSpec::NONE,
             ],
@@ -991,7 +1018,14 @@ async fn input_and_output_tokens_are_reserved_and_settled_on_their_own_windows()
     let keys = ScopeKeys::new("tg", "upstream:anthropic");
     // 100 input and 50 output tokens a window, as an ITPM/OTPM account.
     let r = |input, output| Reservation {
-        windows: [DimSpec::NONE, DimSpec::NONE, window(100), window(50)],
+        windows: [
+            DimSpec::NONE,
+            DimSpec::NONE,
+            window(100),
+            window(50),
+            DimSpec::NONE,
+            DimSpec::NONE,
+        ],
         cost: Cost {
             input,
             output,
@@ -1022,12 +1056,79 @@ async fn input_and_output_tokens_are_reserved_and_settled_on_their_own_windows()
         },
     };
     let corrections = s.settle(&keys, &first, &refs, used, None).await.unwrap();
-    assert_eq!(corrections, [0, 0, 0, -35]);
+    assert_eq!(corrections, [0, 0, 0, -35, 0, 0]);
     admitted(&s.reserve(&keys, &r(30, 20)).await.unwrap());
     // 90 input and 25 output used: exactly the rest of each fits, one more does not.
     admitted(&s.reserve(&keys, &r(10, 25)).await.unwrap());
     assert_eq!(
         refused(&s.reserve(&keys, &r(0, 1)).await.unwrap()).0,
         "output_tokens"
+    );
+}
+
+#[tokio::test]
+async fn a_day_window_is_counted_over_its_own_length_beside_the_minutes() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let keys = ScopeKeys::new("tg", "upstream:daily");
+    // 3 requests a (one-second) window; 4 requests and 100 tokens a
+    // (five-second) day, in half-second buckets.
+    let day = |capacity| DimSpec {
+        algorithm: Algorithm::Window { bucket_ms: 500 },
+        capacity,
+        window_ms: 5_000,
+    };
+    let r = |tokens| Reservation {
+        windows: [
+            window(3),
+            DimSpec::NONE,
+            DimSpec::NONE,
+            DimSpec::NONE,
+            day(4),
+            day(100),
+        ],
+        cost: Cost {
+            input: tokens,
+            output: 0,
+            output_cap: 0,
+        },
+        concurrency: 0,
+        permit_id: String::new(),
+        slot_ttl_ms: 0,
+    };
+    let first = r(40);
+    let refs = admitted(&s.reserve(&keys, &first).await.unwrap());
+    admitted(&s.reserve(&keys, &r(10)).await.unwrap());
+    admitted(&s.reserve(&keys, &r(10)).await.unwrap());
+    assert_eq!(
+        refused(&s.reserve(&keys, &r(1)).await.unwrap()).0,
+        "requests"
+    );
+    // The answer used 15 tokens: 25 come back to the day's token window.
+    let used = settled(1, 15);
+    let corrections = s.settle(&keys, &first, &refs, used, None).await.unwrap();
+    assert_eq!(corrections, [0, 0, 0, 0, 0, -25]);
+    // The minute's requests have left their window; the day's have not.
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    assert_eq!(
+        refused(&s.reserve(&keys, &r(66)).await.unwrap()).0,
+        "tokens_per_day",
+        "35 of 100 tokens used"
+    );
+    admitted(&s.reserve(&keys, &r(65)).await.unwrap());
+    let (dimension, retry_ms) = refused(&s.reserve(&keys, &r(0)).await.unwrap());
+    assert_eq!(dimension, "requests_per_day");
+    let retry_ms = retry_ms.unwrap();
+    assert!(
+        (2_000..=5_000).contains(&retry_ms),
+        "until the first bucket leaves the day: {retry_ms} ms"
+    );
+    let stored: Vec<String> = s
+        .command(::redis::cmd("KEYS").arg("tg:{upstream:daily}:*"))
+        .await
+        .unwrap();
+    assert!(
+        stored.iter().any(|k| k.ends_with(":r_per_day")),
+        "{stored:?}"
     );
 }

@@ -14,7 +14,7 @@
 //! does not match its bucket (`slot != bucket mod R`), an absurd count or an oversize
 //! key or value is a [`DecodeError`].
 
-use super::{MAX_COUNT, MAX_LIMIT_KEY_BYTES, Window};
+use super::{MAX_COUNT, MAX_LIMIT_KEY_BYTES, Windows};
 
 /// Longest key we write or accept, in bytes: `c:` + limit key + `:` + slot (<= 3
 /// base36 digits since R <= 8193, 4 allowed).
@@ -172,10 +172,10 @@ pub fn held_key(limit_key: &str) -> String {
     format!("h:{limit_key}")
 }
 
-/// Every key a node may hold for `limit_key` under `window` (its R slots, demand,
+/// Every key a node may hold for `limit_key` under `windows` (its R slots, demand,
 /// in-flight, held), e.g. to delete a retired key's ring once, after it went idle.
-pub fn all_keys(limit_key: &str, window: &Window) -> Vec<String> {
-    let mut keys: Vec<String> = (0..window.ring_slots())
+pub fn all_keys(limit_key: &str, windows: &Windows) -> Vec<String> {
+    let mut keys: Vec<String> = (0..windows.of(limit_key).ring_slots())
         .map(|slot| slot_key(limit_key, slot))
         .collect();
     keys.push(demand_key(limit_key));
@@ -201,7 +201,7 @@ pub fn scalar_value(n: u64) -> String {
 pub fn decode<'a>(
     key: &'a str,
     value: &str,
-    window: &Window,
+    windows: &Windows,
 ) -> Result<Option<Decoded<'a>>, DecodeError> {
     let Some((kind, rest)) = key.split_at_checked(2) else {
         return Ok(None);
@@ -216,7 +216,7 @@ pub fn decode<'a>(
         return Err(DecodeError::ValueTooLong { len: value.len() });
     }
     let decoded = match kind {
-        "c:" => decode_slot(rest, value, window)?,
+        "c:" => decode_slot(rest, value, windows)?,
         "d:" => Decoded::Demand {
             limit_key: rest,
             demand: decode_scalar(rest, value, "demand")?,
@@ -244,12 +244,13 @@ fn decode_scalar(limit_key: &str, value: &str, what: &'static str) -> Result<u64
 fn decode_slot<'a>(
     rest: &'a str,
     value: &str,
-    window: &Window,
+    windows: &Windows,
 ) -> Result<Decoded<'a>, DecodeError> {
     let (limit_key, slot) = rest
         .rsplit_once(':')
         .ok_or(DecodeError::Malformed("no ':' before the slot"))?;
     validate_limit_key(limit_key)?;
+    let window = windows.of(limit_key);
     let slot = parse_base36(slot, "slot")?;
     let ring_slots = window.ring_slots();
     let slot = u32::try_from(slot)
@@ -316,6 +317,7 @@ fn parse_base36(text: &str, field: &'static str) -> Result<u64, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::counter::Window;
 
     fn window() -> Window {
         Window::try_new(60_000, 60).unwrap()
@@ -344,7 +346,7 @@ mod tests {
         let v = slot_value(124, 7);
         assert_eq!(v, "3g:7", "124 = 2 * 61 + 2 lives in slot 2");
         assert_eq!(
-            decode(&k, &v, &w),
+            decode(&k, &v, &w.into()),
             Ok(Some(Decoded::Slot {
                 limit_key: "tenant:a:1",
                 slot: 2,
@@ -360,32 +362,35 @@ mod tests {
     fn held_round_trips_and_rejects_garbage() {
         let w = window();
         assert_eq!(
-            decode(&held_key("tenant:a:requests"), &scalar_value(14), &w),
+            decode(&held_key("tenant:a:requests"), &scalar_value(14), &w.into()),
             Ok(Some(Decoded::Held {
                 limit_key: "tenant:a:requests",
                 held: 14
             }))
         );
         assert_eq!(
-            decode("h:", "1", &w),
+            decode("h:", "1", &w.into()),
             Err(DecodeError::Key(KeyError::Empty))
         );
-        assert_eq!(decode("h:k", "01", &w), Err(DecodeError::Number("held")));
-        assert!(all_keys("k", &w).contains(&held_key("k")));
+        assert_eq!(
+            decode("h:k", "01", &w.into()),
+            Err(DecodeError::Number("held"))
+        );
+        assert!(all_keys("k", &w.into()).contains(&held_key("k")));
     }
 
     #[test]
     fn demand_and_in_flight_round_trip() {
         let w = window();
         assert_eq!(
-            decode(&demand_key("k"), &scalar_value(500), &w),
+            decode(&demand_key("k"), &scalar_value(500), &w.into()),
             Ok(Some(Decoded::Demand {
                 limit_key: "k",
                 demand: 500
             }))
         );
         assert_eq!(
-            decode(&in_flight_key("k:x"), &scalar_value(3), &w),
+            decode(&in_flight_key("k:x"), &scalar_value(3), &w.into()),
             Ok(Some(Decoded::InFlight {
                 limit_key: "k:x",
                 in_flight: 3
@@ -397,7 +402,7 @@ mod tests {
     fn foreign_keys_are_not_ours() {
         let w = window();
         for key in ["", "c", "proxy_addr", "x:y", "é"] {
-            assert_eq!(decode(key, "anything", &w), Ok(None), "{key:?}");
+            assert_eq!(decode(key, "anything", &w.into()), Ok(None), "{key:?}");
         }
     }
 
@@ -463,7 +468,11 @@ mod tests {
             ),
         ];
         for (key, value, want) in cases {
-            assert_eq!(decode(&key, value, &w), Err(want), "{key:?} = {value:?}");
+            assert_eq!(
+                decode(&key, value, &w.into()),
+                Err(want),
+                "{key:?} = {value:?}"
+            );
         }
     }
 
@@ -475,6 +484,6 @@ mod tests {
         assert!(key.len() <= MAX_KEY_BYTES);
         assert!(slot_value(u64::MAX, MAX_COUNT).len() <= MAX_VALUE_BYTES);
         // 61 slots, demand, in-flight, held.
-        assert_eq!(all_keys("k", &window()).len(), 64);
+        assert_eq!(all_keys("k", &window().into()).len(), 64);
     }
 }

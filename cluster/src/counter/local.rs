@@ -12,7 +12,7 @@ use super::codec::{
     KeyError, demand_key, held_key, in_flight_key, scalar_value, slot_key, slot_value,
     validate_limit_key,
 };
-use super::{DEFAULT_MAX_KEYS, MAX_COUNT, Window};
+use super::{DEFAULT_MAX_KEYS, MAX_COUNT, Windows};
 
 /// What a record did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +106,7 @@ impl LocalKey {
 /// chitchat keys. Pure: every time is an argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalCounters {
-    window: Window,
+    windows: Windows,
     max_keys: usize,
     keys: HashMap<String, LocalKey>,
     /// Limit keys forgotten with a published ring, and when (ms): the ring can be
@@ -116,24 +116,24 @@ pub struct LocalCounters {
 }
 
 impl LocalCounters {
-    /// Empty counters over `window`, tracking at most `DEFAULT_MAX_KEYS` keys.
-    pub fn new(window: Window) -> Self {
-        Self::with_max_keys(window, DEFAULT_MAX_KEYS)
+    /// Empty counters over `windows`, tracking at most `DEFAULT_MAX_KEYS` keys.
+    pub fn new(windows: impl Into<Windows>) -> Self {
+        Self::with_max_keys(windows, DEFAULT_MAX_KEYS)
     }
 
     /// Empty counters tracking at most `max_keys` limit keys at once.
-    pub fn with_max_keys(window: Window, max_keys: usize) -> Self {
+    pub fn with_max_keys(windows: impl Into<Windows>, max_keys: usize) -> Self {
         Self {
-            window,
+            windows: windows.into(),
             max_keys,
             keys: HashMap::new(),
             retired: BTreeMap::new(),
         }
     }
 
-    /// The window the counters are bucketed by.
-    pub fn window(&self) -> &Window {
-        &self.window
+    /// The windows the counters are bucketed by (each key's by its name).
+    pub fn windows(&self) -> &Windows {
+        &self.windows
     }
 
     /// How many limit keys are tracked now (<= `max_keys`).
@@ -163,7 +163,7 @@ impl LocalCounters {
         now_ms: u64,
     ) -> Result<Recorded, RecordError> {
         validate_limit_key(limit_key)?;
-        let window = self.window;
+        let window = *self.windows.of(limit_key);
         if !window.counts(bucket_index, now_ms) {
             return Ok(Recorded::Expired);
         }
@@ -218,7 +218,7 @@ impl LocalCounters {
 
     /// This node's count for `bucket_index` of `limit_key` (0 if none is held).
     pub fn bucket_count(&self, limit_key: &str, bucket_index: u64) -> u64 {
-        let slot = self.window.slot(bucket_index);
+        let slot = self.windows.of(limit_key).slot(bucket_index);
         (self.keys.get(limit_key))
             .and_then(|key| key.slots.get(&slot))
             .filter(|entry| entry.bucket == bucket_index)
@@ -267,10 +267,11 @@ impl LocalCounters {
 
     /// This node's usage of `limit_key` at `now_ms`: the sum of its buckets that count.
     pub fn local_usage(&self, limit_key: &str, now_ms: u64) -> u64 {
+        let window = self.windows.of(limit_key);
         self.keys.get(limit_key).map_or(0, |key| {
             key.slots
                 .values()
-                .filter(|s| self.window.counts(s.bucket, now_ms))
+                .filter(|s| window.counts(s.bucket, now_ms))
                 .fold(0u64, |sum, s| sum.saturating_add(s.count))
         })
     }
@@ -280,10 +281,11 @@ impl LocalCounters {
     /// forgotten (not published: every reader already counts them 0), and so are limit
     /// keys left idle. Every key is <= `MAX_KEY_BYTES`, every value <= `MAX_VALUE_BYTES`.
     pub fn publish(&mut self, now_ms: u64) -> Vec<(String, String)> {
-        let window = self.window;
+        let windows = self.windows;
         let retired = &mut self.retired;
         let mut out = Vec::new();
         self.keys.retain(|limit_key, key| {
+            let window = windows.of(limit_key);
             let before = out.len();
             key.slots.retain(|&slot, s| {
                 let counts = window.counts(s.bucket, now_ms);
@@ -326,15 +328,19 @@ impl LocalCounters {
     /// holding, gossiping and re-reading a dead ring, and frees this node's state
     /// cap for keys in use (without it, about a thousand tenants ever used on one
     /// node would fill the cap and every later publish would be refused).
-    /// Only keys forgotten at or before `quiet_since_ms` are taken: the caller
-    /// waits a window after forgetting, so that no reader, however far behind or
+    /// Only keys forgotten at or before `quiet_since_ms` are taken (a key of the
+    /// long window, that much longer before it): the caller waits a base window
+    /// after forgetting, so that no reader, however far behind or
     /// however its clock is set against this one, can still count a bucket of the
     /// ring when it goes (a reader that joins later would never see it). At most
     /// `max` at a time, oldest first (the rest wait for the next call), so that
     /// one write stays small when many keys go quiet together.
     pub fn take_retired(&mut self, quiet_since_ms: u64, max: usize) -> Vec<String> {
+        let windows = self.windows;
+        let longer_by =
+            |key: &str| (windows.of(key).window_ms()).saturating_sub(windows.base().window_ms());
         let mut due: Vec<(u64, String)> = (self.retired.iter())
-            .filter(|(_, at)| **at <= quiet_since_ms)
+            .filter(|(key, at)| at.saturating_add(longer_by(key)) <= quiet_since_ms)
             .map(|(key, at)| (*at, key.clone()))
             .collect();
         due.sort_unstable();

@@ -158,6 +158,61 @@ impl Window {
     }
 }
 
+/// The name ending of limit keys counted over the long window of [`Windows`]
+/// (daily quotas: `tenant:acme:requests_per_day`).
+pub const LONG_WINDOW_SUFFIX: &str = "_per_day";
+
+/// The windows the cluster counts keys over: the base window (`rpm`, `tpm`, ...)
+/// and a long one for keys whose name ends in [`LONG_WINDOW_SUFFIX`] (`rpd`,
+/// `tpd`). The window is part of what a key means, so it is read from the key's
+/// name: a writer and a reader can never disagree on which window a key is
+/// counted over, and every node must share both windows as it shares the base
+/// one today.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Windows {
+    base: Window,
+    long: Window,
+}
+
+impl Windows {
+    /// Keys counted over `base`, or over `long` when named so.
+    pub fn new(base: Window, long: Window) -> Self {
+        Self { base, long }
+    }
+
+    /// The window `limit_key` is counted over.
+    pub fn of(&self, limit_key: &str) -> &Window {
+        if limit_key.ends_with(LONG_WINDOW_SUFFIX) {
+            &self.long
+        } else {
+            &self.base
+        }
+    }
+
+    /// The base window.
+    pub fn base(&self) -> &Window {
+        &self.base
+    }
+
+    /// The long window.
+    pub fn long(&self) -> &Window {
+        &self.long
+    }
+
+    /// The longer of the two windows, in milliseconds: how long anything counted
+    /// may still count.
+    pub fn longest_ms(&self) -> u64 {
+        self.base.window_ms.max(self.long.window_ms)
+    }
+}
+
+impl From<Window> for Windows {
+    /// Every key over one window.
+    fn from(window: Window) -> Self {
+        Self::new(window, window)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +244,17 @@ mod tests {
         assert!(!w.counts(100, 39_999));
         assert!(!w.counts(u64::MAX, 0));
         assert!(w.counts(u64::MAX / 1_000, u64::MAX));
+    }
+
+    #[test]
+    fn a_key_named_per_day_is_counted_over_the_long_window() {
+        let base = Window::try_new(60_000, 60).unwrap();
+        let day = Window::try_new(86_400_000, 24).unwrap();
+        let windows = Windows::new(base, day);
+        assert_eq!(windows.of("tenant:a:requests_per_day"), &day);
+        assert_eq!(windows.of("tenant:a:requests"), &base);
+        assert_eq!(windows.longest_ms(), 86_400_000);
+        assert_eq!(Windows::from(base).of("x_per_day"), &base);
     }
 
     #[test]

@@ -158,8 +158,8 @@ proptest! {
     #[test]
     fn decode_never_panics(key in ".{0,300}", value in ".{0,60}", structured in ("[cdfx]:[a-z0-9:]{0,12}", "[0-9a-z:]{0,30}")) {
         let w = Window::try_new(60_000, 60).expect("valid");
-        let _ = decode(&key, &value, &w);
-        let _ = decode(&structured.0, &structured.1, &w);
+        let _ = decode(&key, &value, &w.into());
+        let _ = decode(&structured.0, &structured.1, &w.into());
         let mut u = ClusterUsage::new(w);
         let _ = u.apply("n", &structured.0, &structured.1);
     }
@@ -169,7 +169,7 @@ proptest! {
         let slot = window.slot(bucket);
         let (key, value) = (slot_key(&limit_key, slot), slot_value(bucket, count));
         prop_assert!(key.len() <= MAX_KEY_BYTES && value.len() <= MAX_VALUE_BYTES);
-        let decoded = decode(&key, &value, &window).expect("own encoding decodes");
+        let decoded = decode(&key, &value, &window.into()).expect("own encoding decodes");
         prop_assert_eq!(decoded, Some(super::Decoded::Slot { limit_key: &limit_key, slot, bucket, count }));
     }
 }

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use super::codec::{DecodeError, Decoded, decode};
-use super::{DEFAULT_MAX_KEYS, Window};
+use super::{DEFAULT_MAX_KEYS, Window, Windows};
 
 /// What an update did to the replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,30 +187,30 @@ impl ClockLag {
 /// Every node's counters as gossiped, merged by max version. Pure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterUsage {
-    window: Window,
+    windows: Windows,
     max_keys_per_node: usize,
     nodes: HashMap<String, NodeReplica>,
 }
 
 impl ClusterUsage {
-    /// An empty replica over `window` (which every node must share), keeping at most
-    /// `DEFAULT_MAX_KEYS` limit keys per node.
-    pub fn new(window: Window) -> Self {
-        Self::with_max_keys_per_node(window, DEFAULT_MAX_KEYS)
+    /// An empty replica over `windows` (which every node must share), keeping at
+    /// most `DEFAULT_MAX_KEYS` limit keys per node.
+    pub fn new(windows: impl Into<Windows>) -> Self {
+        Self::with_max_keys_per_node(windows, DEFAULT_MAX_KEYS)
     }
 
     /// An empty replica keeping at most `max_keys_per_node` limit keys per node.
-    pub fn with_max_keys_per_node(window: Window, max_keys_per_node: usize) -> Self {
+    pub fn with_max_keys_per_node(windows: impl Into<Windows>, max_keys_per_node: usize) -> Self {
         Self {
-            window,
+            windows: windows.into(),
             max_keys_per_node,
             nodes: HashMap::new(),
         }
     }
 
-    /// The window buckets are read with.
-    pub fn window(&self) -> &Window {
-        &self.window
+    /// The windows buckets are read with (each key's by its name).
+    pub fn windows(&self) -> &Windows {
+        &self.windows
     }
 
     /// Applies `node`'s value for `key` as the newest one (chitchat already keeps the
@@ -240,7 +240,7 @@ impl ClusterUsage {
         value: &str,
         merge: Merge,
     ) -> Result<Applied, DecodeError> {
-        let Some(decoded) = decode(key, value, &self.window)? else {
+        let Some(decoded) = decode(key, value, &self.windows)? else {
             return Ok(Applied::Foreign);
         };
         let limit_key = match decoded {
@@ -324,9 +324,10 @@ impl ClusterUsage {
         self.nodes.get(node).map_or(0, |r| r.clock.lag_ms(now_ms))
     }
 
-    /// Buckets to date `replica`'s cost later by at `now_ms` (its clock's lag).
-    fn shift_of(&self, replica: &NodeReplica, now_ms: u64) -> u64 {
-        self.window.buckets_behind(replica.clock.lag_ms(now_ms))
+    /// Buckets of `window` to date `replica`'s cost later by at `now_ms` (its
+    /// clock's lag).
+    fn shift_of(window: &Window, replica: &NodeReplica, now_ms: u64) -> u64 {
+        window.buckets_behind(replica.clock.lag_ms(now_ms))
     }
 
     /// Drops `node`'s registers (after chitchat garbage-collected the dead node).
@@ -342,12 +343,15 @@ impl ClusterUsage {
     /// only the newest version of a key, so a dropped register cannot be brought back
     /// by an older value; the property tests run without it.
     pub fn gc(&mut self, now_ms: u64) -> usize {
-        let window = self.window;
+        let windows = self.windows;
         let mut dropped = 0;
         for replica in self.nodes.values_mut() {
-            let shift = window.buckets_behind(replica.clock.lag_ms(now_ms));
+            let lag_ms = replica.clock.lag_ms(now_ms);
             let before = replica.keys.len();
-            (replica.keys).retain(|_, key| !key.is_zero_shifted(&window, shift, now_ms));
+            (replica.keys).retain(|limit_key, key| {
+                let window = windows.of(limit_key);
+                !key.is_zero_shifted(window, window.buckets_behind(lag_ms), now_ms)
+            });
             crate::maps::shrink_if_sparse(&mut replica.keys);
             dropped += before - replica.keys.len();
         }
@@ -366,10 +370,11 @@ impl ClusterUsage {
     pub fn is_idle(&self, node: &str, now_ms: u64) -> bool {
         // Dated on this reader's clock, as its charges are: a member whose clock ran
         // behind is not forgotten while its shifted buckets still count.
-        let window = self.window;
         (self.nodes.get(node)).is_none_or(|r| {
-            let shift = self.shift_of(r, now_ms);
-            (r.keys.values()).all(|k| k.is_zero_shifted(&window, shift, now_ms))
+            (r.keys.iter()).all(|(limit_key, k)| {
+                let window = self.windows.of(limit_key);
+                k.is_zero_shifted(window, Self::shift_of(window, r, now_ms), now_ms)
+            })
         })
     }
 
@@ -402,18 +407,18 @@ impl ClusterUsage {
         except_node: Option<&str>,
         now_ms: u64,
     ) -> u64 {
+        let window = self.windows.of(limit_key);
         (self.nodes.iter())
             .filter(|(node, r)| r.live && Some(node.as_str()) != except_node)
             .filter_map(|(_, r)| r.keys.get(limit_key))
-            .fold(0u64, |sum, k| {
-                sum.saturating_add(k.usage(&self.window, now_ms))
-            })
+            .fold(0u64, |sum, k| sum.saturating_add(k.usage(window, now_ms)))
     }
 
     /// Usage of `limit_key` at `now_ms` per live node (0 if it published none), sorted
     /// by node.
     pub fn usage_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, u64)> {
-        self.per_live_node(limit_key, |k| k.usage(&self.window, now_ms))
+        let window = self.windows.of(limit_key);
+        self.per_live_node(limit_key, |k| k.usage(window, now_ms))
     }
 
     /// `node`'s usage of `limit_key` at `now_ms`, live or not (`None` if never seen):
@@ -422,19 +427,21 @@ impl ClusterUsage {
     pub fn usage_of(&self, node: &str, limit_key: &str, now_ms: u64) -> Option<u64> {
         let replica = self.nodes.get(node)?;
         let key = replica.keys.get(limit_key);
-        let shift = self.shift_of(replica, now_ms);
-        Some(key.map_or(0, |k| k.usage_shifted(&self.window, shift, now_ms)))
+        let window = self.windows.of(limit_key);
+        let shift = Self::shift_of(window, replica, now_ms);
+        Some(key.map_or(0, |k| k.usage_shifted(window, shift, now_ms)))
     }
 
     /// `limit_key`'s usage at `now_ms` summed over the nodes that are not live
     /// (departed: dead, or an older generation superseded by a restart), except those
     /// in `skip`: what they spent still counts until it leaves the window.
     pub fn departed_usage_except(&self, limit_key: &str, skip: &[String], now_ms: u64) -> u64 {
+        let window = self.windows.of(limit_key);
         (self.nodes.iter())
             .filter(|(node, r)| !r.live && !skip.contains(node))
-            .filter_map(|(_, r)| Some((r.keys.get(limit_key)?, self.shift_of(r, now_ms))))
+            .filter_map(|(_, r)| Some((r.keys.get(limit_key)?, Self::shift_of(window, r, now_ms))))
             .fold(0u64, |sum, (k, shift)| {
-                sum.saturating_add(k.usage_shifted(&self.window, shift, now_ms))
+                sum.saturating_add(k.usage_shifted(window, shift, now_ms))
             })
     }
 
@@ -447,14 +454,15 @@ impl ClusterUsage {
     /// 41-43 of L = 40 after a node ran 2 s behind and restarted with the true clock).
     pub fn buckets_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, Vec<(u64, u64)>)> {
         let mut out = Vec::new();
+        let window = self.windows.of(limit_key);
         for (node, replica) in &self.nodes {
             let Some(key) = replica.keys.get(limit_key) else {
                 continue;
             };
-            let shift = self.shift_of(replica, now_ms);
+            let shift = Self::shift_of(window, replica, now_ms);
             let mut buckets: Vec<(u64, u64)> = (key.slots.values())
                 .map(|r| (r.value.0.saturating_add(shift), r.value.1))
-                .filter(|&(bucket, _)| self.window.counts(bucket, now_ms))
+                .filter(|&(bucket, _)| window.counts(bucket, now_ms))
                 .collect();
             buckets.sort_unstable();
             out.push((node.clone(), buckets));

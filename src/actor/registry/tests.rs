@@ -17,7 +17,7 @@ fn registry_with(
     idle_secs: u64,
 ) -> (Registry, ScopeId) {
     let scope = ScopeId::tenant("t");
-    let windows = [window(requests), window(tokens), None, None];
+    let windows = [window(requests), window(tokens), None, None, None, None];
     let registry = registry_over(&scope, windows, Some(slots), max_queue, idle_secs);
     (registry, scope)
 }
@@ -574,7 +574,7 @@ async fn output_windows_charge_max_tokens_where_the_tokens_window_takes_an_estim
     // An upstream of 1,000 tokens and 150 output tokens per window, sent a
     // request whose tenant estimated 10 of its max_tokens 100.
     let scope = ScopeId::upstream("anthropic");
-    let windows = [None, window(1_000), None, window(150)];
+    let windows = [None, window(1_000), None, window(150), None, None];
     let registry = registry_over(&scope, windows, None, 4, 60);
     let ask = AcquireRequest {
         max_completion_tokens: 100,

@@ -142,13 +142,16 @@ impl RedisGate {
     pub(super) fn dim(&self, limit: &Option<(String, u64)>) -> DimSpec {
         match limit {
             None => DimSpec::NONE,
-            Some((_, capacity)) => DimSpec {
-                algorithm: Algorithm::Window {
-                    bucket_ms: self.bucket_ms,
-                },
-                capacity: *capacity,
-                window_ms: self.window_ms,
-            },
+            Some((key, capacity)) => {
+                let window = self.windows.of(key);
+                DimSpec {
+                    algorithm: Algorithm::Window {
+                        bucket_ms: window.bucket_ms(),
+                    },
+                    capacity: *capacity,
+                    window_ms: window.window_ms(),
+                }
+            }
         }
     }
 

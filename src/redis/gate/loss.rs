@@ -120,9 +120,9 @@ impl RedisGate {
     ) -> Result<(), crate::redis::store::StoreError> {
         for (key, buckets) in done {
             let pairs: Vec<(u64, u64)> = buckets.iter().map(|(b, c)| (*b, *c)).collect();
-            (self.store)
-                .charge(key, (self.window_ms, self.bucket_ms), unix_ms(), &pairs)
-                .await?;
+            let window = self.windows.of(key);
+            let window = (window.window_ms(), window.bucket_ms());
+            (self.store).charge(key, window, unix_ms(), &pairs).await?;
             let mut backlog = lock(&self.backlog);
             if let Some(live) = backlog.get_mut(key) {
                 for (b, c) in buckets {
@@ -150,8 +150,6 @@ impl RedisGate {
         cost: Cost,
     ) -> Result<bool, RemoteRefusal> {
         let now = unix_ms();
-        let bucket = now / self.bucket_ms;
-        let oldest = (now.saturating_sub(self.window_ms)) / self.bucket_ms;
         let fallback = lock(&self.fallback);
         let mut backlog = lock(&self.backlog);
         let epoch = self.lost_since();
@@ -178,6 +176,9 @@ impl RedisGate {
             let Some(charged) = fallback.get(key).map(|f| f.charged) else {
                 continue;
             };
+            let window = self.windows.of(key);
+            let (bucket, bucket_ms) = (window.bucket_index(now), window.bucket_ms());
+            let oldest = (now.saturating_sub(window.window_ms())) / bucket_ms;
             let buckets = backlog.entry(redis_key.clone()).or_default();
             // Buckets that left the window count nowhere any more (reconciling
             // them adds nothing): dropped, so the map stays bounded and the cap
@@ -186,7 +187,7 @@ impl RedisGate {
             let in_window: u64 = buckets.values().sum();
             if in_window.saturating_add(cost) > charged {
                 let first = buckets.keys().next().copied().unwrap_or(bucket);
-                let leaves = (first + 1) * self.bucket_ms + self.window_ms;
+                let leaves = (first + 1) * bucket_ms + window.window_ms();
                 // Above this node's share but within the configured capacity,
                 // the request fits again once Redis is back: not "never" (which
                 // the client would be told as a 413).
@@ -204,7 +205,8 @@ impl RedisGate {
             }
         }
         for &(_, limit, redis_key, cost) in &dims {
-            if limit.is_some() {
+            if let Some((key, _)) = limit {
+                let bucket = self.windows.of(key).bucket_index(now);
                 let buckets = backlog.entry(redis_key.clone()).or_default();
                 if buckets.len() < MAX_BACKLOG_BUCKETS || buckets.contains_key(&bucket) {
                     *buckets.entry(bucket).or_insert(0) += cost;

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tollgate_cluster::counter::Windows;
 
 /// How soon a request held back because not every peer has confirmed it charges
 /// this node's loss looks again (confirmations come with the peers' sync rounds).
@@ -109,8 +110,8 @@ impl RemoteRefusal {
 /// The `redis` mode's gate, shared by every request of the node.
 pub struct RedisGate {
     store: RedisStore,
-    window_ms: u64,
-    bucket_ms: u64,
+    /// The cluster's windows: each limit key's and Redis key's by its name.
+    windows: Windows,
     slot_ttl_ms: u64,
     scopes: HashMap<ScopeId, ScopeLimits>,
     /// Effective capacity per limit key: L minus the shares of peers that lost Redis.
@@ -146,15 +147,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl RedisGate {
-    /// A gate over `store` for the given limit keys, windows of `window_ms` in
-    /// buckets of `bucket_ms`. `node` prefixes semaphore members (unique per
-    /// process incarnation).
+    /// A gate over `store` for the given limit keys, counted over `windows`.
+    /// `node` prefixes semaphore members (unique per process incarnation).
     pub fn new(
         store: RedisStore,
         prefix: &str,
         limits: &[Binding],
-        window_ms: u64,
-        bucket_ms: u64,
+        windows: Windows,
         slot_ttl: Duration,
         node: String,
     ) -> RedisGate {
@@ -175,8 +174,7 @@ impl RedisGate {
         }
         RedisGate {
             store,
-            window_ms,
-            bucket_ms,
+            windows,
             slot_ttl_ms: slot_ttl.as_millis() as u64,
             scopes,
             caps: RwLock::new(HashMap::new()),

@@ -30,8 +30,9 @@ fn gate_over(limits: &[(Dimension, &str, u64)]) -> (RedisGate, ScopeId) {
         store,
         "tg",
         &limits,
-        60_000,
-        1_000,
+        tollgate_cluster::counter::Window::try_new(60_000, 60)
+            .expect("window")
+            .into(),
         Duration::from_secs(10),
         "n1".into(),
     );

@@ -220,7 +220,14 @@ impl Engine {
         lease: Option<LeaseFeed>,
         redis_gate: Option<Arc<RedisGate>>,
     ) -> Engine {
-        let window = *lock(&usage).window();
+        let windows = *lock(&usage).windows();
+        let window = *windows.base();
+        // A crashed incarnation's floor holds until its spending left every
+        // window a key of this node is counted over.
+        let hold_window = match node.bindings.iter().any(|b| b.dimension.is_daily()) {
+            true => *windows.long(),
+            false => window,
+        };
         let self_id = membership.self_id().to_string();
         let cutoff_lag_ms = (config.gossip_interval * 2 + config.sync_interval).as_millis() as u64;
         let demand_lag_ms = (config
@@ -234,7 +241,7 @@ impl Engine {
             sync_mode: config.mode,
             mode: mode::of(config),
             self_id,
-            counters: LocalCounters::new(window),
+            counters: LocalCounters::new(windows),
             usage,
             lease,
             redis_gate,
@@ -254,8 +261,8 @@ impl Engine {
             dead_node_grace_ms: config.dead_node_grace.as_millis() as u64,
             left: BTreeSet::new(),
             successors: Successors::new(Successors::hold_for(
-                window.window_ms(),
-                window.bucket_ms(),
+                hold_window.window_ms(),
+                hold_window.bucket_ms(),
             )),
             cut: CutKnowledge::default(),
             unwitnessed: false,
@@ -389,13 +396,13 @@ impl Engine {
     async fn publish(&mut self, now_ms: u64) -> (usize, Option<String>) {
         let mut published = self.counters.publish(now_ms);
         // Keys quiet for a window: delete their rings (every reader reads them 0).
-        let window = *self.counters.window();
-        let quiet_since = now_ms.saturating_sub(window.window_ms());
+        let windows = *self.counters.windows();
+        let quiet_since = now_ms.saturating_sub(windows.base().window_ms());
         let retired = self
             .counters
             .take_retired(quiet_since, MAX_RETIRED_PER_ROUND);
         let mut deletes: Vec<String> = (retired.iter())
-            .flat_map(|key| tollgate_cluster::counter::codec::all_keys(key, &window))
+            .flat_map(|key| tollgate_cluster::counter::codec::all_keys(key, &windows))
             .collect();
         published.push((ROUND_AT_KEY.to_owned(), now_ms.to_string()));
         if self.redis_gate.is_some() {

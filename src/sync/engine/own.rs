@@ -22,7 +22,8 @@ impl Engine {
                 for (bucket, cost) in buckets {
                     let before = self.counters.bucket_count(&key, *bucket);
                     // Bucket indices line up: both clocks count Unix time in buckets of
-                    // the same width (validate() pins one window for every limit).
+                    // the same width (validate() makes each window's a whole number of ms,
+                    // the day's as the base one's).
                     match self.counters.set_bucket(&key, *bucket, *cost, now_ms) {
                         Ok(_) => added = added.saturating_add(cost.saturating_sub(before)),
                         Err(e) => tracing::warn!(%key, error = %e, "usage not published"),

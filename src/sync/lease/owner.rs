@@ -13,7 +13,7 @@ use crate::ops::metrics::Metrics;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use tollgate_cluster::counter::{ClusterUsage, Window};
+use tollgate_cluster::counter::{ClusterUsage, Windows};
 use tollgate_cluster::lease::line::{ConfigError, Kind, Line, LineConfig, SyncReply, SyncRequest};
 use tollgate_cluster::lease::rendezvous;
 use tollgate_cluster::lease::{MAX_HOLDERS, Refusal};
@@ -49,7 +49,7 @@ pub struct KeyTable {
     bindings: Arc<[Binding]>,
     /// Indices into `bindings` of those with credit, sorted by key.
     by_key: Box<[u32]>,
-    window: Window,
+    windows: Windows,
     max_credit: f64,
     ttl_ms: u64,
 }
@@ -58,7 +58,7 @@ impl KeyTable {
     /// The credit bindings of `bindings`, each line config checked once here.
     pub fn new(
         bindings: Arc<[Binding]>,
-        window: Window,
+        windows: impl Into<Windows>,
         max_credit: f64,
         ttl_ms: u64,
     ) -> Result<KeyTable, (String, ConfigError)> {
@@ -69,7 +69,7 @@ impl KeyTable {
         let table = KeyTable {
             bindings,
             by_key: by_key.into_boxed_slice(),
-            window,
+            windows: windows.into(),
             max_credit,
             ttl_ms,
         };
@@ -95,7 +95,7 @@ impl KeyTable {
         let binding = &self.bindings[id as usize];
         let kind = match binding.dimension {
             Dimension::Concurrency => Kind::Slots,
-            _ => Kind::Windowed(self.window),
+            _ => Kind::Windowed(*self.windows.of(&binding.key)),
         };
         let max = super::holder::max_credit(binding.capacity, self.max_credit);
         LineConfig::try_new(binding.capacity, kind, max, MAX_HOLDERS, self.ttl_ms)

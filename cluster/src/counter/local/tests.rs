@@ -1,4 +1,5 @@
 use super::*;
+use crate::counter::Window;
 
 const K: &str = "tenant:acme:tokens";
 
@@ -10,7 +11,7 @@ fn counters() -> LocalCounters {
 fn refunds_never_go_below_zero_and_debts_add() {
     let mut c = counters();
     let t = 1_000_000;
-    let b = c.window().bucket_index(t);
+    let b = c.windows().base().bucket_index(t);
     assert_eq!(c.record(K, b, 100, t), Ok(Recorded::Changed));
     assert_eq!(c.record(K, b, -30, t), Ok(Recorded::Changed));
     assert_eq!(c.local_usage(K, t), 70);
@@ -27,7 +28,7 @@ fn refunds_never_go_below_zero_and_debts_add() {
 fn publish_is_coalesced_and_only_carries_changes() {
     let mut c = counters();
     let t = 1_000_000;
-    let b = c.window().bucket_index(t);
+    let b = c.windows().base().bucket_index(t);
     for _ in 0..100 {
         c.record(K, b, 3, t).unwrap();
     }
@@ -55,7 +56,7 @@ fn publish_is_coalesced_and_only_carries_changes() {
 fn a_publish_that_never_arrived_is_carried_again() {
     let mut c = counters();
     let t = 1_000_000;
-    let b = c.window().bucket_index(t);
+    let b = c.windows().base().bucket_index(t);
     c.record(K, b, 9, t).unwrap();
     c.set_demand(K, 12).unwrap();
     let lost = c.publish(t);
@@ -93,7 +94,7 @@ fn a_lost_final_zero_of_a_key_going_idle_is_carried_again() {
 #[test]
 fn a_forgotten_key_is_retired_once_unless_it_is_used_again_first() {
     let mut c = counters();
-    let w = *c.window();
+    let w = *c.windows().base();
     let t = 1_000_000;
     let all = u64::MAX;
     c.record(K, w.bucket_index(t), 10, t).unwrap();
@@ -155,7 +156,7 @@ fn zeros_for_keys_not_tracked_track_nothing_and_retire_nothing() {
     assert!(c.set_in_flight("bad key", 0).is_err(), "still validated");
     // A key tracked but never published (recorded and refunded before any
     // publish) leaves no ring either.
-    let w = *c.window();
+    let w = *c.windows().base();
     c.record(K, w.bucket_index(5), 4, 5).unwrap();
     c.record(K, w.bucket_index(5), -4, 5).unwrap();
     assert!(c.publish(5).is_empty());
@@ -167,7 +168,7 @@ fn zeros_for_keys_not_tracked_track_nothing_and_retire_nothing() {
 #[test]
 fn slot_reuse_after_a_full_window_overwrites_cleanly() {
     let mut c = counters();
-    let w = *c.window();
+    let w = *c.windows().base();
     let t = 1_000_000;
     let b = w.bucket_index(t);
     c.record(K, b, 10, t).unwrap();
@@ -188,7 +189,7 @@ fn slot_reuse_after_a_full_window_overwrites_cleanly() {
 #[test]
 fn a_newer_bucket_keeps_its_slot_after_a_clock_step_back() {
     let mut c = counters();
-    let w = *c.window();
+    let w = *c.windows().base();
     let t = 1_000_000;
     let newer = w.bucket_index(t);
     c.record(K, newer, 10, t).unwrap();

@@ -11,7 +11,7 @@ fn window() -> Window {
 
 /// Node `node` publishes `count` in bucket `bucket` of `K` at `version`.
 fn put(u: &mut ClusterUsage, node: &str, version: u64, bucket: u64, count: u64) -> Applied {
-    let key = slot_key(K, u.window().slot(bucket));
+    let key = slot_key(K, u.windows().base().slot(bucket));
     u.apply_versioned(node, &key, version, &slot_value(bucket, count))
         .unwrap()
 }
@@ -116,7 +116,7 @@ fn older_versions_are_stale_and_repeats_unchanged() {
     assert_eq!(put(&mut u, "a", 4, 1_000, 99), Applied::Stale);
     assert_eq!(u.global_usage(K, 1_000_000), 10);
     // Unversioned apply trusts the caller's order.
-    let key = slot_key(K, u.window().slot(1_000));
+    let key = slot_key(K, u.windows().base().slot(1_000));
     assert_eq!(
         u.apply("a", &key, &slot_value(1_000, 2)),
         Ok(Applied::Updated)
@@ -220,4 +220,30 @@ fn gc_drops_only_keys_that_read_zero() {
     assert_eq!(u.gc(1_000_000), 1);
     assert_eq!(u.gc(1_061_000), 1, "its bucket left the window");
     assert_eq!(u.in_flight_by_node("busy"), vec![("a".to_owned(), 2)]);
+}
+
+#[test]
+fn a_per_day_key_is_read_over_the_long_window_beside_a_minute_key() {
+    // Minute buckets of 1 s, day buckets of 1 h.
+    let day = Window::try_new(86_400_000, 24).unwrap();
+    let mut u = ClusterUsage::new(Windows::new(window(), day));
+    let daily = "tenant:acme:requests_per_day";
+    let at = 10 * 3_600_000;
+    let slot = slot_key(daily, day.slot(day.bucket_index(at)));
+    u.apply_versioned("b", &slot, 1, &slot_value(day.bucket_index(at), 7))
+        .unwrap();
+    put(&mut u, "b", 2, at / 1_000, 3);
+    // An hour later the minute key's bucket has left its window; the day's counts.
+    let later = at + 3_600_000;
+    assert_eq!(u.global_usage(K, later), 0);
+    assert_eq!(u.global_usage(daily, later), 7);
+    assert_eq!(
+        u.global_usage(daily, at + 86_400_000),
+        7,
+        "until its end leaves"
+    );
+    assert_eq!(u.global_usage(daily, at + 90_000_000), 0);
+    // A slot beyond the day ring (25 slots) is refused for the daily key.
+    let bad = slot_key(daily, 30);
+    assert!(u.apply_versioned("b", &bad, 3, &slot_value(30, 1)).is_err());
 }

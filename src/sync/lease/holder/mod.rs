@@ -48,7 +48,8 @@ pub(crate) struct HolderSettings {
     pub sync_interval: Duration,
     /// Credit life.
     pub ttl: Duration,
-    /// Window length, to turn demand per window into a rate.
+    /// The base window's length, to turn demand per window into a rate (demand
+    /// is measured over the base window for every key, the day's included).
     pub window_ms: u64,
     /// Most credit per holder, as a fraction of L.
     pub max_credit: f64,

@@ -13,6 +13,7 @@ use crate::sync::lease::rpc::CallError;
 use crate::sync::lease::{MemberAddr, View};
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
+use tollgate_cluster::counter::Windows;
 use tollgate_cluster::membership::RPC_VERSION;
 
 /// Redis as every key's owner (`redis-lease`; no RPC address).
@@ -31,19 +32,19 @@ pub(crate) struct RedisOwner {
     store: RedisStore,
     /// Key prefix.
     prefix: String,
-    /// Bucket width of the shared window.
-    bucket_ms: u64,
+    /// The cluster's windows (each key's by its name).
+    windows: Windows,
     /// The reservation Redis last confirmed per key: the cut-off share.
     reserved: Mutex<Reservations>,
 }
 
 impl RedisOwner {
     /// Redis as the owner, through `store`, under `prefix`.
-    pub(crate) fn new(store: RedisStore, prefix: String, bucket_ms: u64) -> RedisOwner {
+    pub(crate) fn new(store: RedisStore, prefix: String, windows: Windows) -> RedisOwner {
         RedisOwner {
             store,
             prefix,
-            bucket_ms,
+            windows,
             reserved: Mutex::default(),
         }
     }
@@ -79,11 +80,12 @@ impl RedisOwner {
             .map(|((i, snapshot), (reserve, held))| {
                 let binding = &sender.node.bindings[*i];
                 let dimension = binding.dimension;
+                let window = self.windows.of(&binding.key);
                 let line = LeaseLine {
                     windowed: dimension != Dimension::Concurrency,
                     capacity: binding.capacity,
-                    window_ms: sender.settings.window_ms,
-                    bucket_ms: self.bucket_ms,
+                    window_ms: window.window_ms(),
+                    bucket_ms: window.bucket_ms(),
                     max_credit: max_credit(binding.capacity, sender.settings.max_credit),
                     ttl_ms,
                 };

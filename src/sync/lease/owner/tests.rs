@@ -5,8 +5,8 @@ use std::time::Duration;
 
 const TTL_MS: u64 = 1_000;
 
-fn window() -> Window {
-    Window::try_new(1_000, 10).expect("window")
+fn window() -> tollgate_cluster::counter::Window {
+    tollgate_cluster::counter::Window::try_new(1_000, 10).expect("window")
 }
 
 fn binding(key: &str) -> Binding {
