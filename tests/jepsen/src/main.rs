@@ -83,6 +83,10 @@ struct RunArgs {
     /// a list of prompts, a Responses call.
     #[arg(long)]
     agents: bool,
+    /// The upstream account also has a daily request quota (2 L per 4 W),
+    /// checked per day window.
+    #[arg(long)]
+    daily: bool,
     /// Run again what an earlier run did (its directory's spec.json: the same
     /// seed, schedule and settings); every other option is ignored.
     #[arg(long)]
@@ -176,6 +180,12 @@ struct MockArgs {
     completion_max: u64,
     #[arg(long)]
     window_ms: u64,
+    /// Requests per day window (0: unlimited).
+    #[arg(long, default_value_t = 0)]
+    rpd: u64,
+    /// The day window (ms).
+    #[arg(long, default_value_t = 86_400_000)]
+    day_window_ms: u64,
     /// Delay per streamed token (ms).
     #[arg(long, default_value_t = 0)]
     inter_token_ms: u64,
@@ -237,6 +247,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         fault,
         concurrency,
         agents,
+        daily,
         replay,
     } = args;
     let spec = match replay {
@@ -267,6 +278,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tuning: Default::default(),
             tasks: None,
             agents,
+            daily,
             // Away from the CI suite's subnets (31-79).
             subnet: (std::process::id() % 150) as u8 + 100,
             bin: std::env::current_exe()?,
@@ -396,6 +408,8 @@ async fn mock(args: MockArgs) -> anyhow::Result<()> {
         completion_min,
         completion_max,
         window_ms,
+        rpd,
+        day_window_ms,
         inter_token_ms,
         log,
     } = args;
@@ -403,6 +417,8 @@ async fn mock(args: MockArgs) -> anyhow::Result<()> {
         rpm,
         tpm,
         window_ms,
+        rpd,
+        day_window_ms,
         inter_token_ms,
         completion_min_tokens: completion_min,
         completion_max_tokens: completion_max,

@@ -5,7 +5,8 @@
 //! its peers and Redis at once (`island`); two combinations (a bridge
 //! partition with a node restart, an isolated node with 30% packet loss); three
 //! tenants under one upstream limit; agents' traffic (tools, images, prompt
-//! lists, the Responses API) through a partition; a node restarted with its clock 2 s behind
+//! lists, the Responses API) to an account with a daily quota through a
+//! partition; a node restarted with its clock 2 s behind
 //! (`lease`, `redis-lease`; and in `lease` together with another node killed
 //! and restarted within one window of its last spending); the machine's wall
 //! clock stepped 90 ms forward and back (`redis-lease`); slow links (tbf shaping;
@@ -60,6 +61,7 @@ fn spec(mode: &str, nemeses: &str, subnet: u8) -> RunSpec {
         tuning: Default::default(),
         tasks: None,
         agents: false,
+        daily: false,
         subnet,
         bin: PathBuf::from(env!("CARGO_BIN_EXE_tollgate-jepsen")),
         dir,
@@ -141,13 +143,19 @@ async fn lease_keeps_its_promise_per_tenant_and_upstream_with_three_tenants() {
 }
 
 /// Agents' traffic (tool definitions and calls, an image, a list of prompts,
-/// a Responses call, half the requests) through a partition: the promise and
-/// 0 upstream 429s hold as with plain chats.
+/// a Responses call, half the requests) through a partition, to an account
+/// with a daily quota beside its window's (2 L per 4 W, which binds first):
+/// the promise holds per window and per day window, with 0 upstream 429s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_keeps_its_promise_under_agents_traffic() {
+async fn lease_keeps_its_promise_under_agents_traffic_and_a_daily_quota() {
     let mut agents = spec("lease", "partition", 71);
     agents.agents = true;
-    keeps(agents).await;
+    agents.daily = true;
+    let outcome = run(agents).await.unwrap();
+    let report = report(&outcome);
+    println!("{report}");
+    assert!(report.contains("per day window"), "{report}");
+    assert!(outcome.passed(), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,6 +227,7 @@ async fn the_checker_catches_local_full_the_baseline_without_sync() {
         settlements: &[],
         run_ms: 10_000,
         token_limit: None,
+        day: None,
         slots: None,
         audit: None,
         clock_slack_ms: 0,

@@ -202,6 +202,7 @@ pub async fn run(spec: &BenchSpec) -> anyhow::Result<Results> {
                     tuning: spec.tuning,
                     tasks: None,
                     agents: false,
+                    daily: false,
                     subnet: spec.subnet.wrapping_add(index % 100).max(1),
                     bin: spec.bin.clone(),
                     dir: spec.dir.join(&name),

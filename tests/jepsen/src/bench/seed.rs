@@ -101,6 +101,7 @@ pub(super) async fn run(spec: &BenchSpec, first_index: u8) -> anyhow::Result<Vec
             buckets: spec.buckets,
             tuning: spec.tuning,
             agents: false,
+            daily: false,
             tasks: Some(TaskSpec::seed_scenario(
                 &cell.estimate,
                 cell.mode == "direct",

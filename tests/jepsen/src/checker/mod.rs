@@ -210,12 +210,23 @@ pub struct Case<'a> {
     /// Tokens per window the upstream grants, if it limits tokens (the seed
     /// scenario): judged like requests.
     pub token_limit: Option<u64>,
+    /// The upstream's daily quota, if it has one: judged per day window.
+    pub day: Option<Day>,
     /// The concurrency limit under test, if any (ghost slots).
     pub slots: Option<Slots<'a>>,
     /// Every node's lease audit: grants (from all nodes) and spends by node.
     pub audit: Option<&'a LeaseAudit>,
     /// How far clocks were set apart on purpose (the `skew` nemesis).
     pub clock_slack_ms: u64,
+}
+
+/// A daily quota: requests per day window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Day {
+    /// Requests per day window.
+    pub limit: u64,
+    /// The day window.
+    pub window_ms: u64,
 }
 
 /// A mode's promise for a total of `limit` per window, under the run's faults
@@ -261,9 +272,20 @@ pub fn check(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check> {
             ops.len()
         ),
     });
-    checks.extend(liveness(case, ops));
+    // With a daily quota, a side may rightly be served nothing for up to a day
+    // window, and its rate is the day's: liveness and utilisation are judged
+    // over the day window.
+    let judged = match case.day {
+        Some(day) => Case {
+            limit: day.limit,
+            window_ms: day.window_ms,
+            ..*case
+        },
+        None => *case,
+    };
+    checks.extend(liveness(&judged, ops));
     checks.push(settlement(case.settlements));
-    checks.push(utilisation(case, lines));
+    checks.push(utilisation(&judged, lines));
     if let Some(slots) = &case.slots {
         checks.push(ghost_slots(case.faults, slots, case.run_ms));
     }
@@ -302,6 +324,21 @@ fn upstream_peaks(case: &Case<'_>, lines: &[MockLine], ops: &[Op]) -> Vec<Check>
                 "peak {} tokens in a {window_ms} ms window (promise {max}, limit {token_limit}, overshoot {:.3})",
                 peak.tokens,
                 peak.tokens as f64 / token_limit as f64 - 1.0,
+            ),
+        });
+    }
+    if let Some(day) = case.day {
+        let peak = window_peak(lines, day.window_ms);
+        let max = promised_max(case, day.limit);
+        checks.push(Check {
+            name: "sent to the upstream per day window <= promise".into(),
+            ok: peak.requests <= max,
+            detail: format!(
+                "peak {} requests in a {} ms day window (promise {max}, daily quota {}, overshoot {:.3})",
+                peak.requests,
+                day.window_ms,
+                day.limit,
+                peak.requests as f64 / day.limit as f64 - 1.0,
             ),
         });
     }

@@ -40,10 +40,38 @@ fn case<'a>(mode: &'a str, faults: &'a [Interval]) -> Case<'a> {
         })],
         run_ms: 2_000,
         token_limit: None,
+        day: None,
         slots: None,
         audit: None,
         clock_slack_ms: 0,
     }
+}
+
+#[test]
+fn a_daily_quota_is_judged_over_the_day_window_beside_the_windows() {
+    // 8 requests a second apart: never more than 1 in a 1 s window, 8 in the
+    // 10 s day window.
+    let lines: Vec<MockLine> = (0..8).map(|i| admitted(i * 1_000)).collect();
+    let day_check = |limit| {
+        let case = Case {
+            day: Some(Day {
+                limit,
+                window_ms: 10_000,
+            }),
+            ..case("lease", &[])
+        };
+        check(&case, &lines, &[])
+    };
+    assert!(day_check(8).iter().all(|c| c.ok), "{:?}", day_check(8));
+    let over = day_check(7);
+    let day = (over.iter())
+        .find(|c| c.name.contains("per day window"))
+        .expect("judged");
+    assert!(!day.ok && day.detail.contains("peak 8 requests"), "{day:?}");
+    assert!(over[0].ok, "the window's own check passes: {:?}", over[0]);
+    // Without a daily quota there is no day check.
+    let none = check(&case("lease", &[]), &lines, &[]);
+    assert!(none.iter().all(|c| !c.name.contains("per day window")));
 }
 
 #[test]

@@ -29,7 +29,7 @@ admin_token = "jepsen-admin"
 
 [limits]
 window = "{window}ms"
-buckets = {buckets}
+buckets = {buckets}{day_window}
 
 [cluster]
 cluster_id = "jepsen"
@@ -54,11 +54,17 @@ upstreams = ["mock"]
         sync_interval = (spec.tuning.sync_interval)
             .map_or(String::new(), |i| format!("\nsync_interval = \"{}ms\"", i.as_millis())),
         buckets = spec.buckets,
+        // The day's buckets as wide as the window's.
+        day_window = spec.day().map_or(String::new(), |day| format!(
+            "\nday_window = \"{}ms\"\nday_buckets = {}",
+            day.window_ms,
+            spec.buckets * DAY_WINDOWS
+        )),
         upstream_limit = match (&spec.tasks, spec.tenants) {
             (Some(t), _) => format!("\nrpm = {}\ntpm = {}", spec.limit, t.tpm),
             (None, 0 | 1) => String::new(),
             (None, _) => format!("\nrpm = {}", spec.limit),
-        },
+        } + &spec.day().map_or(String::new(), |day| format!("\nrpd = {}", day.limit)),
         tenants = (0..spec.tenants)
             .map(|k| format!(
                 "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}\nmax_wait = \"{}\"\n{}",

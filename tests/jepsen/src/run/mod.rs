@@ -76,6 +76,12 @@ pub struct RunSpec {
     /// ([`crate::workload::agent_request`]).
     #[serde(default)]
     pub agents: bool,
+    /// The upstream account also has a daily request quota, [`DAY_QUOTA_PER_L`]
+    /// x L per day window of [`DAY_WINDOWS`] x W (`rpd`, counted by the mock
+    /// over its own day window): judged per day window beside the per-window
+    /// checks.
+    #[serde(default)]
+    pub daily: bool,
     /// Subnet index (10.77.K.0/24): distinct runs may overlap in time.
     pub subnet: u8,
     /// The harness binary (started as `node` and `mock` in the hosts).
@@ -103,6 +109,24 @@ pub struct Tuning {
 /// a charge counts until its bucket's end leaves the window, up to 10% of W
 /// more than an exact window (the default 60 buckets of a real window: 1.7%).
 pub const STRESS_BUCKETS: u32 = 10;
+
+/// A daily run's day window, in windows W: long enough that the day's quota
+/// binds before the window's (2 L per 4 W), short enough that a 20 s run sees
+/// usage leave it.
+pub const DAY_WINDOWS: u32 = 4;
+
+/// A daily run's quota per day window, in L.
+pub const DAY_QUOTA_PER_L: u64 = 2;
+
+impl RunSpec {
+    /// The daily quota and its window in ms, in a daily run.
+    pub fn day(&self) -> Option<checker::Day> {
+        self.daily.then(|| checker::Day {
+            limit: DAY_QUOTA_PER_L * self.limit,
+            window_ms: u64::from(DAY_WINDOWS) * self.window.as_millis() as u64,
+        })
+    }
+}
 
 fn stress_buckets() -> u32 {
     STRESS_BUCKETS
@@ -262,6 +286,7 @@ fn check(
             0
         },
         token_limit: spec.tasks.as_ref().map(|t| t.tpm),
+        day: spec.day(),
         slots: spec.concurrency.map(|limit| checker::Slots {
             limit,
             back_within_ms: slots_back_within,

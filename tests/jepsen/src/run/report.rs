@@ -6,7 +6,7 @@ use super::*;
 pub(super) fn render(spec: &RunSpec, checks: &[Check], events: &[Event], ops: &[Op]) -> String {
     let mut out = format!(
         "# jepsen run: mode {}, nemesis {}, {} nodes, {:?}, seed {}\n\n\
-         L = {} requests per {:?} at the upstream; {} tenant(s) of {} each{}{}\n\n\
+         L = {} requests per {:?} at the upstream{}; {} tenant(s) of {} each{}{}\n\n\
          Replay: `cargo run -p tollgate-jepsen --release -- run --replay {}`\n\n",
         spec.mode,
         spec.nemesis.join(","),
@@ -15,6 +15,10 @@ pub(super) fn render(spec: &RunSpec, checks: &[Check], events: &[Event], ops: &[
         spec.seed,
         spec.limit,
         spec.window,
+        spec.day().map_or(String::new(), |day| format!(
+            " and {} per {} ms day window",
+            day.limit, day.window_ms
+        )),
         spec.tenants.max(1),
         tenant_limit(spec),
         spec.cut_off

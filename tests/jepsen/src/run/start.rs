@@ -41,8 +41,16 @@ pub(super) fn mock(spec: &RunSpec, host: &Host, mock_log: &Path) -> anyhow::Resu
         Some(t) => (t.tpm, t.completion),
         None => (0, (3, 8)),
     };
+    let day = spec.day().unwrap_or(crate::checker::Day {
+        limit: 0,
+        window_ms: window_ms * u64::from(DAY_WINDOWS),
+    });
     let args = [
         "mock",
+        "--rpd",
+        &day.limit.to_string(),
+        "--day-window-ms",
+        &day.window_ms.to_string(),
         "--listen",
         &format!("{}:{MOCK_PORT}", host.ip),
         "--rpm",

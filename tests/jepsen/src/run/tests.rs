@@ -17,8 +17,24 @@ fn a_node_runs_the_specs_buckets_and_old_specs_the_harnesss() {
         config.limits.buckets
     };
     assert_eq!(buckets_of(&spec), STRESS_BUCKETS);
-    spec.buckets = 60;
-    assert_eq!(buckets_of(&spec), 60);
+    spec.buckets = 50;
+    assert_eq!(buckets_of(&spec), 50);
+}
+
+#[test]
+fn a_daily_run_gives_nodes_and_the_upstream_the_days_quota() {
+    let mut spec: RunSpec = serde_json::from_str(OLD_SPEC).expect("old spec");
+    assert!(!spec.daily, "old specs have none");
+    spec.daily = true;
+    let ips = ["10.0.0.1".to_owned(), "10.0.0.2".to_owned()];
+    let text = node_toml(&spec, 0, &ips, "10.0.0.9", None);
+    let config = tollgate::config::Config::from_toml(&text, "n0.toml").expect("config");
+    assert_eq!(config.limits.day_window, Duration::from_secs(20));
+    assert_eq!(
+        config.limits.day_window / config.limits.day_buckets,
+        Duration::from_millis(500)
+    );
+    assert_eq!(config.upstreams[0].quota.rpd, Some(80));
 }
 
 #[test]
