@@ -186,6 +186,9 @@ struct MockArgs {
     /// The day window (ms).
     #[arg(long, default_value_t = 86_400_000)]
     day_window_ms: u64,
+    /// A model group's limits, as the mock's own flag takes them.
+    #[arg(long = "model-limit")]
+    model_limits: Vec<tollgate::mock::ModelLimits>,
     /// Delay per streamed token (ms).
     #[arg(long, default_value_t = 0)]
     inter_token_ms: u64,
@@ -410,6 +413,7 @@ async fn mock(args: MockArgs) -> anyhow::Result<()> {
         window_ms,
         rpd,
         day_window_ms,
+        model_limits,
         inter_token_ms,
         log,
     } = args;
@@ -419,6 +423,7 @@ async fn mock(args: MockArgs) -> anyhow::Result<()> {
         window_ms,
         rpd,
         day_window_ms,
+        model_limits,
         inter_token_ms,
         completion_min_tokens: completion_min,
         completion_max_tokens: completion_max,

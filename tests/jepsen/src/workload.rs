@@ -26,10 +26,30 @@ pub fn tenant_model(k: usize) -> String {
     format!("jepsen-t{k}")
 }
 
+/// Tenant `k`'s model at the Anthropic account ([`agent_request`]'s Messages
+/// call), routed by its `claude-` prefix.
+pub fn tenant_claude_model(k: usize) -> String {
+    format!("claude-{}", tenant_model(k))
+}
+
 /// The tenant a mock log line belongs to, from its model.
 pub fn tenant_of_model(model: &str) -> Option<usize> {
+    let model = model.strip_prefix("claude-").unwrap_or(model);
     model.strip_prefix("jepsen-t")?.parse().ok()
 }
+
+/// The Anthropic account's input and output tokens per window in runs with
+/// agents' traffic (`--model-limit` of the mock, `itpm`/`otpm` of the nodes'
+/// `anthropic` upstream): room for about five of [`agent_request`]'s Messages
+/// calls a window (420 input tokens each by the mock's count) and for three
+/// `max_tokens`, so the output limit binds first under the workload's demand
+/// (up to 16 such calls a window at 3 nodes) and a node's share of the input
+/// limit binds now and then.
+pub const ANTHROPIC_ITPM: u64 = 2_400;
+/// See [`ANTHROPIC_ITPM`].
+pub const ANTHROPIC_OTPM: u64 = 3 * ANTHROPIC_MAX_TOKENS;
+/// `max_tokens` of the Messages calls.
+const ANTHROPIC_MAX_TOKENS: u64 = 16;
 
 /// The longest a client waits on a `retry-after` before trying again.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
@@ -277,11 +297,13 @@ fn chat_request(tenant: usize, stream: bool) -> (&'static str, serde_json::Value
 }
 
 /// Kinds of [`agent_request`].
-pub const AGENT_KINDS: usize = 4;
+pub const AGENT_KINDS: usize = 5;
 
 /// One request of an agent, of kind `kind` (`0..AGENT_KINDS`): a chat with tool
 /// definitions, a tool call and its result; a chat with an image; a list of
-/// prompts; a Responses call with instructions, a tool and function-call items.
+/// prompts; a Messages call to the Anthropic account with a system prompt, a
+/// tool, a tool use and its result; a Responses call with instructions, a tool
+/// and function-call items.
 pub fn agent_request(tenant: usize, kind: usize) -> (&'static str, serde_json::Value) {
     use serde_json::json;
     let model = tenant_model(tenant);
@@ -307,6 +329,18 @@ pub fn agent_request(tenant: usize, kind: usize) -> (&'static str, serde_json::V
             "/completions",
             json!({"model": model, "max_tokens": 4,
             "prompt": ["Summarise A.", "Summarise B.", "Summarise C."]}),
+        ),
+        3 => (
+            "/messages",
+            json!({"model": tenant_claude_model(tenant), "max_tokens": ANTHROPIC_MAX_TOKENS,
+            "system": "You are a support agent. Use the tools.",
+            "tools": [{"name": "search", "description": "Search the knowledge base.",
+                "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}],
+            "messages": [{"role": "user", "content": "Find the refund policy."},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search",
+                    "input": {"query": "refunds"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                    "content": "Within 30 days."}]}]}),
         ),
         _ => (
             "/responses",

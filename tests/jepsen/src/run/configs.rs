@@ -45,7 +45,7 @@ local_share = "{share}"{sync_interval}
 id = "mock"
 kind = "openai"
 base_url = "http://{mock_ip}:{MOCK_PORT}/v1"{upstream_limit}
-
+{anthropic}
 [[routes]]
 models = ["*"]
 upstreams = ["mock"]
@@ -64,12 +64,13 @@ upstreams = ["mock"]
             (Some(t), _) => format!("\nrpm = {}\ntpm = {}", spec.limit, t.tpm),
             (None, 0 | 1) => String::new(),
             (None, _) => format!("\nrpm = {}", spec.limit),
-        } + &spec.day().map_or(String::new(), |day| format!("\nrpd = {}", day.limit)),
+        } + &day_quota(spec, spec.tenants > 1),
         tenants = (0..spec.tenants)
             .map(|k| format!(
-                "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}\nmax_wait = \"{}\"\n{}",
+                "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}{}\nmax_wait = \"{}\"\n{}",
                 tollgate::config::hash_api_key(&workload::tenant_key(k)),
                 tenant_limit(spec),
+                day_quota(spec, spec.tenants <= 1),
                 // Task workers wait in the queue rather than retry (backpressure).
                 // So do clients under a concurrency limit: in `gossip` a node with no
                 // slot gets a freed one once its waiting shows in the demand its
@@ -84,6 +85,7 @@ upstreams = ["mock"]
                 spec.concurrency.map_or(String::new(), |c| format!("concurrency = {c}\n")),
             ))
             .collect::<String>(),
+        anthropic = anthropic_toml(spec, mock_ip),
         lease = lease_toml(spec),
         redis = redis_ip.map_or(String::new(), |ip| format!(
             "\n[redis]\nurl = \"redis://{ip}:{REDIS_PORT}/\"\ntimeout = \"50ms\"\nslot_ttl = \"{}ms\"\n",
@@ -103,6 +105,27 @@ pub fn tenant_limit(spec: &RunSpec) -> u64 {
         0 | 1 => spec.limit,
         t => (2 * spec.limit / t as u64).max(1),
     }
+}
+
+/// The daily quota's line (`rpd`) where `here` holds it, in a daily run.
+fn day_quota(spec: &RunSpec, here: bool) -> String {
+    match spec.day() {
+        Some(day) if here => format!("\nrpd = {}", day.limit),
+        _ => String::new(),
+    }
+}
+
+/// With agents' traffic: the mock's Anthropic account (its `claude-*` group,
+/// limited to input and output tokens per window), routed first.
+fn anthropic_toml(spec: &RunSpec, mock_ip: &str) -> String {
+    if !spec.sends_agents() {
+        return String::new();
+    }
+    format!(
+        "\n[[upstreams]]\nid = \"anthropic\"\nkind = \"anthropic\"\nbase_url = \"http://{mock_ip}:{MOCK_PORT}/v1\"\nitpm = {}\notpm = {}\n\n[[routes]]\nmodels = [\"claude-*\"]\nupstreams = [\"anthropic\"]\n",
+        workload::ANTHROPIC_ITPM,
+        workload::ANTHROPIC_OTPM
+    )
 }
 
 pub(super) fn lease_toml(spec: &RunSpec) -> String {

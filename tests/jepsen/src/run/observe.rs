@@ -21,11 +21,7 @@ pub(super) fn load(
         capacity_per_s: spec.limit as f64 / spec.window.as_secs_f64(),
         stream_share: 0.3,
         batch_share: 0.3,
-        agent_share: if spec.agents || spec.pattern == workload::Pattern::Agents {
-            0.5
-        } else {
-            0.0
-        },
+        agent_share: if spec.sends_agents() { 0.5 } else { 0.0 },
         seed: spec.seed,
         loops: spec.loops,
     };

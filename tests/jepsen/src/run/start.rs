@@ -45,7 +45,7 @@ pub(super) fn mock(spec: &RunSpec, host: &Host, mock_log: &Path) -> anyhow::Resu
         limit: 0,
         window_ms: window_ms * u64::from(DAY_WINDOWS),
     });
-    let args = [
+    let mut args = [
         "mock",
         "--rpd",
         &day.limit.to_string(),
@@ -78,6 +78,17 @@ pub(super) fn mock(spec: &RunSpec, host: &Host, mock_log: &Path) -> anyhow::Resu
     ]
     .map(String::from)
     .to_vec();
+    if spec.sends_agents() {
+        // The Anthropic account: a group of the mock's, counted apart.
+        args.extend([
+            "--model-limit".into(),
+            format!(
+                "claude-*:itpm={},otpm={}",
+                workload::ANTHROPIC_ITPM,
+                workload::ANTHROPIC_OTPM
+            ),
+        ]);
+    }
     Proc::start("mock", host, &spec.bin, args, spec.dir.join("mock.log"))
 }
 

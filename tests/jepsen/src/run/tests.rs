@@ -22,7 +22,7 @@ fn a_node_runs_the_specs_buckets_and_old_specs_the_harnesss() {
 }
 
 #[test]
-fn a_daily_run_gives_nodes_and_the_upstream_the_days_quota() {
+fn a_daily_run_gives_the_upstream_a_days_quota_and_agents_an_anthropic_account() {
     let mut spec: RunSpec = serde_json::from_str(OLD_SPEC).expect("old spec");
     assert!(!spec.daily, "old specs have none");
     spec.daily = true;
@@ -34,7 +34,16 @@ fn a_daily_run_gives_nodes_and_the_upstream_the_days_quota() {
         config.limits.day_window / config.limits.day_buckets,
         Duration::from_millis(500)
     );
-    assert_eq!(config.upstreams[0].quota.rpd, Some(80));
+    assert_eq!(config.tenants[0].quota.rpd, Some(80), "one tenant holds L");
+    assert_eq!(config.upstreams[0].quota.rpd, None);
+    assert_eq!(config.upstreams.len(), 1, "no agents, no Anthropic account");
+    spec.agents = true;
+    let text = node_toml(&spec, 0, &ips, "10.0.0.9", None);
+    let config = tollgate::config::Config::from_toml(&text, "n0.toml").expect("config");
+    let anthropic = &config.upstreams[1];
+    assert_eq!(anthropic.quota.itpm, Some(workload::ANTHROPIC_ITPM));
+    assert_eq!(anthropic.quota.otpm, Some(workload::ANTHROPIC_OTPM));
+    assert_eq!(config.routes[0].models, ["claude-*"], "routed before `*`");
 }
 
 #[test]
