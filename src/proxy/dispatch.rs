@@ -332,6 +332,9 @@ async fn on_answer(
     response: UpstreamResponse,
 ) -> Attempt {
     let provider_id = super::request_id::of_upstream(response.headers());
+    if let Some(id) = provider_id.as_ref().and_then(|id| id.to_str().ok()) {
+        tracing::Span::current().record("upstream_request_id", id);
+    }
     let mut attempt = take_answer(state, req, upstream, held, response).await;
     if let (Attempt::Done(out), Some(id)) = (&mut attempt, provider_id) {
         out.headers_mut()

@@ -78,6 +78,7 @@ pub async fn handle(
     body: Body,
     hop: Hop,
 ) -> Response {
+    use tracing::Instrument;
     let mut outcome = Outcome {
         state: &state,
         api,
@@ -85,20 +86,29 @@ pub async fn handle(
         tenant: None,
         status: None,
     };
-    let response = match serve(&state, api, hop, &headers, body, &mut outcome.tenant).await {
+    // The node's id of the request, in every line logged while it is served,
+    // with the provider's beside it once an answer carries one.
+    let id = request_id::new();
+    let span = tracing::info_span!(
+        "request",
+        request_id = id.to_str().unwrap_or_default(),
+        upstream_request_id = tracing::field::Empty
+    );
+    let served = serve(&state, api, hop, &headers, body, &mut outcome.tenant);
+    let mut response = match served.instrument(span.clone()).await {
         Ok(response) => response,
         Err(error) => {
-            let id = request_id::new();
             if error.status.is_server_error() {
-                tracing::warn!(request_id = ?id, api = api.as_str(), status = error.status.as_u16(), message = %error.message, "request failed");
+                let _in_request = span.enter();
+                tracing::warn!(api = api.as_str(), status = error.status.as_u16(), message = %error.message, "request failed");
             }
-            let mut response = (error.with_flavor(super::error::Flavor::of(api))).into_response();
-            response.headers_mut().insert(request_id::X_REQUEST_ID, id);
-            response
+            (error.with_flavor(super::error::Flavor::of(api))).into_response()
         }
     };
-    // Answers without the provider's id get the node's own from the app's
-    // response layer (`server::app`).
+    // The provider's id where its answer carried one, else the node's own.
+    if !response.headers().contains_key(request_id::X_REQUEST_ID) {
+        response.headers_mut().insert(request_id::X_REQUEST_ID, id);
+    }
     outcome.status = Some(response.status().as_u16());
     response
 }

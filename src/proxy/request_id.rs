@@ -2,8 +2,11 @@
 //! when it reports a problem (the SDKs expose it: `response._request_id` in
 //! openai-python): the provider's own when its answer carried one (OpenAI's
 //! `x-request-id`, Anthropic's `request-id`), so the provider's support can
-//! find the request, else one the node makes (`req_` and 32 hex digits). The
-//! node's log lines about a request name the same id.
+//! find the request, else one the node makes (`req_` and 32 hex digits). Every
+//! line the node logs while it serves a request is in a `request` span naming
+//! the node's id (`request_id`) and, once an answer carried one, the
+//! provider's (`upstream_request_id`): whichever id the client was given, the
+//! node's lines about its request carry it.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;

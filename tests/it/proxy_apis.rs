@@ -231,3 +231,59 @@ async fn messages_answers_carry_anthropics_rate_limit_headers() {
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }
+
+/// What the node logs, captured.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The line a node logs about a request it failed names the id its answer
+/// carries, and the provider's id of the answer that failed. A current-thread
+/// test: the node's tasks log to this thread's subscriber.
+#[tokio::test]
+async fn a_failed_requests_log_line_names_its_id_and_the_providers() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    // A provider that fails every request, naming its own id.
+    let failing = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|| async {
+            let id = [("x-request-id", "req_provider_7f3a")];
+            (axum::http::StatusCode::INTERNAL_SERVER_ERROR, id, "boom")
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, failing).await.unwrap() });
+    let toml = format!(
+        "[retry]\nmax_attempts = 1\n{}",
+        single("rpm = 10").replace("{MOCK}", &format!("http://{addr}/v1"))
+    );
+    let node = node(&toml, &[]).await;
+    let answer = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(answer.status(), 502);
+    let id = answer.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert!(id.starts_with("req_"), "{id}");
+    node.stop().await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let line = (text.lines())
+        .find(|l| l.contains("request failed"))
+        .unwrap_or_else(|| panic!("no failure logged:\n{text}"));
+    assert!(line.contains(&id), "{line}");
+    assert!(line.contains("req_provider_7f3a"), "{line}");
+}
