@@ -12,8 +12,8 @@
 //!   OpenAI's vision rule (`detail: low` 85 tokens; otherwise 85 + 170 per
 //!   512 px tile, by the image's size when the request carries the image as
 //!   a `data:` URL; the mock fetches nothing, so an image given by address is
-//!   charged the most a high-detail image can cost, [`IMAGE_MOST`]); another
-//!   part 85. An assistant's tool calls: each function's name and arguments.
+//!   charged the most a high-detail image can cost, [`IMAGE_MOST`]); audio
+//!   ten tokens a second of it (`super::audio`); another part 85. An assistant's tool calls: each function's name and arguments.
 //! - Tools: the cookbook's `num_tokens_for_tools` (per function 7 tokens, or
 //!   10 on `cl100k_base` models, its `name:description`, 3 more and per
 //!   property 3 plus `name:type:description`, enums 3 per item less 3, and 12
@@ -152,6 +152,7 @@ impl Counter {
                 self.text(name) + input
             }
             (Some("tool_result"), _) => part.get("content").map_or(0, |c| self.content(c)),
+            (Some("input_audio"), _) => part.get("input_audio").map_or(0, super::audio::tokens),
             _ => 85,
         }
     }

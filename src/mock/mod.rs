@@ -24,6 +24,7 @@
 
 mod admit;
 mod anthropic;
+mod audio;
 mod completion;
 mod completions;
 pub mod config;

@@ -16,6 +16,7 @@
 //! code under test.
 //! Each encoding's tables load once per process, all at a node's start (~250 ms).
 
+pub mod audio;
 mod bpe;
 mod image;
 mod memo;
@@ -35,8 +36,8 @@ pub const TOKENS_PER_MESSAGE: u64 = 3;
 pub const TOKENS_PER_NAME: u64 = 1;
 /// Tokens that prime the assistant's reply, counted once per prompt.
 pub const REPLY_PRIMING_TOKENS: u64 = 3;
-/// Flat cost charged for a content part the gateway does not measure (audio,
-/// a file, a type it does not know).
+/// Flat cost charged for a content part the gateway does not measure (a
+/// file, a type it does not know).
 pub const NON_TEXT_PART_TOKENS: u64 = 85;
 
 /// An OpenAI image at `detail: low`: one 512 px tile's worth, whatever its size.
@@ -377,7 +378,8 @@ pub enum Content<'a> {
 pub struct ContentPart<'a> {
     /// `text` for text parts; `tool_use` and `tool_result` (Anthropic) by what
     /// they carry; images by [`openai_image_tokens`] or
-    /// [`ANTHROPIC_IMAGE_MOST_TOKENS`]; anything else is charged
+    /// [`ANTHROPIC_IMAGE_MOST_TOKENS`]; audio by its length
+    /// ([`audio::input_audio_tokens`]); anything else is charged
     /// [`NON_TEXT_PART_TOKENS`].
     #[serde(rename = "type", borrow)]
     pub kind: std::borrow::Cow<'a, str>,
@@ -400,6 +402,20 @@ pub struct ContentPart<'a> {
     /// image itself, decides its cost).
     #[serde(default, borrow)]
     pub source: Option<ImageSource<'a>>,
+    /// An `input_audio` part's audio (its length decides its cost).
+    #[serde(default, borrow)]
+    pub input_audio: Option<InputAudio<'a>>,
+}
+
+/// An `input_audio` part's audio, as far as counting needs it.
+#[derive(Debug, Deserialize)]
+pub struct InputAudio<'a> {
+    /// The base64 audio.
+    #[serde(default, borrow)]
+    pub data: Option<std::borrow::Cow<'a, str>>,
+    /// `wav` or `mp3`.
+    #[serde(default, borrow)]
+    pub format: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// An Anthropic `image` part's source, as far as counting needs it.
@@ -459,6 +475,10 @@ impl Content<'_> {
                         counter.image_tokens(detail, image.and_then(|i| i.url.as_deref()))
                     }
                     ("image", _) => anthropic_image_tokens(part.source.as_ref()),
+                    ("input_audio", _) => (part.input_audio.as_ref()).map_or(0, |audio| {
+                        let data = audio.data.as_deref().unwrap_or_default();
+                        audio::input_audio_tokens(data, audio.format.as_deref())
+                    }),
                     _ => NON_TEXT_PART_TOKENS,
                 })
                 .sum(),
@@ -538,7 +558,7 @@ mod tests {
             r#"[{"type":"image_url","image_url":{"url":"x","detail":"low"}},
                 {"type":"image_url","image_url":{"url":"x","detail":"high"}},
                 {"type":"image","source":{"type":"base64","media_type":"image/png","data":"..."}},
-                {"type":"input_audio","input_audio":{"data":"...","format":"wav"}}]"#,
+                {"type":"file","file":{"file_id":"file-1"}}]"#,
         )
         .unwrap();
         assert_eq!(

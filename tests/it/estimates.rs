@@ -1,6 +1,6 @@
 //! The gateway's prompt estimate against the mock's independent count, per kind
-//! of request: a corpus of chats, tool definitions and calls, images, prompt
-//! lists, Responses items and Anthropic tools, each sent through a node, the
+//! of request: a corpus of chats, tool definitions and calls, images, audio,
+//! prompt lists, Responses items and Anthropic tools, each sent through a node, the
 //! estimate read from what the node reserved (its metrics). The
 //! estimate must never be below the provider's count (the reservation would be
 //! short); the table of how far above it is, per kind, is docs/BENCHMARKS.md's
@@ -144,6 +144,61 @@ fn image_cases() -> Vec<Case> {
     cases
 }
 
+/// A PCM wav of `millis` at 24 kHz, 16-bit mono, base64.
+fn wav(millis: u32) -> String {
+    use base64::Engine;
+    let audio = 48 * millis;
+    let mut bytes = b"RIFF".to_vec();
+    bytes.extend((36 + audio).to_le_bytes());
+    bytes.extend(b"WAVEfmt \x10\0\0\0\x01\0\x01\0");
+    bytes.extend(24_000u32.to_le_bytes());
+    bytes.extend(48_000u32.to_le_bytes());
+    bytes.extend([2, 0, 16, 0]);
+    bytes.extend(b"data");
+    bytes.extend(audio.to_le_bytes());
+    bytes.resize(bytes.len() + audio as usize, 0);
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A constant-bitrate mp3 of `frames` MPEG-1 Layer III frames (128 kbit/s,
+/// 48 kHz: 24 ms each), base64.
+fn mp3(frames: usize) -> String {
+    use base64::Engine;
+    let frame = [&[0xff, 0xfb, 0x94, 0x00][..], &[0u8; 380]].concat();
+    base64::engine::general_purpose::STANDARD.encode(frame.repeat(frames))
+}
+
+fn audio_cases() -> Vec<Case> {
+    let ask = |data: String, format: &str| {
+        chat(
+            "gpt-4o-audio-preview",
+            json!([{"role": "user", "content": [{"type": "text", "text": "Transcribe this."},
+                {"type": "input_audio", "input_audio": {"data": data, "format": format}}]}]),
+            json!({}),
+        )
+    };
+    vec![
+        (
+            "audio, wav (1 s, 30 s)",
+            Api::Chat,
+            "/chat/completions",
+            ask(wav(1_000), "wav"),
+        ),
+        (
+            "audio, wav (1 s, 30 s)",
+            Api::Chat,
+            "/chat/completions",
+            ask(wav(30_000), "wav"),
+        ),
+        (
+            "audio, mp3 (2.4 s)",
+            Api::Chat,
+            "/chat/completions",
+            ask(mp3(100), "mp3"),
+        ),
+    ]
+}
+
 fn list_and_responses_cases() -> Vec<Case> {
     let mut cases: Vec<Case> = [(1, 1), (3, 1), (10, 1), (3, 4)]
         .into_iter()
@@ -229,6 +284,7 @@ async fn the_estimate_is_never_below_the_providers_count_for_any_kind_of_request
     cases.extend(list_and_responses_cases());
     cases.extend(anthropic_cases());
     cases.extend(anthropic_image_cases());
+    cases.extend(audio_cases());
     // Per kind: (estimate - count) / count of each request.
     let mut errors: Vec<(&str, Vec<f64>)> = Vec::new();
     for (kind, api, path, body) in cases {

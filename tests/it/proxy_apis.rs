@@ -277,7 +277,10 @@ async fn a_failed_requests_log_line_names_its_id_and_the_providers() {
     let node = node(&toml, &[]).await;
     let answer = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
     assert_eq!(answer.status(), 502);
-    let id = answer.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let id = answer.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     assert!(id.starts_with("req_"), "{id}");
     node.stop().await;
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
