@@ -103,18 +103,18 @@ fn allowances(bound: Bound, clock: Clock, windows: usize) -> Allowances {
             ..Allowances::default()
         },
         Bound::Lease => Allowances {
-            credits: Credits {
-                windows: std::array::from_fn(|i| {
+            credits: Credits::new(
+                std::array::from_fn(|i| {
                     let key = format!("tenant:bench:{}", Dimension::WINDOWED[i].as_str());
                     amounts[i].map(|amount| held_credit(&key, false, amount, clock))
                 }),
-                concurrency: Some(held_credit(
+                Some(held_credit(
                     "tenant:bench:concurrency",
                     true,
                     1 << 20,
                     clock,
                 )),
-            },
+            ),
             ..Allowances::default()
         },
     }
@@ -140,7 +140,8 @@ fn registry(clock: Clock, bound: Bound, shape: Shape) -> (Registry, ScopeId, Opt
                 };
                 spec
             })
-        }),
+        })
+        .into(),
         counts_cache_reads: false,
         concurrency: Some(1 << 20),
         adaptive: None,

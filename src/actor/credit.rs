@@ -154,9 +154,9 @@ impl CreditTable {
     /// The credits of the scope whose first credit binding is `first`, made now
     /// (its actor starts).
     pub fn credits_for(&self, first: u32) -> Credits {
-        let mut credits = Credits::default();
+        let (mut windows, mut concurrency) = (WindowCredits::default(), None);
         let Some(scope) = self.bindings.get(first as usize).map(|b| &b.scope) else {
-            return credits;
+            return Credits::default();
         };
         let same_scope = (first as usize..self.bindings.len())
             .take_while(|i| self.bindings[*i].scope == *scope && self.bindings[*i].leased);
@@ -164,12 +164,12 @@ impl CreditTable {
             let credit = Some(self.get_or_make(i as u32));
             let dimension = self.bindings[i].dimension;
             match dimension.window_index() {
-                Some(w) => credits.windows[w] = credit,
-                None if dimension == Dimension::Concurrency => credits.concurrency = credit,
+                Some(w) => windows[w] = credit,
+                None if dimension == Dimension::Concurrency => concurrency = credit,
                 None => {}
             }
         }
-        credits
+        Credits::new(windows, concurrency)
     }
 }
 
@@ -274,26 +274,48 @@ impl Credit {
     }
 }
 
-/// Credits of a scope's dimensions (`lease` mode); `None` = not leased.
+/// Per window dimension, in [`Dimension::WINDOWED`] order.
+type WindowCredits = [Option<Credit>; crate::actor::WINDOWS];
+
+/// Credits of a scope's dimensions (`lease` mode); `None` = not leased. The
+/// window credits are boxed, and only when one is leased: every configured
+/// scope's spec holds a `Credits` for the node's life, empty but for the
+/// scopes whose actors run in `lease` mode.
 #[derive(Clone, Debug, Default)]
 pub struct Credits {
-    /// Per window dimension, in [`Dimension::WINDOWED`] order.
-    pub windows: [Option<Credit>; crate::actor::WINDOWS],
+    windows: Option<Box<WindowCredits>>,
     /// Requests in flight (slots).
     pub concurrency: Option<Credit>,
 }
 
 impl Credits {
+    /// The credits of the window dimensions (in [`Dimension::WINDOWED`]
+    /// order) and of the slots.
+    pub fn new(windows: WindowCredits, concurrency: Option<Credit>) -> Credits {
+        Credits {
+            windows: windows
+                .iter()
+                .any(Option::is_some)
+                .then(|| Box::new(windows)),
+            concurrency,
+        }
+    }
+
+    /// The credit of the window dimension at `index` in [`Dimension::WINDOWED`].
+    pub fn window(&self, index: usize) -> Option<&Credit> {
+        self.windows.as_ref()?.get(index)?.as_ref()
+    }
+
     /// Whether any dimension is leased.
     pub fn any(&self) -> bool {
-        self.windows.iter().any(Option::is_some) || self.concurrency.is_some()
+        self.windows.is_some() || self.concurrency.is_some()
     }
 
     /// Each dimension's credit: the window dimensions in
     /// [`Dimension::WINDOWED`] order, then the slots.
     pub fn each(&self) -> [(Option<&Credit>, Dimension); crate::actor::WINDOWS + 1] {
         std::array::from_fn(|i| match Dimension::WINDOWED.get(i) {
-            Some(&dimension) => (self.windows[i].as_ref(), dimension),
+            Some(&dimension) => (self.window(i), dimension),
             None => (self.concurrency.as_ref(), Dimension::Concurrency),
         })
     }
@@ -339,9 +361,9 @@ mod tests {
         assert!(table.take_made().is_empty());
         // b's actor starts: its two keys, and no neighbour's.
         let credits = table.credits_for(1);
-        assert!(credits.windows[0].is_none());
+        assert!(credits.window(0).is_none());
         let (tokens, slots) = (
-            credits.windows[1].clone().unwrap(),
+            credits.window(1).cloned().unwrap(),
             credits.concurrency.unwrap(),
         );
         let made: Vec<u32> = table.take_made().into_iter().map(|(i, _)| i).collect();
@@ -364,7 +386,7 @@ mod tests {
         let table = CreditTable::new(recipe, Arc::from([binding("a", Dimension::Requests)]));
         let actors = table.credits_for(0);
         let holders = table.take_made();
-        let credit = actors.windows[0].clone().unwrap();
+        let credit = actors.window(0).cloned().unwrap();
         // Spent from a granted credit: not at rest while that counts.
         credit.with(|b| {
             let s = b.snapshot(5, 1_000);
@@ -395,8 +417,10 @@ mod tests {
         drop(holders);
         // Used again: a new credit, and the holder loop takes it anew.
         assert_eq!(
-            table.credits_for(0).windows[0]
-                .clone()
+            table
+                .credits_for(0)
+                .window(0)
+                .cloned()
                 .unwrap()
                 .with(|b| b.last_seq()),
             0

@@ -31,7 +31,7 @@ pub mod task;
 
 pub use binding::Binding;
 pub use permit::{Permit, SettleWith};
-pub use registry::{Registry, ScopeSpec};
+pub use registry::{Registry, ScopeSpec, WindowSpecs};
 pub use scope::{Blocked, ScopeStatus};
 
 use serde::Serialize;
@@ -207,5 +207,26 @@ impl Dimension {
             Dimension::Cooldown => "cooldown",
             Dimension::Queue => "queue",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_ending_fits_the_room_config_leaves_for_it() {
+        let room = crate::config::model_limits::LONGEST_KEY_ENDING.len();
+        for d in Dimension::WINDOWED {
+            // `:` and the name.
+            assert!(d.as_str().len() < room, "{d:?}");
+            // The day's dimensions are named so that the cluster counts their
+            // keys over the day window.
+            let long = d
+                .as_str()
+                .ends_with(tollgate_cluster::counter::LONG_WINDOW_SUFFIX);
+            assert_eq!(long, d.is_daily(), "{d:?}");
+        }
+        assert!(Dimension::Concurrency.as_str().len() < room);
     }
 }

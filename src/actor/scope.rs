@@ -323,10 +323,16 @@ impl ScopeLimits {
         Cost::of_usage(prompt, cache_read, completion, self.counts_cache_reads)
     }
 
-    /// The tokens `cost` reserves here: all of them where the tokens window is
-    /// limited, else what the input and output windows charge (0 when none is).
+    /// The window holding all tokens, per window or else per day, if limited.
+    fn all_tokens_window(&self) -> Option<usize> {
+        [1, 5].into_iter().find(|i| self.windows[*i].is_some())
+    }
+
+    /// The tokens `cost` reserves here: all of them where a tokens window (per
+    /// window or per day) is limited, else what the input and output windows
+    /// charge (0 when none is).
     fn tokens_reserved(&self, cost: Cost) -> u64 {
-        if self.windows[1].is_some() {
+        if self.all_tokens_window().is_some() {
             return cost.tokens();
         }
         let part = |i: usize| match &self.windows[i] {
@@ -585,8 +591,8 @@ impl ScopeLimits {
                 corrections[i] = limiter.settle(now, res, actual);
             }
         }
-        let tokens = if self.windows[1].is_some() {
-            corrections[1]
+        let tokens = if let Some(i) = self.all_tokens_window() {
+            corrections[i]
         } else {
             let [_, _, input, output, ..] = corrections;
             Settlement {
@@ -693,10 +699,7 @@ mod tests {
         });
         let slots = Credit::new("tenant:t:concurrency".into(), true, recipe);
         let s = scope(Allowances {
-            credits: Credits {
-                concurrency: Some(slots.clone()),
-                ..Credits::default()
-            },
+            credits: Credits::new(Default::default(), Some(slots.clone())),
             ..Allowances::default()
         });
         // The engine's export asks every round: no slot credit, so exhausted.

@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 /// key per limit).
 pub const MAX_MODEL_GROUPS: usize = 64;
 
+/// The longest ending a scope's limit key takes, its dimension's name
+/// (`<scope>:requests_per_day`): what a group's name must leave room for.
+pub const LONGEST_KEY_ENDING: &str = ":requests_per_day";
+
 /// One model group's limits.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

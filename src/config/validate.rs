@@ -481,12 +481,13 @@ fn validate_model_limits(
     for (i, group) in groups.iter().enumerate() {
         let at = format!("{path}.model_limits[{i}]");
         validate_quota(&at, &group.quota, config.limits.algorithm)?;
-        // The longest key of the group (its output tokens') is shared over gossip,
-        // which carries keys of at most MAX_LIMIT_KEY_BYTES: a longer one would
-        // stay on its node, unbounded cluster-wide.
+        // The longest key of the group (its daily requests') is shared over
+        // gossip, which carries keys of at most MAX_LIMIT_KEY_BYTES: a longer one
+        // would stay on its node, unbounded cluster-wide.
         let most = tollgate_cluster::counter::MAX_LIMIT_KEY_BYTES;
         if let Some(owner) = owner {
-            let key = format!("{owner}@{}:output_tokens", group.group_name());
+            let ending = super::model_limits::LONGEST_KEY_ENDING;
+            let key = format!("{owner}@{}{ending}", group.group_name());
             if key.len() > most {
                 let why = format!(
                     "its keys (e.g. {key:?}) would be {} bytes, above the {most} gossip carries: shorten the group's name or the id",

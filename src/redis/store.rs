@@ -541,9 +541,10 @@ fn parse_reserved(answer: &[redis::Value]) -> Result<Reserved, StoreError> {
     let text = |v: &redis::Value| redis::from_redis_value_ref::<String>(v).ok();
     match answer {
         [ok, refs @ .., now] if int(ok) == Some(1) && refs.len() == crate::actor::WINDOWS => {
-            let mut texts = refs.iter().map(text);
+            let refs: Vec<String> =
+                (refs.iter().map(|r| text(r).ok_or_else(unexpected))).collect::<Result<_, _>>()?;
             Ok(Reserved::Admitted {
-                refs: std::array::from_fn(|_| texts.next().flatten().unwrap_or_default()),
+                refs: refs.try_into().map_err(|_| unexpected())?,
                 now_ms: int(now).ok_or_else(unexpected)? as u64,
             })
         }

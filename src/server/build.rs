@@ -58,7 +58,8 @@ fn scope_spec(quota: &Quota, config: &Config, adaptive: Option<AdaptivePolicy>) 
             spec(Dimension::OutputTokens, quota.otpm, None),
             spec(Dimension::RequestsPerDay, quota.rpd, None),
             spec(Dimension::TokensPerDay, quota.tpd, None),
-        ],
+        ]
+        .into(),
         counts_cache_reads: quota.input_counts_cache_reads,
         concurrency: quota.concurrency,
         adaptive,
@@ -103,8 +104,8 @@ fn bind_allowances(
     });
     let mut bindings = Vec::new();
     for (scope, spec) in specs.iter_mut() {
-        let windows =
-            (Dimension::WINDOWED.into_iter()).zip(spec.windows.map(|l| l.map(|l| l.capacity)));
+        let windows = (Dimension::WINDOWED.into_iter())
+            .zip(spec.windows.to_array().map(|l| l.map(|l| l.capacity)));
         let dims = windows.chain([(Dimension::Concurrency, spec.concurrency)]);
         for (dimension, capacity) in dims {
             let Some(capacity) = capacity else { continue };

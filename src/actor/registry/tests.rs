@@ -40,7 +40,7 @@ fn registry_over(
     idle_secs: u64,
 ) -> Registry {
     let spec = ScopeSpec {
-        windows,
+        windows: windows.into(),
         counts_cache_reads: false,
         concurrency: slots,
         adaptive: None,
