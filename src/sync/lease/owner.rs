@@ -425,7 +425,7 @@ impl OwnerBook {
         let mut nudges: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for (id, line) in lines.open.iter_mut() {
             if let Some(terms) = view.terms_for(keys.key(*id), line.config().capacity()) {
-                line.set_terms(Arc::clone(terms));
+                line.set_terms_at(Arc::clone(terms), now_ms);
             }
             // Before `settle`, which ends an opened line's recovery: gates
             // opened by a ttl or by the terms (an unreachable holder no longer

@@ -81,6 +81,13 @@ pub struct Line<H> {
     /// Shared: every idle key of one capacity has the same terms in a round, and
     /// a copy per line would be most of an idle lease key's memory.
     terms: Arc<Terms<H>>,
+    /// Members whose cut healed and who have not stated since (windowed keys):
+    /// when it healed (owner clock) and the floor they were charged. During the
+    /// cut their side's owner may have let them spend past the cut-off share
+    /// this owner told them (up to their floor); their account still shows the
+    /// figures from before the cut, so the floor charges them until a statement
+    /// taken after the heal does (or the window has turned over).
+    healed: BTreeMap<H, (u64, u64)>,
     last_now_ms: u64,
 }
 
@@ -95,6 +102,7 @@ impl<H: Ord + Clone> Line<H> {
             recovery: None,
             short: BTreeSet::new(),
             terms: Arc::new(Terms::default()),
+            healed: BTreeMap::new(),
             last_now_ms: 0,
         }
     }
@@ -153,7 +161,27 @@ impl<H: Ord + Clone> Line<H> {
     /// everything back) can no longer spend a cut-off share: its reserves end
     /// (so a crashed holder's slots come back when it is declared dead).
     pub fn set_terms(&mut self, terms: impl Into<Arc<Terms<H>>>) {
+        let now_ms = self.last_now_ms;
+        self.set_terms_at(terms, now_ms);
+    }
+
+    /// [`Self::set_terms`] at `now_ms` (owner clock): a member whose floor the
+    /// new terms drop while it is still a member (its cut healed) keeps that
+    /// floor until it states again ([`Line`]'s `healed`).
+    pub fn set_terms_at(&mut self, terms: impl Into<Arc<Terms<H>>>, now_ms: u64) {
         let terms = terms.into();
+        if matches!(self.config.kind, Kind::Windowed(_)) {
+            let at = now_ms.max(self.last_now_ms);
+            for (member, floor) in &self.terms.floors {
+                let healed = !terms.floors.contains_key(member)
+                    && (terms.shares.contains_key(member) || self.accounts.get(member).is_some());
+                if healed {
+                    self.healed.insert(member.clone(), (at, *floor));
+                }
+            }
+            self.healed
+                .retain(|member, _| !terms.floors.contains_key(member));
+        }
         if let (Some(r), Kind::Windowed(_)) = (&mut self.recovery, self.config.kind) {
             for member in terms.floors.keys() {
                 r.unknown.remove(member);
@@ -181,6 +209,7 @@ impl<H: Ord + Clone> Line<H> {
         let mut members: BTreeSet<&H> = self.accounts.keys().collect();
         members.extend(self.rebuilt.keys());
         members.extend(self.terms.floors.keys());
+        members.extend(self.healed.keys());
         members.extend((self.terms.held.keys()).filter(|m| Some(*m) != holder));
         if let Some(r) = &self.recovery {
             members.extend(r.unknown.iter());
@@ -194,6 +223,7 @@ impl<H: Ord + Clone> Line<H> {
     /// counters and the silent-holder charge) says, but at least its floor when it
     /// is unreachable. Each figure counts once, however many sources know of it.
     fn member_charge(&self, member: &H, now_ms: u64) -> u64 {
+        let healed = self.healed_floor(member, now_ms);
         let own = match self.accounts.get(member) {
             Some(a) => self.account_charge(a, now_ms),
             None => {
@@ -216,6 +246,24 @@ impl<H: Ord + Clone> Line<H> {
             }
         };
         own.max(self.terms.floors.get(member).copied().unwrap_or(0))
+            .max(healed)
+    }
+
+    /// The floor a member whose cut healed is still charged at `now_ms`: until
+    /// the owner holds a statement of it taken after the heal (its seq, on its
+    /// clock, past the heal by more than the skew tolerance), or the window
+    /// has turned over since.
+    fn healed_floor(&self, member: &H, now_ms: u64) -> u64 {
+        let Some(&(at, floor)) = self.healed.get(member) else {
+            return 0;
+        };
+        let stated = (self.accounts.get(member))
+            .is_some_and(|a| a.seq > at.saturating_add(SKEW_TOLERANCE_MS));
+        let turned = match self.config.kind {
+            Kind::Windowed(w) => now_ms >= at.saturating_add(w.window_ms() + w.bucket_ms()),
+            Kind::Slots => true,
+        };
+        if stated || turned { 0 } else { floor }
     }
 
     /// What may still be granted at `now_ms`.
@@ -260,6 +308,7 @@ impl<H: Ord + Clone> Line<H> {
     /// and open a new one while it keeps owning the key.
     pub fn is_at_rest(&self) -> bool {
         self.accounts.len() == 0
+            && self.healed.is_empty()
             && self.rebuilt.is_empty()
             && self.departed.is_empty()
             && self.recovery.is_none()
@@ -287,6 +336,12 @@ impl<H: Ord + Clone> Line<H> {
             if let Kind::Windowed(w) = kind {
                 a.usage.retain(|b, _| w.counts(*b, now_ms));
                 a.lapsed.retain(|l| w.counts(l.bucket, now_ms));
+            }
+        }
+        let healed: Vec<H> = self.healed.keys().cloned().collect();
+        for member in healed {
+            if self.healed_floor(&member, now_ms) == 0 {
+                self.healed.remove(&member);
             }
         }
         // An account with nothing left is forgotten; its next statement is a first

@@ -622,3 +622,75 @@ fn bad_statements_are_refused_and_change_nothing() {
         assert_eq!(l, before, "state unchanged");
     }
 }
+
+/// A holder cut off from this owner may spend past the share it was told, up
+/// to its floor, on its own side's grants; at the heal its account still
+/// shows the figures from before the cut. The floor charges it until a
+/// statement taken after the heal says what it spent: without it, this owner
+/// grants the same room again (a CI partition run sent 81 of L = 80).
+#[test]
+fn a_healed_holder_is_charged_its_floor_until_it_states_again() {
+    let w = Window::try_new(20_000, 40).expect("window");
+    let config = LineConfig::try_new(80, Kind::Windowed(w), 80, 3, 500).expect("config");
+    let mut l: Line<&'static str> = Line::new(config);
+    let shares = |a, b| Terms {
+        shares: BTreeMap::from([("a", a), ("b", b)]),
+        ..Terms::default()
+    };
+    l.set_terms_at(shares(27, 53), 0);
+    // a spent 14 and holds 1 more before the cut.
+    l.sync(&"a", &statement(100, &[(0, 14)], 0, 1), 100)
+        .expect("accepted");
+    assert_eq!(l.charge_of(&"a", 100), 15);
+    // The cut: a is charged its floor, 27.
+    let cut = Terms {
+        shares: BTreeMap::from([("b", 53)]),
+        floors: BTreeMap::from([("a", 27)]),
+        ..Terms::default()
+    };
+    l.set_terms_at(cut, 5_000);
+    assert_eq!(l.committed(5_000), 27);
+    // The heal: a is a member again, but has not stated since.
+    l.set_terms_at(shares(27, 53), 9_000);
+    assert_eq!(l.committed(9_000), 27, "its floor, not its stale 15");
+    l.settle(9_100);
+    assert_eq!(l.committed(9_100), 27, "settling keeps it");
+    // A statement from before the heal (a late one) changes nothing.
+    l.sync(&"a", &statement(8_000, &[(0, 14), (15, 2)], 0, 0), 9_200)
+        .expect("accepted");
+    assert_eq!(l.committed(9_200), 27);
+    // One taken after it says what a spent during the cut: 16.
+    l.sync(&"a", &statement(9_300, &[(0, 14), (15, 2)], 0, 0), 9_300)
+        .expect("accepted");
+    assert_eq!(l.committed(9_300), 16);
+    l.settle(9_400);
+    assert_eq!(l.committed(9_400), 16);
+}
+
+/// A healed holder that never states again is charged its floor until the
+/// window has turned over since the heal, no longer.
+#[test]
+fn a_healed_floor_ends_a_window_after_the_heal() {
+    let w = Window::try_new(1_000, 10).expect("window");
+    let config = LineConfig::try_new(80, Kind::Windowed(w), 80, 3, 500).expect("config");
+    let mut l: Line<&'static str> = Line::new(config);
+    l.set_terms_at(
+        Terms {
+            floors: BTreeMap::from([("a", 30)]),
+            ..Terms::default()
+        },
+        0,
+    );
+    l.set_terms_at(
+        Terms {
+            shares: BTreeMap::from([("a", 80)]),
+            ..Terms::default()
+        },
+        2_000,
+    );
+    assert_eq!(l.committed(2_000), 30);
+    assert_eq!(l.committed(3_099), 30);
+    assert_eq!(l.committed(3_100), 0);
+    l.settle(3_100);
+    assert!(l.is_at_rest());
+}
