@@ -153,6 +153,11 @@ fn settings_that_would_silently_do_nothing_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(message.contains("algorithm"), "{message}");
+    // Its model groups count per minute only: a daily figure there is refused.
+    let group = format!("{mock}\n[[builtin_mock.model_limits]]\nmodels = [\"gpt-4o\"]\nrpd = 3\n");
+    let (field, reason) = invalid(&group);
+    assert_eq!(field, "builtin_mock.model_limits[0].rpd");
+    assert!(reason.contains("rpm, tpm, itpm and otpm only"), "{reason}");
 }
 
 #[test]

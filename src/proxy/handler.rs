@@ -87,9 +87,10 @@ pub async fn handle(
         status: None,
     };
     // The node's id of the request, in every line logged while it is served,
-    // with the provider's beside it once an answer carries one.
+    // with the provider's beside it once an answer carries one. At the error
+    // level, so that no filter that lets a line through drops the span.
     let id = request_id::new();
-    let span = tracing::info_span!(
+    let span = tracing::error_span!(
         "request",
         request_id = id.to_str().unwrap_or_default(),
         upstream_request_id = tracing::field::Empty
@@ -106,9 +107,7 @@ pub async fn handle(
         }
     };
     // The provider's id where its answer carried one, else the node's own.
-    if !response.headers().contains_key(request_id::X_REQUEST_ID) {
-        response.headers_mut().insert(request_id::X_REQUEST_ID, id);
-    }
+    request_id::stamp_with(&mut response, id);
     outcome.status = Some(response.status().as_u16());
     response
 }

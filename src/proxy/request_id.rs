@@ -43,6 +43,14 @@ pub fn stamp(response: &mut Response) {
     }
 }
 
+/// Gives `response` the id `id` unless it carries one already (the
+/// provider's).
+pub fn stamp_with(response: &mut Response, id: HeaderValue) {
+    if !response.headers().contains_key(X_REQUEST_ID) {
+        response.headers_mut().insert(X_REQUEST_ID, id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -254,8 +254,11 @@ impl std::io::Write for Logs {
 async fn a_failed_requests_log_line_names_its_id_and_the_providers() {
     let logs = Logs::default();
     let writer = logs.clone();
+    // A warn filter, as an operator quieting the node would set: the id must
+    // still be on the line.
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
         .with_ansi(false)
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);

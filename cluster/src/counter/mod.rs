@@ -198,12 +198,6 @@ impl Windows {
     pub fn long(&self) -> &Window {
         &self.long
     }
-
-    /// The longer of the two windows, in milliseconds: how long anything counted
-    /// may still count.
-    pub fn longest_ms(&self) -> u64 {
-        self.base.window_ms.max(self.long.window_ms)
-    }
 }
 
 impl From<Window> for Windows {
@@ -253,7 +247,6 @@ mod tests {
         let windows = Windows::new(base, day);
         assert_eq!(windows.of("tenant:a:requests_per_day"), &day);
         assert_eq!(windows.of("tenant:a:requests"), &base);
-        assert_eq!(windows.longest_ms(), 86_400_000);
         assert_eq!(Windows::from(base).of("x_per_day"), &base);
     }
 

@@ -260,7 +260,7 @@ impl OwnerBook {
                     // Owned throughout, and nobody held anything: a fresh line.
                     let mut line = Line::new(config);
                     if let Some(terms) = view.terms_for(key, config.capacity()) {
-                        line.set_terms(Arc::clone(terms));
+                        line.set_terms_at(Arc::clone(terms), now_ms);
                     }
                     line
                 } else {
@@ -371,7 +371,7 @@ impl OwnerBook {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut line = Line::rebuild(config, &counters, &holders, now_ms);
         if let Some(terms) = view.terms_for(key, config.capacity()) {
-            line.set_terms(Arc::clone(terms));
+            line.set_terms_at(Arc::clone(terms), now_ms);
         }
         line
     }
