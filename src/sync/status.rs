@@ -123,6 +123,9 @@ pub struct HeldKeys {
     pub reservations: usize,
     /// `lease`: open lines this node owns (a line at rest is dropped).
     pub owner_lines: usize,
+    /// Departed members' keys this node republishes (their usage still counts
+    /// and chitchat no longer holds them).
+    pub archived: usize,
 }
 
 impl ClusterStatus {

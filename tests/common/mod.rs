@@ -29,9 +29,15 @@ impl Node {
 
     /// Kills the node as a crash would: its task is aborted, no drain, no goodbye;
     /// peers only learn of it from the failure detector.
-    pub(crate) async fn crash(self) {
+    pub(crate) async fn crash(mut self) {
+        self.crash_in_place().await;
+    }
+
+    /// [`Node::crash`], leaving the dead node in place (to be replaced by its
+    /// successor).
+    pub(crate) async fn crash_in_place(&mut self) {
         self.task.abort();
-        let _ = self.task.await;
+        let _ = (&mut self.task).await;
     }
 
     /// Starts a graceful stop without waiting for it: the node drains (refusing

@@ -9,7 +9,7 @@
 //! Numbers are lowercase base36 without leading zeros (canonical: one text per
 //! number). The limit key is 1..=128 ASCII graphic bytes and may contain `:`; the slot
 //! is parsed from after the *last* `:`, so keys never collide. The prefixes `c:`, `d:`
-//! and `f:` are reserved in a node's key-value state; any other key is not ours and
+//! and `f:` are reserved in a node's key-value state (`a:` is [`super::archive`]'s); any other key is not ours and
 //! decodes to `Ok(None)`. Decoding untrusted gossip never panics: garbage, a slot that
 //! does not match its bucket (`slot != bucket mod R`), an absurd count or an oversize
 //! key or value is a [`DecodeError`].
@@ -297,7 +297,7 @@ pub fn base36(mut n: u64) -> String {
 }
 
 /// Parses canonical lowercase base36 (no sign, no leading zero, fits a u64).
-fn parse_base36(text: &str, field: &'static str) -> Result<u64, DecodeError> {
+pub(super) fn parse_base36(text: &str, field: &'static str) -> Result<u64, DecodeError> {
     let bad = DecodeError::Number(field);
     if text.is_empty() || text.len() > MAX_DIGITS || (text.len() > 1 && text.starts_with('0')) {
         return Err(bad);

@@ -13,12 +13,14 @@
 //! - [`LocalCounters`]: the writer: records reservations, refunds and debts, and
 //!   publishes only what changed, coalesced.
 //! - [`ClusterUsage`]: the reader: merges every node's values (max version) and sums.
+//! - [`archive`]: departed members' usage, republished by the members that hold it.
 //!
 //! Everything here is pure: time comes in as `now_ms` (wall-clock unix milliseconds,
 //! so nodes agree on bucket boundaries), nothing reads a clock or does IO. The design,
 //! the CRDT argument, the datagram budget and the clock-skew bound are in
 //! `docs/design/counters.md`.
 
+pub mod archive;
 pub mod codec;
 mod local;
 mod replica;

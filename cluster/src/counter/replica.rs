@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+use super::archive::Archived;
 use super::codec::{DecodeError, Decoded, decode};
 use super::{DEFAULT_MAX_KEYS, Window, Windows};
 
@@ -445,6 +446,23 @@ impl ClusterUsage {
             })
     }
 
+    /// `limit_key`'s usage at `now_ms` per node that is not live, those with
+    /// none left out, sorted by node: what [`Self::departed_usage_except`]
+    /// sums, member by member.
+    pub fn departed_usage_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, u64)> {
+        let window = self.windows.of(limit_key);
+        let mut out: Vec<(String, u64)> = (self.nodes.iter())
+            .filter(|(_, r)| !r.live)
+            .filter_map(|(node, r)| {
+                let key = r.keys.get(limit_key)?;
+                let used = key.usage_shifted(window, Self::shift_of(window, r, now_ms), now_ms);
+                (used > 0).then(|| (node.clone(), used))
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// Each node's consumption of `limit_key` per bucket that counts at `now_ms`,
     /// live or departed (a restarted node's previous incarnation spent in this window
     /// too), ascending by bucket, nodes sorted: what a new lease owner rebuilds from.
@@ -453,22 +471,113 @@ impl ClusterUsage {
     /// owner would let its cost leave the window early (the jepsen harness measured
     /// 41-43 of L = 40 after a node ran 2 s behind and restarted with the true clock).
     pub fn buckets_by_node(&self, limit_key: &str, now_ms: u64) -> Vec<(String, Vec<(u64, u64)>)> {
-        let mut out = Vec::new();
-        let window = self.windows.of(limit_key);
-        for (node, replica) in &self.nodes {
-            let Some(key) = replica.keys.get(limit_key) else {
-                continue;
-            };
-            let shift = Self::shift_of(window, replica, now_ms);
-            let mut buckets: Vec<(u64, u64)> = (key.slots.values())
-                .map(|r| (r.value.0.saturating_add(shift), r.value.1))
-                .filter(|&(bucket, _)| window.counts(bucket, now_ms))
-                .collect();
-            buckets.sort_unstable();
-            out.push((node.clone(), buckets));
-        }
+        let mut out: Vec<(String, Vec<(u64, u64)>)> = (self.nodes.iter())
+            .filter_map(|(node, replica)| {
+                Some((node.clone(), self.buckets_in(replica, limit_key, now_ms)?))
+            })
+            .collect();
         out.sort_unstable();
         out
+    }
+
+    /// `node`'s buckets of `limit_key` as [`Self::buckets_by_node`] reads them
+    /// (`None`: it published none for the key, or is unknown).
+    pub fn buckets_of(&self, node: &str, limit_key: &str, now_ms: u64) -> Option<Vec<(u64, u64)>> {
+        self.buckets_in(self.nodes.get(node)?, limit_key, now_ms)
+    }
+
+    fn buckets_in(
+        &self,
+        replica: &NodeReplica,
+        limit_key: &str,
+        now_ms: u64,
+    ) -> Option<Vec<(u64, u64)>> {
+        let key = replica.keys.get(limit_key)?;
+        let window = self.windows.of(limit_key);
+        let shift = Self::shift_of(window, replica, now_ms);
+        let mut buckets: Vec<(u64, u64)> = (key.slots.values())
+            .map(|r| (r.value.0.saturating_add(shift), r.value.1))
+            .filter(|&(bucket, _)| window.counts(bucket, now_ms))
+            .collect();
+        buckets.sort_unstable();
+        Some(buckets)
+    }
+
+    /// Nodes with registers here that are not live (dead, superseded, collected
+    /// by chitchat, or adopted from an archive), sorted.
+    pub fn departed_nodes(&self) -> Vec<String> {
+        let mut nodes: Vec<String> = (self.nodes.iter())
+            .filter(|(_, r)| !r.live)
+            .map(|(n, _)| n.clone())
+            .collect();
+        nodes.sort_unstable();
+        nodes
+    }
+
+    /// What `node` spent that still counts at `now_ms`, per limit key (buckets
+    /// dated on this reader's clock, as [`Self::buckets_of`]), keys without a
+    /// cost left out, sorted: what [`super::archive`] republishes for a member
+    /// chitchat no longer holds.
+    pub fn archive_of(&self, node: &str, now_ms: u64) -> Vec<(String, Vec<(u64, u64)>)> {
+        let Some(replica) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, Vec<(u64, u64)>)> = (replica.keys.keys())
+            .filter_map(|limit_key| {
+                let buckets = self.buckets_in(replica, limit_key, now_ms)?;
+                let spent: Vec<(u64, u64)> = buckets.into_iter().filter(|&(_, c)| c > 0).collect();
+                (!spent.is_empty()).then(|| (limit_key.clone(), spent))
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Adopts an archived key of a member that is not live here (one chitchat
+    /// no longer holds; the caller checks): the key's registers become the
+    /// archive's buckets if those count for more at `now_ms` than what this
+    /// replica holds of it, and are left alone otherwise. Each copy of a
+    /// departed member's key is its final state, dated no earlier than the
+    /// member dated it, so the greater is the one to keep (the join of every
+    /// publisher's copy), and adopting one twice changes nothing. `Stale` for a
+    /// live node, whose own registers rule; `Full` at the per-node key cap.
+    pub fn adopt(&mut self, archived: &Archived<'_>, now_ms: u64) -> Applied {
+        if self.nodes.get(archived.member).is_some_and(|r| r.live) {
+            return Applied::Stale;
+        }
+        let window = *self.windows.of(archived.limit_key);
+        let incoming = (archived.buckets.iter())
+            .filter(|&&(bucket, _)| window.counts(bucket, now_ms))
+            .fold(0u64, |sum, &(_, c)| sum.saturating_add(c));
+        let held = self
+            .usage_of(archived.member, archived.limit_key, now_ms)
+            .unwrap_or(0);
+        if incoming <= held {
+            return Applied::Unchanged;
+        }
+        let max_keys = self.max_keys_per_node;
+        let fresh = !self.nodes.contains_key(archived.member);
+        let replica = self.node_mut(archived.member);
+        if fresh {
+            replica.live = false;
+        }
+        if !replica.keys.contains_key(archived.limit_key) && replica.keys.len() >= max_keys {
+            return Applied::Full;
+        }
+        let key = replica
+            .keys
+            .entry(archived.limit_key.to_owned())
+            .or_default();
+        key.slots = (archived.buckets.iter())
+            .map(|&(bucket, count)| {
+                let value = Versioned {
+                    version: 0,
+                    value: (bucket, count),
+                };
+                (window.slot(bucket), value)
+            })
+            .collect();
+        Applied::Updated
     }
 
     /// Demand for `limit_key` per live node (cost units per window, 0 if none

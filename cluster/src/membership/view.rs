@@ -65,6 +65,25 @@ impl MemberId {
     pub(crate) fn to_chitchat_id(&self) -> ChitchatId {
         ChitchatId::new(self.node_id.as_str(), self.generation, self.gossip_addr)
     }
+
+    /// The `node_id` part of a member id's text (`{node_id}/{generation}@{addr}`,
+    /// as [`MemberId`] displays it): what the incarnations of one node share.
+    /// Text of another shape is its own node id.
+    pub fn node_id_of(member: &str) -> &str {
+        let Some((incarnation, _addr)) = member.rsplit_once('@') else {
+            return member;
+        };
+        match incarnation.rsplit_once('/') {
+            Some((node_id, generation))
+                if !node_id.is_empty()
+                    && !generation.is_empty()
+                    && generation.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                node_id
+            }
+            _ => member,
+        }
+    }
 }
 
 /// A trusted live member: alive per the failure detector, winner for its `node_id`,

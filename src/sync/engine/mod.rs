@@ -9,6 +9,7 @@
 //!   (`super::mode`), and what it decided applied.
 //! - `partition`: the cut arithmetic the round applies (horizon, freeze, split).
 //! - `reach`: what this node cannot reach (Redis, lease owners).
+//! - `archive`: departed members' usage republished past chitchat's memory.
 
 use super::lease::owner::OwnerBook;
 use super::lease::{MemberAddr, View};
@@ -139,6 +140,8 @@ pub(crate) struct Engine {
     /// How long the last round's recompute took, which decides where the next
     /// one runs ([`StepPlace`]); `None` before the first.
     recompute_took: Option<Duration>,
+    /// Departed members' usage this node republishes (`archive`).
+    archive: archive::ArchiveState,
 }
 
 /// What one round did, for [`Engine::report`].
@@ -273,6 +276,7 @@ impl Engine {
             keys_retired_total: 0,
             next_gc_ms: 0,
             recompute_took: None,
+            archive: archive::ArchiveState::default(),
         }
     }
 
@@ -361,6 +365,7 @@ impl Engine {
         let exports = self.node.registry.export_live().await;
         let own = self.record_own(&exports, now_ms);
         let (bytes, publish_error) = self.publish(now_ms).await;
+        self.publish_archive(now_ms).await;
         let (decode_errors, received, lag_ms) = self.read_cluster(now_ms).await;
         let dead = self.membership.dead_members().await;
         let members = self.membership.live_members().await;
@@ -581,6 +586,7 @@ fn lock(usage: &Mutex<ClusterUsage>) -> MutexGuard<'_, ClusterUsage> {
     usage.lock()
 }
 
+mod archive;
 mod own;
 mod partition;
 mod reach;

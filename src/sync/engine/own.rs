@@ -126,6 +126,7 @@ impl Engine {
             holder_keys: holder(|h| &h.active),
             reservations: holder(|h| &h.reservations),
             owner_lines,
+            archived: self.archive.published(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! once into the usage replica, demand, sightings, who left, who lost Redis
 //! and who supersedes whom.
 
+use super::archive::is_archive_key;
 use super::*;
 
 /// What one reading of the cluster found, member by member.
@@ -21,6 +22,8 @@ struct Reading {
     live: HashSet<String>,
     /// `redis`: every member's word on Redis losses.
     announced: Vec<Announced>,
+    /// Archive entries read from live peers (`super::archive`).
+    archive: Vec<(String, String)>,
 }
 
 impl Engine {
@@ -48,6 +51,10 @@ impl Engine {
             self.read_departed(&mut usage, &mut reading, member, &values, now_ms);
         }
         self.cut.drop_unmarked();
+        // Departed members chitchat no longer holds, from the peers' archives
+        // (known as of this read: their own values rule).
+        self.archive.set_known(known.clone());
+        reading.refused += self.adopt_archives(&mut usage, &reading.archive, now_ms);
         usage.retain_nodes(&reading.live);
         self.collect(&mut usage, &known, now_ms);
         drop(usage);
@@ -104,6 +111,11 @@ impl Engine {
                 _ if is_cut_key(key) => {
                     if node != self.self_id {
                         self.cut.hear(&node, key, value);
+                    }
+                }
+                _ if is_archive_key(key) => {
+                    if node != self.self_id {
+                        reading.archive.push((key.clone(), value.clone()));
                     }
                 }
                 ROUND_AT_KEY => {
@@ -175,6 +187,9 @@ impl Engine {
                     }
                 }
                 _ if is_cut_key(key) => {}
+                // What it republished of others holds as long as it did: the
+                // last member that knew them may be the one that died.
+                _ if is_archive_key(key) => reading.archive.push((key.clone(), value.clone())),
                 // Errors were logged while it was live; stale values are ignored.
                 _ => {
                     let _ = usage.apply(&node, key, value);

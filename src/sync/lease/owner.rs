@@ -40,6 +40,9 @@ pub struct OwnerBook {
     clock: Clock,
     metrics: Arc<Metrics>,
     rebuilt: std::sync::atomic::AtomicU64,
+    /// Departed members (not live in the replica) already offered to the open
+    /// lines ([`OwnerBook::absorb_departed`]); bounded by the replica's.
+    offered: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The keys any node may own: the credit bindings, found by key, each line's
@@ -195,6 +198,7 @@ impl OwnerBook {
             clock,
             metrics,
             rebuilt: std::sync::atomic::AtomicU64::new(0),
+            offered: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -376,6 +380,43 @@ impl OwnerBook {
         line
     }
 
+    /// Offers every open line the members that became departed in the replica
+    /// since the last round (one learned from a peer's archive, a member that
+    /// died, an incarnation superseded): a line that holds nothing of one
+    /// counts its counters as a rebuild would ([`Line::absorb_departed`]). A
+    /// line rebuilt before a departed member's counters arrived here would
+    /// otherwise grant its spending again. Called with the lines locked, then
+    /// the usage, the order every path takes them in.
+    fn absorb_departed(&self, lines: &mut Lines, now_ms: u64) {
+        let usage = self.usage.lock();
+        let departed = usage.departed_nodes();
+        let mut offered = self.offered.lock();
+        let new: Vec<&String> = (departed.iter())
+            .filter(|m| !offered.contains(*m))
+            .collect();
+        if !new.is_empty() {
+            let mut absorbed = 0;
+            for (id, line) in lines.open.iter_mut() {
+                let key = self.keys.key(*id);
+                for member in &new {
+                    let Some(buckets) = usage.buckets_of(member, key, now_ms) else {
+                        continue;
+                    };
+                    absorbed += usize::from(line.absorb_departed(*member, &buckets, now_ms));
+                }
+            }
+            if absorbed > 0 {
+                tracing::info!(
+                    members = new.len(),
+                    absorbed,
+                    "departed members' counters learned late: charged on the open lines that did not hold them"
+                );
+            }
+        }
+        // Bounded by the replica: members it forgot are forgotten here too.
+        *offered = departed.into_iter().collect();
+    }
+
     /// Each round: drops keys this node no longer owns (fencing), applies the new
     /// terms, settles expiries, drops lines that came to rest (their keys stay
     /// marked resting while owned), and asks the holders a rebuilt line still
@@ -412,6 +453,7 @@ impl OwnerBook {
             }
             lines.members = members;
         }
+        self.absorb_departed(lines, now_ms);
         let rebuilt = self.rebuilt.swap(0, std::sync::atomic::Ordering::Relaxed);
         if dropped > 0 || rebuilt > 0 {
             tracing::info!(

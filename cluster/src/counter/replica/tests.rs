@@ -247,3 +247,46 @@ fn a_per_day_key_is_read_over_the_long_window_beside_a_minute_key() {
     let bad = slot_key(daily, 30);
     assert!(u.apply_versioned("b", &bad, 3, &slot_value(30, 1)).is_err());
 }
+
+/// A departed member's usage carried through an archive: a reader that never
+/// saw the member adopts it, republishes it, and keeps the greater copy.
+#[test]
+fn an_archived_members_usage_is_adopted_by_a_reader_that_never_saw_it() {
+    use crate::counter::archive::{archive_key, archive_value, decode_archive};
+    // The one that saw b: b spent 9 and 4 in two buckets, then died.
+    let mut seen = ClusterUsage::new(window());
+    put(&mut seen, "b", 1, 1_000, 9);
+    put(&mut seen, "b", 2, 1_010, 4);
+    seen.retain_nodes(&HashSet::new());
+    let at = 1_020_000;
+    let archive = seen.archive_of("b", at);
+    assert_eq!(archive, vec![(K.to_owned(), vec![(1_000, 9), (1_010, 4)])]);
+    let (key, value) = (archive_key("b", K), archive_value(&archive[0].1));
+    // The newcomer, which has never heard of b.
+    let mut newcomer = ClusterUsage::new(window());
+    let windows = *newcomer.windows();
+    let archived = decode_archive(&key, &value, &windows).unwrap().unwrap();
+    assert_eq!(newcomer.adopt(&archived, at), Applied::Updated);
+    assert_eq!(
+        newcomer.adopt(&archived, at),
+        Applied::Unchanged,
+        "idempotent"
+    );
+    assert_eq!(newcomer.departed_usage_except(K, &[], at), 13);
+    assert_eq!(newcomer.global_usage(K, at), 0, "not live");
+    assert_eq!(newcomer.departed_nodes(), vec!["b".to_owned()]);
+    assert_eq!(newcomer.archive_of("b", at), archive, "republished alike");
+    // A staler copy (one that missed b's last update) changes nothing.
+    let stale = archive_value(&[(1_000, 9)]);
+    let stale = decode_archive(&key, &stale, &windows).unwrap().unwrap();
+    assert_eq!(newcomer.adopt(&stale, at), Applied::Unchanged);
+    assert_eq!(newcomer.usage_of("b", K, at), Some(13));
+    // Its usage leaves with its window, and b is then idle.
+    assert_eq!(newcomer.departed_usage_except(K, &[], 1_061_000), 4);
+    assert!(newcomer.is_idle("b", 1_071_000));
+    // A live member's own registers rule.
+    let mut live = ClusterUsage::new(window());
+    put(&mut live, "b", 1, 1_000, 1);
+    assert_eq!(live.adopt(&archived, at), Applied::Stale);
+    assert_eq!(live.global_usage(K, at), 1);
+}

@@ -144,6 +144,29 @@ impl<H: Ord + Clone> Line<H> {
         line
     }
 
+    /// A departed member's consumption per bucket learned after the line opened
+    /// (one chitchat had collected before this node started, whose counters a
+    /// peer republished; or one whose counters arrived after a rebuild): counted
+    /// as [`Line::rebuild`] counts a departed member, if the line holds nothing
+    /// of it yet. Returns whether it was taken. A member with an account or a
+    /// rebuilt part is left alone: what the line has is at least as fresh.
+    pub fn absorb_departed(&mut self, member: &H, buckets: &[(u64, u64)], now_ms: u64) -> bool {
+        let Kind::Windowed(w) = self.config.kind else {
+            return false;
+        };
+        let known = self.accounts.get(member).is_some() || self.rebuilt.contains_key(member);
+        if known || buckets.iter().all(|&(_, cost)| cost == 0) {
+            return false;
+        }
+        let now_bucket = w.bucket_index(now_ms.max(self.last_now_ms));
+        let part = self.rebuilt.entry(member.clone()).or_default();
+        for &(bucket, cost) in buckets {
+            add(part, bucket.min(now_bucket), cost);
+        }
+        self.departed.insert(member.clone());
+        true
+    }
+
     /// The configuration.
     pub fn config(&self) -> &LineConfig {
         &self.config

@@ -694,3 +694,31 @@ fn a_healed_floor_ends_a_window_after_the_heal() {
     l.settle(3_100);
     assert!(l.is_at_rest());
 }
+
+/// A departed member learned of after the line opened (its counters
+/// republished by a peer) is charged as a rebuild charges one: its counters
+/// and the credit it may not have reported, until they leave the window;
+/// a member the line already holds is not charged twice.
+#[test]
+fn a_departed_member_learned_late_is_charged_as_a_rebuild_charges_it() {
+    let mut l = line(100, 20);
+    let a = &mut crate::lease::budget::Budget::new(
+        l.config().kind(),
+        crate::lease::budget::CutOffPolicy::Share,
+    );
+    state(&mut l, "a", a, 10, 0);
+    assert_eq!(l.available(10), 90);
+    // "x" spent 30 in bucket 0 under an owner nobody remembers.
+    assert!(l.absorb_departed(&"x", &[(0, 30)], 10));
+    assert_eq!(l.available(10), 90 - 30 - 20, "its counters and max_credit");
+    assert!(!l.absorb_departed(&"x", &[(0, 30)], 20), "once");
+    assert!(
+        !l.absorb_departed(&"a", &[(0, 5)], 20),
+        "a holder's account rules"
+    );
+    assert!(!l.absorb_departed(&"y", &[(0, 0)], 20), "nothing spent");
+    assert!(!l.is_at_rest());
+    // Its bucket 0 leaves the window at 1,100: then nothing of x is left.
+    let _ = l.settle(1_100);
+    assert_eq!(l.charge_of(&"x", 1_100), 0);
+}

@@ -196,3 +196,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_member_ids_text_gives_back_its_node_id() {
+    for member in [id("node-1", 1_733_000_000_000, 7946), id("a/b@c", 7, 1)] {
+        assert_eq!(MemberId::node_id_of(&member.to_string()), member.node_id);
+    }
+    let v6 = MemberId {
+        gossip_addr: "[::1]:7946".parse().unwrap(),
+        ..id("node-2", 3, 1)
+    };
+    assert_eq!(MemberId::node_id_of(&v6.to_string()), "node-2");
+    for other in ["n1", "n1@x", "n1/x@a", "/5@a"] {
+        assert_eq!(MemberId::node_id_of(other), other);
+    }
+}
