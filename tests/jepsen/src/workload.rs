@@ -32,11 +32,29 @@ pub fn tenant_claude_model(k: usize) -> String {
     format!("claude-{}", tenant_model(k))
 }
 
+/// Tenant `k`'s model for [`agent_request`]'s image chat: in the account's
+/// `vision-*` model group, limited apart within the account
+/// ([`VISION_TPM`]).
+pub fn tenant_vision_model(k: usize) -> String {
+    format!("vision-{}", tenant_model(k))
+}
+
 /// The tenant a mock log line belongs to, from its model.
 pub fn tenant_of_model(model: &str) -> Option<usize> {
-    let model = model.strip_prefix("claude-").unwrap_or(model);
+    let model = (model.strip_prefix("claude-"))
+        .or_else(|| model.strip_prefix("vision-"))
+        .unwrap_or(model);
     model.strip_prefix("jepsen-t")?.parse().ok()
 }
+
+/// Tokens per window of the account's `vision-*` model group in runs with
+/// agents' traffic (`--model-limit` of the mock, `[[upstreams.model_limits]]`
+/// of the nodes' OpenAI upstream): room for three of the image chats a window
+/// (~100 tokens each) and a node's third of it room for one, fewer than the
+/// four or so a window the workload sends
+/// while the request limit binds, so the group's limit binds within the
+/// account's.
+pub const VISION_TPM: u64 = 350;
 
 /// The Anthropic account's input and output tokens per window in runs with
 /// agents' traffic (`--model-limit` of the mock, `itpm`/`otpm` of the nodes'
@@ -300,7 +318,8 @@ fn chat_request(tenant: usize, stream: bool) -> (&'static str, serde_json::Value
 pub const AGENT_KINDS: usize = 5;
 
 /// One request of an agent, of kind `kind` (`0..AGENT_KINDS`): a chat with tool
-/// definitions, a tool call and its result; a chat with an image; a list of
+/// definitions, a tool call and its result; a chat with an image (to a model
+/// of the account's `vision-*` group); a list of
 /// prompts; a Messages call to the Anthropic account with a system prompt, a
 /// tool, a tool use and its result; a Responses call with instructions, a tool
 /// and function-call items.
@@ -321,7 +340,7 @@ pub fn agent_request(tenant: usize, kind: usize) -> (&'static str, serde_json::V
         ),
         1 => (
             "/chat/completions",
-            json!({"model": model, "max_tokens": 8,
+            json!({"model": tenant_vision_model(tenant), "max_tokens": 8,
             "messages": [{"role": "user", "content": [{"type": "text", "text": "Describe it."},
                 {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "low"}}]}]}),
         ),
@@ -397,6 +416,8 @@ mod tests {
         assert_eq!(usage_tokens(sse), Some(9));
         assert_eq!(usage_tokens(b"not json"), None);
         assert_eq!(tenant_of_model(&tenant_model(3)), Some(3));
+        assert_eq!(tenant_of_model(&tenant_vision_model(2)), Some(2));
+        assert_eq!(tenant_of_model(&tenant_claude_model(1)), Some(1));
         assert_eq!(tenant_of_model("gpt-4o"), None);
     }
 

@@ -64,7 +64,7 @@ upstreams = ["mock"]
             (Some(t), _) => format!("\nrpm = {}\ntpm = {}", spec.limit, t.tpm),
             (None, 0 | 1) => String::new(),
             (None, _) => format!("\nrpm = {}", spec.limit),
-        } + &day_quota(spec, spec.tenants > 1),
+        } + &day_quota(spec, spec.tenants > 1) + &vision_toml(spec),
         tenants = (0..spec.tenants)
             .map(|k| format!(
                 "\n[[tenants]]\nid = \"t{k}\"\napi_key_hashes = [\"sha256:{}\"]\nrpm = {}{}\nmax_wait = \"{}\"\n{}",
@@ -113,6 +113,18 @@ fn day_quota(spec: &RunSpec, here: bool) -> String {
         Some(day) if here => format!("\nrpd = {}", day.limit),
         _ => String::new(),
     }
+}
+
+/// With agents' traffic: the OpenAI account's `vision-*` model group, limited
+/// apart within the account (the mock's own group alike).
+fn vision_toml(spec: &RunSpec) -> String {
+    if !spec.sends_agents() {
+        return String::new();
+    }
+    format!(
+        "\n\n[[upstreams.model_limits]]\nmodels = [\"vision-*\"]\ntpm = {}",
+        workload::VISION_TPM
+    )
 }
 
 /// With agents' traffic: the mock's Anthropic account (its `claude-*` group,

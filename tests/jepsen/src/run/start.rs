@@ -79,7 +79,8 @@ pub(super) fn mock(spec: &RunSpec, host: &Host, mock_log: &Path) -> anyhow::Resu
     .map(String::from)
     .to_vec();
     if spec.sends_agents() {
-        // The Anthropic account: a group of the mock's, counted apart.
+        // The Anthropic account: a group of the mock's, counted apart; and the
+        // OpenAI account's own model group.
         args.extend([
             "--model-limit".into(),
             format!(
@@ -87,6 +88,8 @@ pub(super) fn mock(spec: &RunSpec, host: &Host, mock_log: &Path) -> anyhow::Resu
                 workload::ANTHROPIC_ITPM,
                 workload::ANTHROPIC_OTPM
             ),
+            "--model-limit".into(),
+            format!("vision-*:tpm={}", workload::VISION_TPM),
         ]);
     }
     Proc::start("mock", host, &spec.bin, args, spec.dir.join("mock.log"))

@@ -44,6 +44,9 @@ fn a_daily_run_gives_the_upstream_a_days_quota_and_agents_an_anthropic_account()
     assert_eq!(anthropic.quota.itpm, Some(workload::ANTHROPIC_ITPM));
     assert_eq!(anthropic.quota.otpm, Some(workload::ANTHROPIC_OTPM));
     assert_eq!(config.routes[0].models, ["claude-*"], "routed before `*`");
+    let vision = &config.upstreams[0].model_limits[0];
+    assert_eq!(vision.models, ["vision-*"]);
+    assert_eq!(vision.quota.tpm, Some(workload::VISION_TPM));
 }
 
 #[test]
