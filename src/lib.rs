@@ -13,6 +13,8 @@
 //!   upstreams with fallback and retries, streaming with usage capture.
 //! - [`ops`]: metrics, health and admin endpoints.
 //! - [`server`]: binds the listener, runs the app, drains on shutdown.
+//! - [`listen`]: the inbound listeners: header and body timeouts, connection caps,
+//!   the open-file limit.
 //! - [`sync`]: joins a cluster and keeps every limit's cluster bound current
 //!   (allowances for `local`/`gossip`, leased credit for `lease`).
 //! - [`redis`]: the optional Redis strict modes: Lua scripts and their client.
@@ -30,6 +32,7 @@ pub mod clock;
 pub mod config;
 pub mod faults;
 pub mod limiter;
+pub mod listen;
 pub mod load;
 pub mod mock;
 pub mod ops;

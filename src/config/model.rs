@@ -27,6 +27,12 @@ pub mod defaults {
     pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
     /// How long an idle upstream connection is kept for reuse (reqwest's default).
     pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+    /// How long a client may take to send a request's header, from its
+    /// connection's start or its last answer's end (so also the idle
+    /// keep-alive timeout).
+    pub const HEADER_TIMEOUT: Duration = Duration::from_secs(15);
+    /// How long a request body may send nothing while it is read.
+    pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
     /// Limit window.
     pub const WINDOW: Duration = Duration::from_secs(60);
     /// Buckets per sliding window.
@@ -345,6 +351,21 @@ pub struct ServerConfig {
     /// never one the provider is closing; each one kept holds its buffers.
     #[serde(with = "super::duration")]
     pub upstream_idle_timeout: Duration,
+    /// How long a client may take to send a request's header, from its
+    /// connection's start or its last answer's end: a half-sent header, or an
+    /// idle keep-alive connection, is closed after it.
+    #[serde(with = "super::duration")]
+    pub header_timeout: Duration,
+    /// How long a request body may send nothing while the node reads it.
+    #[serde(with = "super::duration")]
+    pub body_idle_timeout: Duration,
+    /// Client connections open at once (one more gets 503 and is closed).
+    /// Absent: what the open-file limit allows, each connection counted with
+    /// the upstream connection its request may open.
+    pub max_connections: Option<usize>,
+    /// Client connections open at once from one address. Absent: no cap (a
+    /// node behind a load balancer sees one address for everyone).
+    pub max_connections_per_ip: Option<usize>,
     /// Log format: `text` or `json`.
     pub log_format: LogFormat,
     /// Add a `tenant` label to metrics (off by default: unbounded label sets).
@@ -368,6 +389,10 @@ impl Default for ServerConfig {
             shutdown_grace: defaults::SHUTDOWN_GRACE,
             request_timeout: defaults::REQUEST_TIMEOUT,
             upstream_idle_timeout: defaults::UPSTREAM_IDLE_TIMEOUT,
+            header_timeout: defaults::HEADER_TIMEOUT,
+            body_idle_timeout: defaults::BODY_IDLE_TIMEOUT,
+            max_connections: None,
+            max_connections_per_ip: None,
             log_format: LogFormat::Text,
             metrics_tenant_labels: false,
             worker_threads: None,

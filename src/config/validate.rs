@@ -324,6 +324,25 @@ fn validate_server(config: &Config) -> Result<(), Violation> {
     if server.request_timeout < Duration::from_millis(100) {
         return fail("server.request_timeout", "must be at least 100ms");
     }
+    for (field, timeout) in [
+        ("server.header_timeout", server.header_timeout),
+        ("server.body_idle_timeout", server.body_idle_timeout),
+    ] {
+        if timeout < Duration::from_millis(100) || timeout > Duration::from_secs(3_600) {
+            return fail(field, "must be between 100ms and 1h");
+        }
+    }
+    for (field, cap) in [
+        ("server.max_connections", server.max_connections),
+        (
+            "server.max_connections_per_ip",
+            server.max_connections_per_ip,
+        ),
+    ] {
+        if cap == Some(0) {
+            return fail(field, "must be at least 1 (leave it out for the default)");
+        }
+    }
     if server.admin_token.as_deref().is_some_and(|t| t.len() < 8) {
         return fail("server.admin_token", "must be at least 8 characters");
     }

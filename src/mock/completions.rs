@@ -93,6 +93,7 @@ async fn completions_response(
         prompt_tokens,
         completion,
         include_usage,
+        misreport: 0,
     };
     if !stream {
         return Ok(json_response(

@@ -77,6 +77,10 @@ pub struct MockConfig {
     pub models: Vec<String>,
     /// JSONL decision log, appended to (created if missing); `None` disables it.
     pub log_path: Option<PathBuf>,
+    /// A broken or hostile provider, for tests of what the gateway trusts:
+    /// added to both figures of every chat completion's reported usage. The
+    /// mock's own counting, limits and log are not affected (0: honest).
+    pub misreported_usage: u64,
 }
 
 impl Default for MockConfig {
@@ -100,6 +104,7 @@ impl Default for MockConfig {
             api_key: None,
             models: Vec::new(),
             log_path: None,
+            misreported_usage: 0,
         }
     }
 }
@@ -438,6 +443,7 @@ impl MockArgs {
             api_key: self.api_key,
             models: self.models.into_iter().filter(|m| !m.is_empty()).collect(),
             log_path: self.log,
+            misreported_usage: 0,
         };
         config.validate()?;
         Ok(config)

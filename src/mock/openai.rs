@@ -34,7 +34,7 @@ impl Usage {
         Usage {
             prompt_tokens,
             completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
+            total_tokens: prompt_tokens.saturating_add(completion_tokens),
         }
     }
 }
@@ -47,9 +47,20 @@ pub(crate) struct Reply<'a> {
     pub(crate) prompt_tokens: u64,
     pub(crate) completion: Completion,
     pub(crate) include_usage: bool,
+    /// Added to both figures of the usage reported (a misreporting provider,
+    /// [`super::MockConfig::misreported_usage`]).
+    pub(crate) misreport: u64,
 }
 
 impl Reply<'_> {
+    /// The usage this reply reports: what was counted, plus any misreport.
+    pub(crate) fn reported_usage(&self) -> Usage {
+        Usage::new(
+            self.prompt_tokens.saturating_add(self.misreport),
+            self.completion.tokens.saturating_add(self.misreport),
+        )
+    }
+
     pub(crate) fn finish_reason(&self) -> &'static str {
         if self.completion.hit_max_tokens {
             "length"
@@ -178,6 +189,7 @@ async fn chat_response(
         prompt_tokens,
         completion,
         include_usage,
+        misreport: mock.config().misreported_usage,
     };
     if !stream {
         return Ok(json_response(chat_json(&reply), headers));
@@ -205,7 +217,7 @@ fn chat_json(reply: &Reply<'_>) -> Vec<u8> {
             logprobs: None,
             finish_reason: reply.finish_reason(),
         }],
-        usage: Usage::new(reply.prompt_tokens, reply.completion.tokens),
+        usage: reply.reported_usage(),
     })
 }
 
@@ -261,8 +273,7 @@ fn chat_stream(sse: &mut SseBuilder, reply: &Reply<'_>, inter_token_ms: u64) {
     );
     emit(sse, &[last], reply.chunk_usage());
     if reply.include_usage {
-        let usage = Usage::new(reply.prompt_tokens, reply.completion.tokens);
-        emit(sse, &[], Some(Some(usage)));
+        emit(sse, &[], Some(Some(reply.reported_usage())));
     }
     sse.done_marker();
 }

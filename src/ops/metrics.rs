@@ -67,6 +67,8 @@ pub struct Metrics {
     redis_latency: HistogramFamily<Static<1>>,
     redis_errors: Family<Static<2>, Counter>,
     redis_orphans_released: Counter,
+    usage_clamped: Counter,
+    connections: super::connections::ConnectionMetrics,
     tenant_labels: bool,
 }
 
@@ -148,6 +150,8 @@ impl Metrics {
             redis_latency: Family::new_with_constructor(micros_histogram),
             redis_errors: Family::default(),
             redis_orphans_released: Counter::default(),
+            usage_clamped: Counter::default(),
+            connections: Default::default(),
             tenant_labels,
         };
         m.ok_requests = Api::ALL.map(|api| {
@@ -156,6 +160,7 @@ impl Metrics {
         m.register_request_path();
         m.register_sync();
         m.register_lease_redis_spill();
+        m.connections.register(&mut m.registry);
         m
     }
 
@@ -291,6 +296,11 @@ impl Metrics {
             self.spill_received.clone(),
         );
         r.register(
+            "usage_clamped",
+            "Upstream answers whose usage figure exceeded what the request could have used (its max_tokens, twice its input estimate), clamped before settling",
+            self.usage_clamped.clone(),
+        );
+        r.register(
             "prompt_count_memo",
             "Texts of an estimate the node's count memo takes (256 bytes and up, under a BPE encoding), by outcome: hit (counted lately for the same tenant, answered from the memo) or miss (counted)",
             self.prompt_count_memo.clone(),
@@ -309,10 +319,21 @@ impl Metrics {
 
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
+        self.connections.refresh();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// An upstream's usage figure was clamped to its request's bound.
+    pub fn usage_clamped(&self) {
+        self.usage_clamped.inc();
+    }
+
+    /// The listeners' connection figures and the descriptor limit.
+    pub fn connections(&self) -> &super::connections::ConnectionMetrics {
+        &self.connections
     }
 
     /// Handles for one upstream's response metrics, made when the node starts:

@@ -4,7 +4,10 @@
 //! now) and every ending settles both once, so the request path names what
 //! happened and this type decides what each permit is charged.
 
+use super::usage::UsageBound;
 use crate::actor::{Permit, SettleWith};
+use crate::ops::metrics::Metrics;
+use std::sync::Arc;
 
 /// Permits and guards a request holds while it is sent and answered.
 pub struct Charges {
@@ -14,6 +17,10 @@ pub struct Charges {
     pub upstream: Permit,
     /// Anything else to drop at the end (the node's in-flight slot).
     pub guard: Box<dyn Send + Sync>,
+    /// The most usage the provider may report for the request.
+    pub bound: UsageBound,
+    /// Where a clamped usage figure is counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Charges {
@@ -39,8 +46,18 @@ impl Charges {
         self.upstream.redate_now();
     }
 
-    /// Settles both permits the same way.
+    /// Settles both permits the same way, the provider's usage within the
+    /// request's bound (a figure beyond it is clamped, logged and counted).
     pub fn settle(self, how: SettleWith) {
+        let (how, clamped) = self.bound.clamp(how);
+        if clamped {
+            tracing::warn!(
+                bound_input = self.bound.input,
+                bound_output = self.bound.output,
+                "the upstream reported more usage than the request could have used: clamped to its bound"
+            );
+            self.metrics.usage_clamped();
+        }
         self.tenant.settle(how);
         self.upstream.settle(how);
     }

@@ -117,6 +117,8 @@ pub async fn dispatch(
             tenant: tenant_permit,
             upstream: permit,
             guard: held_guard,
+            bound: req.parsed.usage_bound,
+            metrics: Arc::clone(&state.metrics),
         };
         match attempt_once(state, &req, &upstream, held, tenant_dated).await {
             Attempt::Done(response) => return Ok(response),
@@ -378,6 +380,11 @@ async fn take_answer(
         let error = ApiError::bad_gateway(format!("upstream {} answered {status}", upstream.id));
         return retry(held, SettleWith::RefundTokens, error, true);
     }
+    if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+        // Fatal, not retried: another attempt would meet the same key.
+        held.settle(SettleWith::RefundTokens);
+        return Attempt::Fatal(credentials_refused(upstream, status));
+    }
     if status.is_redirection() {
         // Not followed (the client is built without redirects): the body and the key
         // would go to an address the config never named. The provider did no work.
@@ -402,6 +409,24 @@ async fn take_answer(
             Attempt::Fatal(error)
         }
     }
+}
+
+/// The provider refused the gateway's own key (401) or its account (403):
+/// the tenant's key is not at fault, and the provider's body, which may echo
+/// the key, never reaches the tenant nor the log.
+fn credentials_refused(upstream: &Upstream, status: StatusCode) -> ApiError {
+    tracing::error!(
+        upstream = %upstream.id,
+        %status,
+        "the upstream refused the gateway's credentials: check the upstream's api_key"
+    );
+    let mut error = ApiError::bad_gateway(format!(
+        "upstream {} refused the gateway's credentials ({}); the gateway's operator must check them",
+        upstream.id,
+        status.as_u16()
+    ));
+    error.code = "upstream_auth_failed";
+    error
 }
 
 fn stream_response(

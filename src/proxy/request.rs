@@ -13,6 +13,7 @@ use serde::Deserialize;
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use super::usage::UsageBound;
 pub use crate::config::bounds::MAX_TOKENS_CAP;
 /// Largest `n` (choices per request) accepted.
 pub const MAX_CHOICES: i64 = 128;
@@ -34,6 +35,9 @@ pub struct Parsed {
     pub body: Bytes,
     /// The gateway asked for the usage chunk; remove it from the client's stream.
     pub strip_usage_chunk: bool,
+    /// The most usage the provider may report for this request
+    /// ([`UsageBound`]): more is clamped.
+    pub usage_bound: UsageBound,
 }
 
 #[derive(Deserialize)]
@@ -201,6 +205,13 @@ fn check_max_tokens(value: Option<i64>, field: &str, default: u64) -> Result<u64
     }
 }
 
+/// The most output a request may produce: what it asked for (`max` per
+/// choice), or, when it set no maximum, the most any request may ask.
+fn output_bound(explicit: bool, max: u64, choices: u64) -> u64 {
+    let per_choice = if explicit { max } else { MAX_TOKENS_CAP as u64 };
+    per_choice.saturating_mul(choices)
+}
+
 fn check_n(n: Option<i64>) -> Result<u64, ApiError> {
     check_choices(n, "n")
 }
@@ -237,6 +248,7 @@ pub fn parse<'c>(
                 prompt_tokens: b.input.count(counter),
                 model: Arc::from(b.model),
                 max_completion: 0,
+                output_bound: 0,
                 stream: false,
                 wants_usage: false,
             }
@@ -252,6 +264,7 @@ pub fn parse<'c>(
                 model: Arc::from(b.model),
                 prompt_tokens: 0,
                 max_completion: 0,
+                output_bound: 0,
                 stream: false,
                 wants_usage: true,
             }
@@ -264,6 +277,7 @@ pub fn parse<'c>(
     } else {
         body
     };
+    let usage_bound = UsageBound::of(fields.prompt_tokens, fields.output_bound, &body);
     Ok(Parsed {
         model: fields.model,
         prompt_tokens: fields.prompt_tokens,
@@ -271,6 +285,7 @@ pub fn parse<'c>(
         stream: fields.stream,
         body,
         strip_usage_chunk,
+        usage_bound,
     })
 }
 
@@ -280,6 +295,9 @@ struct Fields {
     prompt_tokens: u64,
     /// The completion bound, for every choice asked.
     max_completion: u64,
+    /// The most output the request may produce: `max_completion` when the
+    /// request set its maximum, else [`MAX_TOKENS_CAP`] per choice.
+    output_bound: u64,
     stream: bool,
     /// The client asked for the stream's usage chunk itself (or the API always
     /// sends usage).
@@ -297,6 +315,8 @@ fn chat_fields<'c>(
         Some(_) => check_max_tokens(b.max_completion_tokens, "max_completion_tokens", default)?,
         None => check_max_tokens(b.max_tokens, "max_tokens", default)?,
     };
+    let choices = check_n(b.n)?;
+    let explicit = b.max_completion_tokens.is_some() || b.max_tokens.is_some();
     Ok(Fields {
         wants_usage: b.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prompt_tokens: count_chat_prompt(counter, &b.messages)
@@ -310,7 +330,8 @@ fn chat_fields<'c>(
                     &b.response_format,
                 ],
             ),
-        max_completion: max * check_n(b.n)?,
+        max_completion: max * choices,
+        output_bound: output_bound(explicit, max, choices),
         stream: b.stream.unwrap_or(false),
         model: Arc::from(b.model),
     })
@@ -328,10 +349,13 @@ fn completions_fields<'c>(
     let choices = check_n(b.n)?.max(check_choices(b.best_of, "best_of")?);
     let per_prompt = check_max_tokens(b.max_tokens, "max_tokens", default)? * choices;
     let max = per_prompt.saturating_mul(b.prompt.prompts());
+    let bound = output_bound(b.max_tokens.is_some(), per_prompt / choices, choices)
+        .saturating_mul(b.prompt.prompts());
     Ok(Fields {
         wants_usage: b.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prompt_tokens: b.prompt.count(counter),
         max_completion: max,
+        output_bound: bound,
         stream: b.stream.unwrap_or(false),
         model: Arc::from(b.model),
     })
@@ -364,6 +388,7 @@ fn messages_fields<'c>(
             + count_definitions(counter, &[&b.tools, &b.tool_choice])
             + anthropic_tool_prompt(&b.tools),
         max_completion: max,
+        output_bound: max,
         stream: b.stream.unwrap_or(false),
         // Anthropic streams always carry usage.
         wants_usage: true,
@@ -384,9 +409,11 @@ fn responses_fields<'c>(
         b.input.as_ref(),
         b.tools.as_ref(),
     );
+    let max = check_max_tokens(b.max_output_tokens, "max_output_tokens", default)?;
     Ok(Fields {
         prompt_tokens,
-        max_completion: check_max_tokens(b.max_output_tokens, "max_output_tokens", default)?,
+        max_completion: max,
+        output_bound: output_bound(b.max_output_tokens.is_some(), max, 1),
         stream: b.stream.unwrap_or(false),
         // The stream's `response.completed` event always carries the usage.
         wants_usage: true,

@@ -52,6 +52,85 @@ impl Usage {
     }
 }
 
+/// The most usage a provider may report for one request, past which its
+/// figure is clamped (and logged, and counted): a broken or hostile provider
+/// claiming 10^12 tokens would otherwise lock the tenant, and through the
+/// upstream's limit every tenant on it, out for a window, and a figure near
+/// 2^64 would wrap a sum.
+///
+/// - Output: what the request asked for at most (`max_tokens` x choices), or
+///   [`crate::config::bounds::MAX_TOKENS_CAP`] per choice when it set no maximum.
+/// - Input: twice the gateway's estimate plus 4,096 (the estimate is at or
+///   above the provider's count for what the gateway can see,
+///   docs/design/estimates.md); [`OPEN_INPUT_BOUND`] when the request carries
+///   input the gateway cannot measure (a file or document part, a stored
+///   conversation it continues, or escaped JSON text that could hide either).
+///   Cache reads and writes count within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageBound {
+    /// Most input tokens (cache reads and writes included).
+    pub input: u64,
+    /// Most output tokens.
+    pub output: u64,
+}
+
+/// The input bound of a request whose input the gateway cannot measure: the
+/// largest context window providers offer, rounded up.
+pub const OPEN_INPUT_BOUND: u64 = 2_000_000;
+
+/// Markers of input the gateway cannot measure, as they appear in a body:
+/// file and document parts, a stored response or conversation continued, and
+/// `\u` escapes (which could spell either).
+const OPAQUE_MARKERS: [&[u8]; 5] = [
+    b"\"file",
+    b"\"document\"",
+    b"\"previous_response_id\"",
+    b"\"conversation\"",
+    b"\\u",
+];
+
+impl UsageBound {
+    /// The bound of a request estimated at `prompt` input tokens, producing at
+    /// most `output`, with `body`.
+    pub fn of(prompt: u64, output: u64, body: &[u8]) -> UsageBound {
+        let opaque = (OPAQUE_MARKERS.iter()).any(|m| body.windows(m.len()).any(|w| w == *m));
+        let input = if opaque {
+            OPEN_INPUT_BOUND.max(prompt.saturating_mul(2))
+        } else {
+            prompt.saturating_mul(2).saturating_add(4_096)
+        };
+        UsageBound { input, output }
+    }
+
+    /// No bound (a pass-through request, whose usage is not read).
+    pub const NONE: UsageBound = UsageBound {
+        input: u64::MAX,
+        output: u64::MAX,
+    };
+
+    /// `how` within the bound, and whether it had to be clamped.
+    pub fn clamp(&self, how: SettleWith) -> (SettleWith, bool) {
+        let SettleWith::Usage {
+            prompt,
+            cache_read,
+            completion,
+        } = how
+        else {
+            return (how, false);
+        };
+        let prompt_in = prompt.min(self.input);
+        let cache_in = cache_read.min(self.input.saturating_sub(prompt_in));
+        let completion_in = completion.min(self.output);
+        let clamped = (prompt_in, cache_in, completion_in) != (prompt, cache_read, completion);
+        let how = SettleWith::Usage {
+            prompt: prompt_in,
+            cache_read: cache_in,
+            completion: completion_in,
+        };
+        (how, clamped)
+    }
+}
+
 #[derive(Deserialize)]
 struct WithUsage {
     usage: Option<Usage>,
@@ -179,6 +258,60 @@ pub fn responses_event(data: &[u8], usage: &mut Option<Usage>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_beyond_the_bound_is_clamped_and_within_it_passes() {
+        let bound = UsageBound::of(100, 64, br#"{"messages":[{"role":"user","content":"hi"}]}"#);
+        assert_eq!(
+            bound,
+            UsageBound {
+                input: 4_296,
+                output: 64
+            }
+        );
+        let honest = SettleWith::Usage {
+            prompt: 90,
+            cache_read: 10,
+            completion: 60,
+        };
+        assert_eq!(bound.clamp(honest), (honest, false));
+        let (clamped, hit) = bound.clamp(SettleWith::Usage {
+            prompt: u64::MAX,
+            cache_read: u64::MAX,
+            completion: 1 << 60,
+        });
+        assert!(hit);
+        assert_eq!(
+            clamped,
+            SettleWith::Usage {
+                prompt: 4_296,
+                cache_read: 0,
+                completion: 64
+            }
+        );
+        assert_eq!(
+            bound.clamp(SettleWith::KeepReserved),
+            (SettleWith::KeepReserved, false)
+        );
+    }
+
+    #[test]
+    fn input_the_gateway_cannot_measure_widens_the_bound() {
+        for body in [
+            br#"{"input":[{"type":"input_file","file_id":"f"}]}"#.as_slice(),
+            br#"{"previous_response_id":"resp_1","input":"go on"}"#,
+            br#"{"content":[{"type":"document","source":{}}]}"#,
+            br#"{"content":"file"}"#,
+        ] {
+            let bound = UsageBound::of(100, 64, body);
+            assert_eq!(
+                bound.input,
+                OPEN_INPUT_BOUND,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
 
     #[test]
     fn openai_usage_chunk_is_recognised() {

@@ -4,8 +4,8 @@
 //! in-flight requests finish for up to `server.shutdown_grace`, then stop.
 
 use crate::config::Config;
+use crate::listen;
 use crate::proxy::{self, AppState};
-use axum::serve::ListenerExt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -147,6 +147,7 @@ pub async fn run_with_transport(
     transport: Arc<dyn Transport>,
 ) -> Result<(), ServeError> {
     let grace = config.server.shutdown_grace;
+    let (limits, nofile) = connection_limits(&config.server);
     // `mock_stop` fires once the proxy has drained, so requests still in flight
     // can reach the built-in mock.
     let (mock_stop_tx, mock_stop_rx) = watch::channel(false);
@@ -158,6 +159,9 @@ pub async fn run_with_transport(
     };
     let cluster = config.cluster.clone();
     let state = Arc::new(build::node_state(config).map_err(|e| ServeError::State(e.message))?);
+    if let Some(nofile) = nofile {
+        state.metrics.connections().nofile(nofile);
+    }
     // What `server.worker_threads` (or tokio's default) gave this node, for operators
     // checking that the setting took.
     (state.metrics).runtime_workers(tokio::runtime::Handle::current().metrics().num_workers());
@@ -172,7 +176,7 @@ pub async fn run_with_transport(
         None => None,
     };
     on_ready(Bound { proxy, mock });
-    let drained = serve_until_drained(listener, state, shutdown, grace).await?;
+    let drained = serve_until_drained(listener, state, limits, shutdown, grace).await?;
     if let Some(sync) = sync {
         sync.shutdown(drained).await;
     }
@@ -199,19 +203,58 @@ fn serve_builtin_mock(
     Ok(addr)
 }
 
+/// The proxy listener's bounds, and the open-file limit, raised first (and
+/// logged): the connection cap defaults to what the limit allows.
+fn connection_limits(
+    server: &crate::config::ServerConfig,
+) -> (listen::Limits, Option<listen::nofile::Nofile>) {
+    let nofile = match listen::nofile::raise_to_hard() {
+        Ok(nofile) => {
+            tracing::info!(
+                soft = nofile.soft,
+                hard = nofile.hard,
+                raised_from = nofile.raised_from,
+                "open-file limit"
+            );
+            Some(nofile)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit: connections capped at 1,024");
+            None
+        }
+    };
+    let fitting = nofile.map_or(1_024, |n| listen::Limits::connections_for(n.soft));
+    let max_connections = server.max_connections.unwrap_or(fitting);
+    if max_connections > fitting {
+        tracing::warn!(
+            max_connections,
+            fitting,
+            "server.max_connections is above what the open-file limit leaves room for: descriptors may run out before the cap refuses a connection"
+        );
+    }
+    let limits = listen::Limits {
+        header_timeout: server.header_timeout,
+        body_idle_timeout: server.body_idle_timeout,
+        max_connections,
+        max_per_ip: server.max_connections_per_ip,
+    };
+    (limits, nofile)
+}
+
 /// Serves the proxy until `shutdown`, then drains: returns whether every
 /// request ended within `grace` (the proxy's and those peers spilled here).
 async fn serve_until_drained(
     listener: TcpListener,
     state: Arc<AppState>,
+    limits: listen::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<bool, ServeError> {
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
+    let stats = Arc::new(listen::Stats::default());
+    state
+        .metrics
+        .connections()
+        .watch("proxy", Arc::clone(&stats));
     // `stop` fires when shutdown starts.
     let (stop_tx, stop_rx) = watch::channel(false);
     let draining = state.clone();
@@ -228,16 +271,13 @@ async fn serve_until_drained(
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     };
-    let serve = axum::serve(listener, app(state)).with_graceful_shutdown(signal);
+    let serve = listen::serve(listener, app(state), limits, stats, signal);
     let overrun = async move {
         let _ = drained_rx.wait_for(|stop| *stop).await;
         tokio::time::sleep(grace).await;
     };
     let drained = tokio::select! {
-        result = serve => {
-            result?;
-            true
-        }
+        () = serve => true,
         () = overrun => false,
     };
     let began = drain_began

@@ -386,8 +386,6 @@ async fn serve_rpc(
         let shutdown = async move {
             let _ = rpc_stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = lease::rpc::serve(listener, rpc_state, shutdown).await {
-            tracing::error!(error = %e, "internal RPC server stopped");
-        }
+        lease::rpc::serve(listener, rpc_state, shutdown).await;
     }))
 }

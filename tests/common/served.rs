@@ -22,16 +22,44 @@ impl Drop for Served {
 /// with `RUST_LOG=warn` and `env` applied to the command, and waits until its
 /// `/healthz` answers.
 pub(crate) async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> Served {
+    serve_under(toml, None, env).await
+}
+
+/// As [`serve`], with its open-file limit (soft and hard) set to `nofile`.
+pub(crate) async fn serve_with_nofile(toml: &str, nofile: u32) -> Served {
+    serve_under(toml, Some(nofile), |_| {}).await
+}
+
+async fn serve_under(
+    toml: &str,
+    nofile: Option<u32>,
+    env: impl FnOnce(&mut std::process::Command),
+) -> Served {
     let port = super::cluster::free_tcp_port();
     let toml = format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("node.toml");
     std::fs::write(&path, toml).unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    command
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "warn");
+    let bin = env!("CARGO_BIN_EXE_tollgate");
+    let mut command = match nofile {
+        // The shell's `ulimit -n` sets both limits, so the node cannot raise it.
+        Some(n) => {
+            let mut sh = std::process::Command::new("sh");
+            sh.arg("-c")
+                .arg(format!(
+                    "ulimit -n {n} && exec \"$0\" serve --config \"$1\""
+                ))
+                .arg(bin)
+                .arg(&path);
+            sh
+        }
+        None => {
+            let mut direct = std::process::Command::new(bin);
+            direct.args(["serve", "--config"]).arg(&path);
+            direct
+        }
+    };
+    command.env("RUST_LOG", "warn");
     env(&mut command);
     let served = Served {
         child: command.spawn().unwrap(),

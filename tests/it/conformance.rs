@@ -597,15 +597,22 @@ async fn restart_past_the_grace(
         nodes[i].crash_in_place().await;
         moves.push((gossip_port(&tomls[i]), free_udp_port()));
     }
+    // The witness sees them gone, then forgotten (no longer listed dead), and
+    // republishes what they spent.
+    wait_members(&nodes[witness], nodes.len() - victims.len()).await;
+    let names: Vec<String> = victims.iter().map(|i| format!("node-{i}/")).collect();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
         let cluster = admin(&nodes[witness], "/admin/cluster").await;
-        if cluster["cluster"]["held"]["archived"].as_u64() >= Some(victims.len() as u64) {
+        let dead = cluster["cluster"]["dead"].as_array().unwrap();
+        let listed = (dead.iter().filter_map(|d| d.as_str()))
+            .any(|d| names.iter().any(|n| d.starts_with(n.as_str())));
+        if !listed && cluster["cluster"]["held"]["archived"].as_u64() > Some(0) {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the crashed nodes' spending was never republished: {cluster}"
+            "the crashed nodes were never forgotten and republished: {cluster}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

@@ -62,15 +62,25 @@ async fn spilled(
     }
 }
 
-/// Serves until `shutdown` resolves.
+/// The internal RPC listener's bounds: peers' statement clients keep idle
+/// connections for 5 s, well within the header timeout, so a connection the
+/// listener closes for idling is never one a peer is about to reuse.
+const LIMITS: crate::listen::Limits = crate::listen::Limits {
+    header_timeout: Duration::from_secs(30),
+    body_idle_timeout: Duration::from_secs(10),
+    max_connections: 1_024,
+    max_per_ip: None,
+};
+
+/// Serves until `shutdown` resolves (within [`LIMITS`]).
 pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<RpcState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+) {
+    let stats = Arc::new(crate::listen::Stats::default());
+    state.metrics.connections().watch("rpc", Arc::clone(&stats));
+    crate::listen::serve(listener, app(state), LIMITS, stats, shutdown).await;
 }
 
 fn refuse(state: &RpcState, status: StatusCode, reason: &'static str, detail: String) -> Response {
