@@ -164,7 +164,9 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ScopeMap<ActorHandle>> {
 /// keeps its charge (a slot, a reservation) for good: an admission never settled,
 /// as the jepsen harness shows (`gossip`, `pause`, a client gone mid-pause). On
 /// drop this closes the channel (a later send fails, and the actor undoes the
-/// charge itself) and cancels a grant that arrived before.
+/// charge itself) and cancels a grant that arrived before; a caller still
+/// queued wakes the actor, which drops it from its queue at once rather than
+/// when room comes (a queue of callers long gone would refuse new ones).
 struct Unclaimed {
     rx: Option<oneshot::Receiver<Result<Grant, Refusal>>>,
     shared: Arc<Shared>,
@@ -174,12 +176,14 @@ impl Drop for Unclaimed {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
             rx.close();
-            if let Ok(Ok(grant)) = rx.try_recv() {
-                self.shared.release(Release {
+            match rx.try_recv() {
+                Ok(Ok(grant)) => self.shared.release(Release {
                     permit_id: grant.permit_id,
                     how: Some(super::SettleWith::Cancel),
                     answered_at: None,
-                });
+                }),
+                Ok(Err(_)) => {}
+                Err(_) => self.shared.ring(),
             }
         }
     }

@@ -37,9 +37,16 @@ const PUMPED_PIECES: usize = 8;
 const MAX_EVENT_BYTES: usize = 1024 * 1024;
 
 /// Splits SSE bytes into events and decides, per event, to keep or strip it.
+/// Each byte is looked at once while its event is unfinished: the scan
+/// resumes where the last chunk left it, so an event sent in many small
+/// writes costs its length, not its length times its writes.
 #[derive(Default)]
 pub struct SseScanner {
     buffer: BytesMut,
+    /// How far the unfinished event in `buffer` has been scanned.
+    scan: Scan,
+    /// Bytes the scans looked at (their cost, which tests bound).
+    examined: u64,
     /// Usage seen so far.
     pub usage: Option<Usage>,
     /// Whether `usage` is the response's final figure (OpenAI's usage chunk,
@@ -48,27 +55,50 @@ pub struct SseScanner {
     pub complete: bool,
 }
 
+/// Where a scan of the buffer's unfinished event stopped: the next byte to
+/// look at, and where the line it is in began.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Scan {
+    at: usize,
+    line_start: usize,
+}
+
 /// Where the first complete event in `buffer` ends (after its blank line), if one
-/// has: lines end with CRLF, LF or CR, as the SSE spec allows (sse-starlette, for
-/// one, writes CRLF). A CR last in the buffer that ends a line with text waits:
-/// its LF may be in the next chunk.
-fn event_end(buffer: &[u8]) -> Option<usize> {
-    let (mut at, mut line_start) = (0, 0);
+/// has, scanning from `scan` (where the last call stopped, over the same
+/// buffer grown since) and leaving it where this one stops: lines end with
+/// CRLF, LF or CR, as the SSE spec allows (sse-starlette, for one, writes
+/// CRLF). A CR last in the buffer that ends a line with text waits: its LF
+/// may be in the next chunk. `examined` counts the bytes looked at.
+fn event_end(buffer: &[u8], scan: &mut Scan, examined: &mut u64) -> Option<usize> {
+    let Scan {
+        mut at,
+        mut line_start,
+    } = *scan;
     while let Some(offset) = buffer[at..].iter().position(|b| *b == b'\n' || *b == b'\r') {
         let i = at + offset;
+        *examined += offset as u64 + 1;
         let end = match (buffer[i], buffer.get(i + 1)) {
             // A blank line's CR ends the event even if an LF follows (it then
             // starts the next one as an empty line, which SSE ignores).
-            (b'\r', None) if i == line_start => return Some(i + 1),
-            (b'\r', None) => return None,
+            (b'\r', None) if i == line_start => i + 1,
+            (b'\r', None) => {
+                *scan = Scan { at: i, line_start };
+                return None;
+            }
             (b'\r', Some(b'\n')) => i + 2,
             _ => i + 1,
         };
         if i == line_start {
+            *scan = Scan::default();
             return Some(end);
         }
         (at, line_start) = (end, end);
     }
+    *examined += (buffer.len() - at) as u64;
+    *scan = Scan {
+        at: buffer.len(),
+        line_start,
+    };
     None
 }
 
@@ -86,7 +116,7 @@ impl SseScanner {
     pub fn feed(&mut self, chunk: &[u8], api: Api, strip_usage_chunk: bool) -> Bytes {
         self.buffer.extend_from_slice(chunk);
         let mut out = BytesMut::new();
-        while let Some(end) = event_end(&self.buffer) {
+        while let Some(end) = event_end(&self.buffer, &mut self.scan, &mut self.examined) {
             let event = self.buffer.split_to(end);
             if self.keep(&event, api, strip_usage_chunk) {
                 out.extend_from_slice(&event);
@@ -94,6 +124,7 @@ impl SseScanner {
         }
         if self.buffer.len() > MAX_EVENT_BYTES {
             out.extend_from_slice(&self.buffer.split());
+            self.scan = Scan::default();
         }
         out.freeze()
     }
@@ -119,6 +150,7 @@ impl SseScanner {
     /// forwarded unless stripped.
     pub fn rest(&mut self, api: Api, strip_usage_chunk: bool) -> Bytes {
         let rest = self.buffer.split();
+        self.scan = Scan::default();
         match self.keep(&rest, api, strip_usage_chunk) {
             true => rest.freeze(),
             false => Bytes::new(),
@@ -363,6 +395,26 @@ mod tests {
                 prompt: 9,
                 completion: 40
             }
+        );
+    }
+
+    /// A 512 KiB event sent 64 bytes at a time is scanned about once, not
+    /// once per write (which would look at 2 GiB), and passes whole.
+    #[test]
+    fn an_event_in_many_small_writes_is_scanned_once() {
+        let text = "x".repeat(512 * 1024);
+        let event = format!("data: {{\"choices\":[],\"t\":\"{text}\"}}\r\n\r\n");
+        let mut s = SseScanner::default();
+        let mut out = Vec::new();
+        for piece in event.as_bytes().chunks(64) {
+            out.extend_from_slice(&s.feed(piece, Api::Chat, false));
+        }
+        assert_eq!(out, event.as_bytes());
+        let fed = event.len() as u64;
+        assert!(
+            s.examined <= 2 * fed,
+            "{} bytes looked at for {fed}",
+            s.examined
         );
     }
 

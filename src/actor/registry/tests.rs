@@ -164,6 +164,24 @@ async fn a_probe_is_admitted_only_at_once_and_counted_only_when_admitted() {
     waiting.await.unwrap().unwrap();
 }
 
+/// A caller that goes away while queued behind a slot nobody frees leaves the
+/// queue at once: not when a slot comes back, nor at the actor's next
+/// periodic look at its queue (a second later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_leaves_while_queued_leaves_the_queue_at_once() {
+    let (registry, scope, _held, waiting) = full_with_one_waiting(60).await;
+    waiting.abort();
+    let _ = waiting.await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(300);
+    while registry.status(&scope).await.unwrap().queued != [0, 0] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the departed caller still queued"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_that_finds_nothing_waiting_is_decided_without_the_actor_task() {
     use futures_util::FutureExt;
