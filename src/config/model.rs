@@ -366,6 +366,12 @@ pub struct ServerConfig {
     /// Client connections open at once from one address. Absent: no cap (a
     /// node behind a load balancer sees one address for everyone).
     pub max_connections_per_ip: Option<usize>,
+    /// TLS on the proxy listener (and the admin one): PEM files read at start.
+    pub tls: Option<TlsFiles>,
+    /// A listener of its own for `/healthz`, `/readyz`, `/metrics` and
+    /// `/admin/*` (the proxy's then keeps `/healthz` and `/readyz` only), so
+    /// probes and scrapes never wait behind client connections.
+    pub admin_listen: Option<SocketAddr>,
     /// Log format: `text` or `json`.
     pub log_format: LogFormat,
     /// Add a `tenant` label to metrics (off by default: unbounded label sets).
@@ -393,11 +399,23 @@ impl Default for ServerConfig {
             body_idle_timeout: defaults::BODY_IDLE_TIMEOUT,
             max_connections: None,
             max_connections_per_ip: None,
+            tls: None,
+            admin_listen: None,
             log_format: LogFormat::Text,
             metrics_tenant_labels: false,
             worker_threads: None,
         }
     }
+}
+
+/// `[server.tls]`: a certificate chain and its key, PEM.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// The chain, leaf first.
+    pub cert: std::path::PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
 }
 
 /// Log output format.

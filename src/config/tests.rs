@@ -521,3 +521,32 @@ fn model_groups_are_checked_and_named_by_their_first_pattern() {
         "{unknown:?}"
     );
 }
+
+#[test]
+fn connection_bounds_tls_files_and_the_admin_listener_are_checked() {
+    let server = |lines: &str| format!("[server]\n{lines}\n{MINIMAL}");
+    for (lines, field) in [
+        ("header_timeout = \"10ms\"", "server.header_timeout"),
+        ("body_idle_timeout = \"2h\"", "server.body_idle_timeout"),
+        ("max_connections = 0", "server.max_connections"),
+        (
+            "max_connections_per_ip = 0",
+            "server.max_connections_per_ip",
+        ),
+        (
+            "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:8080\"",
+            "server.admin_listen",
+        ),
+        (
+            "[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"",
+            "server.tls.cert",
+        ),
+    ] {
+        let (got, reason) = invalid(&server(lines));
+        assert_eq!(got, field, "{lines}: {reason}");
+    }
+    let fine = server(
+        "header_timeout = \"5s\"\nmax_connections_per_ip = 64\nadmin_listen = \"127.0.0.1:9091\"",
+    );
+    Config::from_toml(&fine, "test.toml").unwrap();
+}

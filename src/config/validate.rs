@@ -343,6 +343,19 @@ fn validate_server(config: &Config) -> Result<(), Violation> {
             return fail(field, "must be at least 1 (leave it out for the default)");
         }
     }
+    if let Some(tls) = &server.tls {
+        for (field, path) in [("server.tls.cert", &tls.cert), ("server.tls.key", &tls.key)] {
+            if let Err(e) = std::fs::metadata(path) {
+                return fail(field, format!("cannot read {}: {e}", path.display()));
+            }
+        }
+    }
+    if server.admin_listen == Some(server.listen) && server.listen.port() != 0 {
+        return fail(
+            "server.admin_listen",
+            "must differ from server.listen (leave it out to serve the admin routes there)",
+        );
+    }
     if server.admin_token.as_deref().is_some_and(|t| t.len() < 8) {
         return fail("server.admin_token", "must be at least 8 characters");
     }

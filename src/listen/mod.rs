@@ -16,12 +16,18 @@
 //! - **Descriptors**: [`nofile::raise_to_hard`] raises the soft limit to the
 //!   hard one at start; [`Limits::connections_for`] fits the cap under it.
 //!
+//! - **TLS** (optional): a listener given a [`tokio_rustls::TlsAcceptor`]
+//!   ([`tls::acceptor`]) completes each handshake within the header timeout
+//!   before serving; a connection refused at a cap is closed unanswered
+//!   (there is no session to answer in).
+//!
 //! Graceful shutdown: accepting stops, idle connections close, a connection
 //! serving a request closes once its answer ends; [`serve`] returns when none
 //! is left.
 
 pub mod idle_body;
 pub mod nofile;
+pub mod tls;
 
 use axum::Router;
 use hyper::body::Incoming;
@@ -97,6 +103,7 @@ pub async fn serve(
     router: Router,
     limits: Limits,
     stats: Arc<Stats>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
@@ -121,6 +128,7 @@ pub async fn serve(
         };
         let slot = match Slot::take(&counts, &stats, peer.ip(), &limits) {
             Ok(slot) => slot,
+            Err(_) if tls.is_some() => continue,
             Err(refusal) => {
                 refuse(tcp, peer, refusal, &refusals);
                 continue;
@@ -137,10 +145,25 @@ pub async fn serve(
                 request.map(|body| axum::body::Body::new(idle_body::IdleBody::new(body, idle)));
             router.clone().call(request)
         });
-        let connection = builder.serve_connection(TokioIo::new(tcp), service);
-        let watched = graceful.watch(connection);
+        let Some(tls) = tls.clone() else {
+            let watched = graceful.watch(builder.serve_connection(TokioIo::new(tcp), service));
+            tokio::spawn(async move {
+                if let Err(e) = watched.await {
+                    tracing::debug!(error = %e, %peer, "connection ended with an error");
+                }
+                drop(slot);
+            });
+            continue;
+        };
+        let (watcher, builder) = (graceful.watcher(), builder.clone());
         tokio::spawn(async move {
-            if let Err(e) = watched.await {
+            let handshake = tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await;
+            let Ok(Ok(stream)) = handshake else {
+                tracing::debug!(%peer, "TLS handshake failed or took too long");
+                return;
+            };
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
             drop(slot);

@@ -50,9 +50,16 @@ async fn serving(limits: Limits) -> Serving {
     let addr = listener.local_addr().unwrap();
     let stats = Arc::new(Stats::default());
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(listener, router, limits, Arc::clone(&stats), async {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(serve(
+        listener,
+        router,
+        limits,
+        Arc::clone(&stats),
+        None,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     Serving {
         addr,
         stats,

@@ -102,12 +102,6 @@ impl UsageBound {
         UsageBound { input, output }
     }
 
-    /// No bound (a pass-through request, whose usage is not read).
-    pub const NONE: UsageBound = UsageBound {
-        input: u64::MAX,
-        output: u64::MAX,
-    };
-
     /// `how` within the bound, and whether it had to be clamped.
     pub fn clamp(&self, how: SettleWith) -> (SettleWith, bool) {
         let SettleWith::Usage {

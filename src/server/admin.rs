@@ -65,14 +65,24 @@ impl AdminParts {
     }
 }
 
-/// Operations routes, merged into the proxy app.
+/// Operations routes: merged into the proxy app, or served on
+/// `server.admin_listen`.
 pub fn routes(parts: Arc<AdminParts>) -> Router {
+    probes(Arc::clone(&parts)).merge(
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route("/admin/keys/{key}", get(key_status))
+            .route("/admin/cluster", get(cluster_status))
+            .with_state(parts),
+    )
+}
+
+/// `/healthz` and `/readyz`: on the proxy listener always (a load balancer
+/// probes the port it sends to), and on the admin listener too.
+pub fn probes(parts: Arc<AdminParts>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/admin/keys/{key}", get(key_status))
-        .route("/admin/cluster", get(cluster_status))
         .with_state(parts)
 }
 

@@ -24,13 +24,32 @@ pub mod build;
 /// provider's, when it gave one).
 pub fn app(state: Arc<AppState>) -> axum::Router {
     let admin = Arc::new(admin::AdminParts::of(&state));
+    let operations = match state.config.server.admin_listen {
+        Some(_) => admin::probes(admin),
+        None => admin::routes(admin),
+    };
     proxy::routes()
         .with_state(state)
-        .merge(admin::routes(admin))
+        .merge(operations)
         .fallback(proxy::not_found)
         .method_not_allowed_fallback(proxy::method_not_allowed)
         .layer(axum::middleware::map_response(with_request_id))
 }
+
+/// The admin listener's app (`server.admin_listen`): the operations routes.
+fn admin_app(state: &Arc<AppState>) -> axum::Router {
+    admin::routes(Arc::new(admin::AdminParts::of(state)))
+        .fallback(proxy::not_found)
+        .layer(axum::middleware::map_response(with_request_id))
+}
+
+/// The admin listener's bounds: probes and scrapes are few and short.
+const ADMIN_LIMITS: listen::Limits = listen::Limits {
+    header_timeout: Duration::from_secs(15),
+    body_idle_timeout: Duration::from_secs(10),
+    max_connections: 256,
+    max_per_ip: None,
+};
 
 /// Gives an answer that has none its own `x-request-id`.
 async fn with_request_id(mut response: axum::response::Response) -> axum::response::Response {
@@ -82,6 +101,8 @@ pub struct Bound {
     pub proxy: SocketAddr,
     /// Built-in mock upstream address, if started.
     pub mock: Option<SocketAddr>,
+    /// Admin listener address (`server.admin_listen`), if set.
+    pub admin: Option<SocketAddr>,
 }
 
 /// Binds `config.server.listen` (and the built-in mock's address, if configured).
@@ -148,6 +169,21 @@ pub async fn run_with_transport(
 ) -> Result<(), ServeError> {
     let grace = config.server.shutdown_grace;
     let (limits, nofile) = connection_limits(&config.server);
+    let tls = match &config.server.tls {
+        Some(files) => Some(
+            listen::tls::acceptor(&files.cert, &files.key)
+                .map_err(|e| ServeError::State(format!("server.tls: {e}")))?,
+        ),
+        None => None,
+    };
+    let admin_listener = match config.server.admin_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })?,
+        ),
+        None => None,
+    };
     // `mock_stop` fires once the proxy has drained, so requests still in flight
     // can reach the built-in mock.
     let (mock_stop_tx, mock_stop_rx) = watch::channel(false);
@@ -175,13 +211,52 @@ pub async fn run_with_transport(
         ),
         None => None,
     };
-    on_ready(Bound { proxy, mock });
-    let drained = serve_until_drained(listener, state, limits, shutdown, grace).await?;
+    let admin = match admin_listener {
+        Some(listener) => Some(serve_admin(
+            listener,
+            &state,
+            tls.clone(),
+            mock_stop_tx.subscribe(),
+        )?),
+        None => None,
+    };
+    on_ready(Bound { proxy, mock, admin });
+    let drained = serve_until_drained(listener, state, limits, tls, shutdown, grace).await?;
     if let Some(sync) = sync {
         sync.shutdown(drained).await;
     }
     let _ = mock_stop_tx.send(true);
     Ok(())
+}
+
+/// The admin listener on `listener` until `stop` (sent with the mock's, once
+/// the proxy has drained: `/readyz` says `draining` meanwhile); returns its
+/// address.
+fn serve_admin(
+    listener: TcpListener,
+    state: &Arc<AppState>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<SocketAddr, ServeError> {
+    let addr = listener.local_addr()?;
+    let stats = Arc::new(listen::Stats::default());
+    state
+        .metrics
+        .connections()
+        .watch("admin", Arc::clone(&stats));
+    let app = admin_app(state);
+    let stopped = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tokio::spawn(listen::serve(
+        listener,
+        app,
+        ADMIN_LIMITS,
+        stats,
+        tls,
+        stopped,
+    ));
+    Ok(addr)
 }
 
 /// The built-in mock upstream on `listener`, until `stop`; returns its address.
@@ -247,6 +322,7 @@ async fn serve_until_drained(
     listener: TcpListener,
     state: Arc<AppState>,
     limits: listen::Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<bool, ServeError> {
@@ -271,7 +347,7 @@ async fn serve_until_drained(
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     };
-    let serve = listen::serve(listener, app(state), limits, stats, signal);
+    let serve = listen::serve(listener, app(state), limits, stats, tls, signal);
     let overrun = async move {
         let _ = drained_rx.wait_for(|stop| *stop).await;
         tokio::time::sleep(grace).await;

@@ -1,6 +1,7 @@
 //! Test harness: a real tollgate node on port 0 in front of real mock upstreams.
 #![allow(dead_code, clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
+pub(crate) mod certs;
 pub(crate) mod cluster;
 pub(crate) mod cutting_proxy;
 pub(crate) mod redis;

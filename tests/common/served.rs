@@ -19,8 +19,8 @@ impl Drop for Served {
 }
 
 /// Serves `toml` (everything after `[server]`'s `listen` line, which is added)
-/// with `RUST_LOG=warn` and `env` applied to the command, and waits until its
-/// `/healthz` answers.
+/// with `RUST_LOG=warn` and `env` applied to the command, and waits until it
+/// listens.
 pub(crate) async fn serve(toml: &str, env: impl FnOnce(&mut std::process::Command)) -> Served {
     serve_under(toml, None, env).await
 }
@@ -66,8 +66,9 @@ async fn serve_under(
         port,
         _dir: dir,
     };
+    // Listening (over TLS or not): requests sent from here are served.
     for _ in 0..200 {
-        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {

@@ -128,3 +128,71 @@ async fn idle_and_trickling_connections_beyond_the_descriptor_limit_do_not_stop_
     assert_eq!(limit, f64::from(NOFILE));
     upstream.shutdown().await.unwrap();
 }
+
+/// TLS on the proxy listener and the admin routes on a listener of their
+/// own: the API is served over TLS only, `/metrics` and `/admin/*` move to
+/// the admin listener (TLS too), `/healthz` answers on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_serves_tls_and_the_admin_routes_on_their_own_listener() {
+    let certs = crate::common::certs::make_certs();
+    let upstream = mock(|_| {}).await;
+    let admin_port = crate::common::cluster::free_tcp_port();
+    let toml = format!(
+        "admin_token = \"{ADMIN}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\n\n[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n{}",
+        certs.cert.display(),
+        certs.key.display(),
+        single("rpm = 100")
+            .replace("{MOCK}", &upstream.base_url())
+            .replace("{HASH}", &key_hash())
+    );
+    let node = crate::common::served::serve(&toml, |_| {}).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
+    let client = (reqwest::Client::builder())
+        .add_root_certificate(ca)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let proxy = format!("https://localhost:{}", node.port);
+    let admin = format!("https://localhost:{admin_port}");
+    let chat = client
+        .post(format!("{proxy}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("hi", 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200, "{}", chat.text().await.unwrap());
+    // No plain HTTP on a TLS listener.
+    let plain = reqwest::get(format!("http://127.0.0.1:{}/healthz", node.port)).await;
+    assert!(plain.is_err() || plain.unwrap().status() != 200);
+    let status = |url: String| {
+        let client = client.clone();
+        async move {
+            client
+                .get(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(status(format!("{proxy}/healthz")).await, 200);
+    assert_eq!(status(format!("{proxy}/metrics")).await, 404);
+    assert_eq!(status(format!("{proxy}/admin/cluster")).await, 404);
+    assert_eq!(status(format!("{admin}/healthz")).await, 200);
+    assert_eq!(status(format!("{admin}/readyz")).await, 200);
+    let metrics = client
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tollgate_connections_open{listener=\"admin\"}"),
+        "{metrics}"
+    );
+    upstream.shutdown().await.unwrap();
+}

@@ -80,7 +80,7 @@ pub(crate) async fn serve(
 ) {
     let stats = Arc::new(crate::listen::Stats::default());
     state.metrics.connections().watch("rpc", Arc::clone(&stats));
-    crate::listen::serve(listener, app(state), LIMITS, stats, shutdown).await;
+    crate::listen::serve(listener, app(state), LIMITS, stats, None, shutdown).await;
 }
 
 fn refuse(state: &RpcState, status: StatusCode, reason: &'static str, detail: String) -> Response {
