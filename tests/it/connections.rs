@@ -38,6 +38,18 @@ async fn closed_within(tcp: &mut TcpStream, wait: Duration) -> bool {
     }
 }
 
+/// A chat completion through the node at `base` is answered 200.
+async fn chat_served(client: &reqwest::Client, base: &str) {
+    let chat = client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("hi", 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200, "{}", chat.text().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_trickling_connections_beyond_the_descriptor_limit_do_not_stop_a_node() {
     // This process opens more sockets than the node may.
@@ -85,14 +97,7 @@ async fn idle_and_trickling_connections_beyond_the_descriptor_limit_do_not_stop_
                 .await
                 .unwrap();
             assert_eq!(health.status(), 200);
-            let chat = client
-                .post(format!("http://{addr}/v1/chat/completions"))
-                .bearer_auth(KEY)
-                .json(&chat_body("hi", 5))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(chat.status(), 200, "{}", chat.text().await.unwrap());
+            chat_served(&client, &format!("http://{addr}")).await;
             answered += 1;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -154,14 +159,7 @@ async fn the_proxy_serves_tls_and_the_admin_routes_on_their_own_listener() {
         .unwrap();
     let proxy = format!("https://localhost:{}", node.port);
     let admin = format!("https://localhost:{admin_port}");
-    let chat = client
-        .post(format!("{proxy}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("hi", 5))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(chat.status(), 200, "{}", chat.text().await.unwrap());
+    chat_served(&client, &proxy).await;
     // No plain HTTP on a TLS listener.
     let plain = reqwest::get(format!("http://127.0.0.1:{}/healthz", node.port)).await;
     assert!(plain.is_err() || plain.unwrap().status() != 200);
@@ -182,14 +180,10 @@ async fn the_proxy_serves_tls_and_the_admin_routes_on_their_own_listener() {
     assert_eq!(status(format!("{proxy}/admin/cluster")).await, 404);
     assert_eq!(status(format!("{admin}/healthz")).await, 200);
     assert_eq!(status(format!("{admin}/readyz")).await, 200);
-    let metrics = client
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
+    let metrics = (client.get(format!("{admin}/metrics")).send().await)
+        .and_then(reqwest::Response::error_for_status)
         .unwrap();
+    let metrics = metrics.text().await.unwrap();
     assert!(
         metrics.contains("tollgate_connections_open{listener=\"admin\"}"),
         "{metrics}"
