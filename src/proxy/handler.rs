@@ -12,7 +12,7 @@ use super::state::{AppState, Route, Tenant};
 use crate::actor::scope::Cost;
 use crate::actor::task::{AcquireRequest, Grant, Refusal};
 use crate::actor::{Lane, Permit};
-use crate::tokens::TokenCounter;
+use crate::tokens::{CountBudget, TokenCounter};
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
@@ -353,6 +353,9 @@ fn parse_and_route<'s>(
     let settings = ParseSettings {
         default_max_tokens: state.config.estimation.default_max_tokens,
     };
+    // Counting stops being worth it once the prompt alone exceeds a limit of
+    // the tenant: the request is refused whatever the rest holds.
+    let budget = tenant.input_budget.map(CountBudget::new);
     let parsed = parse(api, bytes, settings, |model| {
         let route = state
             .route_for(model)
@@ -360,8 +363,12 @@ fn parse_and_route<'s>(
             .ok_or_else(|| ApiError::unknown_model(model))?;
         route_cell.set(Some(route));
         let encoding = state.encoding_for(route, model);
-        let counter = TokenCounter::memoized(encoding, &state.count_memo, &tenant.id);
-        Ok(counter.with_images(crate::tokens::ImageRule::for_model(model)))
+        let counter = TokenCounter::memoized(encoding, &state.count_memo, &tenant.id)
+            .with_images(crate::tokens::ImageRule::for_model(model));
+        Ok(match &budget {
+            Some(budget) => counter.with_budget(budget),
+            None => counter,
+        })
     })?;
     let route = route_cell
         .get()

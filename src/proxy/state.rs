@@ -29,6 +29,10 @@ pub struct Tenant {
     pub max_wait: Duration,
     /// Its quotas for some models.
     pub model_groups: ModelScopes,
+    /// The most prompt tokens worth counting for one of its requests: its
+    /// smallest window that charges input (`tpm`, `itpm`, `tpd`), which a
+    /// prompt with more tokens exceeds alone (`tokens::CountBudget`).
+    pub input_budget: Option<u64>,
 }
 
 /// A tenant's or an upstream's model groups in config order: each one's

@@ -243,6 +243,7 @@ fn tenant_table(
             model_groups: ModelScopes::new(&scope, &t.model_limits),
             scope,
             max_wait: t.max_wait.unwrap_or(crate::config::defaults::MAX_WAIT),
+            input_budget: input_budget(&t.quota),
         });
         for hash in &t.api_key_hashes {
             // validate() proved each is 64 hex digits.
@@ -253,6 +254,14 @@ fn tenant_table(
         }
     }
     tenants
+}
+
+/// The smallest of a quota's windows that charge a request's input: a prompt
+/// with more tokens exceeds it alone. A token bucket's burst above its rate
+/// raises what its window admits at once.
+fn input_budget(quota: &crate::config::Quota) -> Option<u64> {
+    let tokens = (quota.tpm).map(|tpm| tpm.max(quota.burst_tokens.unwrap_or(0)));
+    [tokens, quota.itpm, quota.tpd].into_iter().flatten().min()
 }
 
 fn nanos(d: Duration) -> u64 {

@@ -60,6 +60,9 @@ const LONG_PIECE_BYTES: usize = 100;
 pub(super) struct BpeCounter {
     pieces: Regex,
     ranks: FxHashMap<Vec<u8>, Rank>,
+    /// The longest token's bytes: a text of `n` bytes has at least
+    /// `n / longest` tokens.
+    longest: usize,
 }
 
 impl BpeCounter {
@@ -89,7 +92,17 @@ impl BpeCounter {
             .map_while(|rank| Some((bpe.decode_bytes(&[rank]).ok()?, rank)))
             .collect();
         let pieces = Regex::new(pattern).expect("the piece patterns compile");
-        BpeCounter { pieces, ranks }
+        let longest = ranks.keys().map(Vec::len).max().unwrap_or(1);
+        BpeCounter {
+            pieces,
+            ranks,
+            longest,
+        }
+    }
+
+    /// The longest token's length in bytes.
+    pub(super) fn longest_token_bytes(&self) -> usize {
+        self.longest
     }
 
     /// Ordinary tokens in `text`: what tiktoken-rs's `count_ordinary` returns.

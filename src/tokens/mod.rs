@@ -162,6 +162,20 @@ impl Encoding {
         bpe.count(text) as u64
     }
 
+    /// The most bytes one token holds: a text of `n` bytes has at least
+    /// `n / longest_token_bytes()` tokens (for a ratio, four bytes per
+    /// character at most).
+    pub fn longest_token_bytes(self) -> u64 {
+        let bpe = match self {
+            Encoding::Cl100kBase => CL100K.get_or_init(BpeCounter::cl100k_base),
+            Encoding::O200kBase => O200K.get_or_init(BpeCounter::o200k_base),
+            Encoding::CharsPerToken(ratio) => {
+                return (f64::from(ratio) * 4.0).ceil().max(1.0) as u64;
+            }
+        };
+        bpe.longest_token_bytes() as u64
+    }
+
     /// Tokens in `text` as tiktoken-rs counts them: the mock upstream's
     /// counts. Equal to [`Encoding::count_text`] (tested), by other code.
     pub fn count_text_reference(self, text: &str) -> u64 {
@@ -255,6 +269,47 @@ pub struct TokenCounter<'a> {
     encoding: Encoding,
     how: Counting<'a>,
     images: ImageRule,
+    budget: Option<&'a CountBudget>,
+}
+
+/// The most text tokens worth counting for one request: past it the request
+/// is refused whatever the rest counts (its input alone exceeds a limit of
+/// its tenant), so the rest is costed by its length, which is above its
+/// tokens, without tokenising it. A 4 MB prompt for a tenant limited to
+/// 20,000 tokens a minute is refused after at most that many tokens'
+/// counting, not after all of it.
+#[derive(Debug)]
+pub struct CountBudget {
+    left: std::sync::atomic::AtomicU64,
+}
+
+impl CountBudget {
+    /// A budget of `tokens`.
+    pub fn new(tokens: u64) -> CountBudget {
+        CountBudget {
+            left: std::sync::atomic::AtomicU64::new(tokens),
+        }
+    }
+
+    /// `Some(an upper bound of its tokens)` when `text` need not be counted:
+    /// the budget is spent, or the text alone has more tokens than it leaves
+    /// (at least its length over the encoding's longest token).
+    fn skip(&self, text: &str, longest: u64) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let left = self.left.load(Relaxed);
+        let at_least = (text.len() as u64).div_ceil(longest.max(1));
+        if at_least > left || (left == 0 && !text.is_empty()) {
+            self.left.store(0, Relaxed);
+            return Some(text.len() as u64);
+        }
+        None
+    }
+
+    fn spend(&self, tokens: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let left = self.left.load(Relaxed);
+        self.left.store(left.saturating_sub(tokens), Relaxed);
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -269,6 +324,7 @@ impl From<Encoding> for TokenCounter<'_> {
             encoding,
             how: Counting::Direct,
             images: ImageRule::Tiles,
+            budget: None,
         }
     }
 }
@@ -280,7 +336,15 @@ impl<'a> TokenCounter<'a> {
             encoding,
             how: Counting::Memoized(memo, tenant),
             images: ImageRule::Tiles,
+            budget: None,
         }
+    }
+
+    /// The same counter, counting at most `budget`'s tokens of text
+    /// ([`CountBudget`]).
+    pub fn with_budget(mut self, budget: &'a CountBudget) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     /// The same counter, costing OpenAI images by `rule` (the model's).
@@ -302,12 +366,21 @@ impl<'a> TokenCounter<'a> {
         }
     }
 
-    /// Tokens in `text`.
+    /// Tokens in `text` (past the budget, its length: more).
     pub fn count_text(self, text: &str) -> u64 {
-        match self.how {
+        if let Some(budget) = self.budget
+            && let Some(bound) = budget.skip(text, self.encoding.longest_token_bytes())
+        {
+            return bound;
+        }
+        let tokens = match self.how {
             Counting::Direct => self.encoding.count_text(text),
             Counting::Memoized(memo, tenant) => memo.count(tenant, self.encoding, text),
+        };
+        if let Some(budget) = self.budget {
+            budget.spend(tokens);
         }
+        tokens
     }
 }
 
@@ -526,6 +599,31 @@ pub fn count_json<'c>(counter: impl Into<TokenCounter<'c>>, value: &serde_json::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn past_its_budget_a_text_is_costed_by_its_length_without_tokenising() {
+        let encoding = Encoding::Cl100kBase;
+        let words = "the quick brown fox jumps over the lazy dog ".repeat(20_000);
+        let exact = encoding.count_text(&words);
+        // Within the budget: counted exactly, and spent.
+        let roomy = CountBudget::new(exact + 10);
+        let counter = TokenCounter::from(encoding).with_budget(&roomy);
+        assert_eq!(counter.count_text(&words), exact);
+        assert_eq!(counter.count_text("hi"), encoding.count_text("hi"));
+        // A budget the text exceeds: its length, above its tokens, at once.
+        let tight = CountBudget::new(1_000);
+        let counter = TokenCounter::from(encoding).with_budget(&tight);
+        assert_eq!(counter.count_text("hello there"), 2);
+        let costed = counter.count_text(&words);
+        assert_eq!(costed, words.len() as u64);
+        assert!(costed > exact);
+        // Spent: every later text by its length too.
+        assert_eq!(counter.count_text("hi"), 2);
+        // The longest token bounds a text's tokens from below.
+        let longest = encoding.longest_token_bytes();
+        assert!((16..=256).contains(&longest), "{longest}");
+        assert!(exact >= (words.len() as u64).div_ceil(longest));
+    }
 
     #[test]
     fn cookbook_example_counts_match_openai() {

@@ -412,3 +412,39 @@ concurrency = 2
     assert!(used > 0 && used <= 2 * (5 + 20), "{status}");
     node.stop().await;
 }
+
+/// A prompt whose size alone exceeds its tenant's token limit is refused 413
+/// without being tokenised (counting stops once the tenant's smallest input
+/// window is passed, `tokens::CountBudget`), and nothing is sent or charged.
+#[tokio::test]
+async fn a_prompt_larger_than_the_tenants_token_limit_is_refused_413() {
+    let upstream = mock(|_| {}).await;
+    let node = node(&single("tpm = 2000\nmax_wait = \"0s\""), &[&upstream]).await;
+    let prompt = "Summarise the following report carefully. ".repeat(60_000);
+    let body = serde_json::to_vec(&chat_body(&prompt, 16)).unwrap();
+    assert!(body.len() > 2_000_000);
+    let auth = [
+        ("authorization", "Bearer sk-test"),
+        ("content-type", "application/json"),
+    ];
+    let refused = expect_error(raw(&node, "/chat/completions", body, &auth).await, 413).await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tokens"),
+        "{refused}"
+    );
+    assert_eq!(upstream.stats().admitted, 0);
+    // Never tokenised: a counted text that long would be a miss of the
+    // tenant's count memo.
+    let text = metrics(&node).await;
+    let missed =
+        tollgate::ops::metrics::sample(&text, "tollgate_prompt_count_memo_total{outcome=\"miss\"}");
+    assert_eq!(missed.unwrap_or(0.0), 0.0, "{text}");
+    // The tenant's window is untouched: a normal request is served.
+    let ok = post(&node, "/chat/completions", chat_body("hi", 16), &[]).await;
+    assert_eq!(ok.status(), 200);
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
