@@ -93,7 +93,7 @@ impl UsageBound {
     /// The bound of a request estimated at `prompt` input tokens, producing at
     /// most `output`, with `body`.
     pub fn of(prompt: u64, output: u64, body: &[u8]) -> UsageBound {
-        let opaque = (OPAQUE_MARKERS.iter()).any(|m| body.windows(m.len()).any(|w| w == *m));
+        let opaque = (OPAQUE_MARKERS.iter()).any(|m| memchr::memmem::find(body, m).is_some());
         let input = if opaque {
             OPEN_INPUT_BOUND.max(prompt.saturating_mul(2))
         } else {

@@ -414,7 +414,9 @@ impl OwnerBook {
             }
         }
         // Bounded by the replica: members it forgot are forgotten here too.
-        *offered = departed.into_iter().collect();
+        if !new.is_empty() || offered.len() != departed.len() {
+            *offered = departed.into_iter().collect();
+        }
     }
 
     /// Each round: drops keys this node no longer owns (fencing), applies the new
