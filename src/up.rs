@@ -57,6 +57,7 @@ pub fn node_config(
         // A local demo: the secret is printed with the URLs. Real clusters read it
         // from the environment (`secret = "${TOLLGATE_CLUSTER_SECRET}"`).
         secret: Some(DEMO_SECRET.into()),
+        accept_secrets: Vec::new(),
         seeds: (1..=n)
             .filter(|j| *j != i)
             .map(|j| format!("127.0.0.1:{}", GOSSIP_BASE + j))

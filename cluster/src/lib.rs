@@ -13,6 +13,7 @@
 //! - [`lease`]: `lease` mode's core: rendezvous ownership, the owner's credit line
 //!   per key and holder, and the holder's budget with its cut-off policy. Pure.
 
+pub mod auth;
 pub mod counter;
 pub mod lease;
 pub mod maps;

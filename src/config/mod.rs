@@ -113,6 +113,12 @@ impl Config {
                 Some(expand_env(secret, env).map_err(|r| invalid("cluster.secret".into(), r))?);
         }
         if let Some(cluster) = &mut self.cluster {
+            for secret in &mut cluster.accept_secrets {
+                *secret = expand_env(secret, env)
+                    .map_err(|r| invalid("cluster.accept_secrets".into(), r))?;
+            }
+        }
+        if let Some(cluster) = &mut self.cluster {
             let address = |field: &str, text: &Option<String>| -> Result<_, ConfigError> {
                 let Some(text) = text else { return Ok(None) };
                 let expanded = expand_env(text, env).map_err(|r| invalid(field.into(), r))?;

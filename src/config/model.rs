@@ -222,10 +222,16 @@ pub struct ClusterConfig {
     /// `rpc_advertise` expanded and parsed (set by [`super::Config::from_toml`]).
     #[serde(skip)]
     pub rpc_advertise: Option<SocketAddr>,
-    /// Shared secret authenticating internal RPCs (`${ENV}` is expanded); at least 16
-    /// characters. Required in `lease` mode.
+    /// Shared secret (`${ENV}` is expanded), at least 16 characters, required:
+    /// every gossip datagram and internal RPC is sealed with a key derived from
+    /// it, and only its holders take part in the cluster.
     #[serde(default)]
     pub secret: Option<String>,
+    /// Secrets accepted besides `secret` but never sent with (at most 3, each
+    /// `${ENV}`-expanded): rotating the secret without an outage
+    /// (docs/design/cluster-trust.md).
+    #[serde(default)]
+    pub accept_secrets: Vec<String>,
     /// Seed nodes as `host:port`; DNS names are re-resolved (a Kubernetes headless
     /// service works).
     #[serde(default)]

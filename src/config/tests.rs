@@ -344,11 +344,23 @@ fn cluster_settings_that_break_the_promises_are_refused() {
         }
         other => panic!("expected a parse error naming the policies, got {other:?}"),
     }
-    // Gossip and local modes need neither RPC nor secret.
-    let gossip = cluster("mode = \"gossip\"")
-        .replace("rpc_listen = \"127.0.0.1:7101\"\n", "")
-        .replace("secret = \"0123456789abcdef\"\n", "");
+    // Gossip and local modes need no RPC address, but every mode a secret:
+    // it seals the gossip.
+    let gossip = cluster("mode = \"gossip\"").replace("rpc_listen = \"127.0.0.1:7101\"\n", "");
     assert!(Config::from_toml(&gossip, "test.toml").is_ok());
+    for mode in ["gossip", "local", "redis"] {
+        let open =
+            cluster(&format!("mode = \"{mode}\"")).replace("secret = \"0123456789abcdef\"\n", "");
+        assert_eq!(invalid(&open).0, "cluster.secret", "{mode}");
+    }
+    // Rotation: up to three more secrets accepted, each as long.
+    let accepting = |list: &str| cluster(&format!("accept_secrets = [{list}]"));
+    let next = "\"fedcba9876543210\"";
+    assert!(Config::from_toml(&accepting(next), "test.toml").is_ok());
+    let (field, _) = invalid(&accepting("\"short\""));
+    assert_eq!(field, "cluster.accept_secrets");
+    let (field, _) = invalid(&accepting(&[next; 4].join(", ")));
+    assert_eq!(field, "cluster.accept_secrets");
 }
 
 /// A wildcard listen address binds every interface, but announced to peers it
@@ -427,7 +439,7 @@ fn wildcard_listen_addresses_need_an_address_peers_can_dial() {
     assert!(reason.contains("not an IP address"), "{reason}");
     // Gossip mode never announces an RPC address peers use: no rule there.
     let gossip = format!(
-        "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"10.0.0.5:7001\"\nmode = \"gossip\"\n"
+        "{MINIMAL}\n[cluster]\ncluster_id = \"c\"\nnode_id = \"n1\"\ngossip_listen = \"10.0.0.5:7001\"\nsecret = \"0123456789abcdef\"\nmode = \"gossip\"\n"
     );
     assert!(Config::from_toml(&gossip, "test.toml").is_ok());
 }

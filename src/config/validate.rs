@@ -111,6 +111,7 @@ fn validate_cluster(config: &Config) -> Result<(), Violation> {
             ),
         );
     }
+    validate_secrets(cluster)?;
     if cluster.mode == super::SyncMode::Lease {
         validate_rpc(cluster)?;
     }
@@ -185,10 +186,27 @@ fn validate_rpc(cluster: &super::ClusterConfig) -> Result<(), Violation> {
         "cluster.rpc_listen",
         rpc,
     )?;
+    Ok(())
+}
+
+/// The cluster secret: every mode seals its gossip and RPCs with it.
+fn validate_secrets(cluster: &super::ClusterConfig) -> Result<(), Violation> {
     if cluster.secret.as_deref().is_none_or(|s| s.len() < 16) {
         return fail(
             "cluster.secret",
-            "`lease` mode needs a shared secret of at least 16 characters (e.g. \"${TOLLGATE_CLUSTER_SECRET}\")",
+            "is required, at least 16 characters: only its holders take part in the cluster (e.g. \"${TOLLGATE_CLUSTER_SECRET}\")",
+        );
+    }
+    if cluster.accept_secrets.len() > 3 {
+        return fail(
+            "cluster.accept_secrets",
+            "holds at most 3 secrets (rotation needs one)",
+        );
+    }
+    if cluster.accept_secrets.iter().any(|s| s.len() < 16) {
+        return fail(
+            "cluster.accept_secrets",
+            "each secret must be at least 16 characters",
         );
     }
     Ok(())

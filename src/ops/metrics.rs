@@ -61,6 +61,7 @@ pub struct Metrics {
     lease_granted: Counter,
     lease_expired: Counter,
     rpc_refused: Family<Static<1>, Counter>,
+    gossip_datagrams_refused: Family<Static<1>, Counter>,
     spilled: Family<Static<1>, Counter>,
     spill_received: Family<ByApiStatus, Counter>,
     prompt_count_memo: Family<Static<1>, Counter>,
@@ -144,6 +145,7 @@ impl Metrics {
             lease_granted: Counter::default(),
             lease_expired: Counter::default(),
             rpc_refused: Family::default(),
+            gossip_datagrams_refused: Family::default(),
             spilled: Family::default(),
             spill_received: Family::default(),
             prompt_count_memo: Family::default(),
@@ -282,8 +284,13 @@ impl Metrics {
         );
         r.register(
             "internal_rpc_refused",
-            "Internal RPCs refused, by reason (wrong secret, other cluster, bad input)",
+            "Internal RPCs refused, by reason (authentication, other cluster, bad input)",
             self.rpc_refused.clone(),
+        );
+        r.register(
+            "gossip_datagrams_refused",
+            "Gossip datagrams dropped unread, by reason (no or a wrong tag under the cluster secret, stale, replayed)",
+            self.gossip_datagrams_refused.clone(),
         );
         r.register(
             "spilled",
@@ -432,6 +439,13 @@ impl Metrics {
     /// An internal RPC refused for `reason`.
     pub fn rpc_refused(&self, reason: &'static str) {
         self.rpc_refused.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// A gossip datagram dropped before chitchat read it, by `reason`.
+    pub fn gossip_datagram_refused(&self, reason: &'static str) {
+        (self.gossip_datagrams_refused)
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     /// A request spillover handled, by `outcome`.

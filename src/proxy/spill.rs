@@ -19,8 +19,8 @@ use super::request::Api;
 use super::state::{AppState, Upstream};
 use crate::actor::scope::Cost;
 use crate::actor::{Dimension, ScopeId};
+use crate::sync::auth::AUTH_HEADER;
 use crate::sync::lease::MemberAddr;
-use crate::sync::lease::wire::SECRET_HEADER;
 use crate::sync::spill::{
     Board, CLUSTER_HEADER, FROM_HEADER, PATH_PREFIX, Room, SERVED_BY_HEADER, TIME_LEFT_HEADER,
 };
@@ -135,7 +135,7 @@ fn is_own_header(name: &HeaderName) -> bool {
             | "te"
             | "upgrade"
             | "proxy-connection"
-            | SECRET_HEADER
+            | AUTH_HEADER
             | CLUSTER_HEADER
             | FROM_HEADER
             | TIME_LEFT_HEADER
@@ -166,22 +166,15 @@ async fn forward(
     slot: tokio::sync::OwnedSemaphorePermit,
 ) -> Delivery {
     let guard = InFlight::new(state.clone(), slot);
-    let url = format!("http://{}{PATH_PREFIX}{}", peer.rpc, request.api.as_str());
-    let mut hop = (state.upstream_http.reqwest().post(url)).body(request.body.clone());
-    for (name, value) in (request.headers.iter()).filter(|(n, _)| !is_own_header(n)) {
-        hop = hop.header(name, value);
-    }
-    // A client that asked to wait less (0: fail fast) is not made to wait more.
-    let asked = (request.headers.get(MAX_WAIT_HEADER))
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u128>().ok());
-    let wait_ms = asked.map_or(board.wait.as_millis(), |ms| ms.min(board.wait.as_millis()));
-    let hop = hop
-        .header(SECRET_HEADER, board.secret())
-        .header(CLUSTER_HEADER, board.cluster_id())
-        .header(FROM_HEADER, board.node_id())
-        .header(MAX_WAIT_HEADER, wait_ms.to_string())
-        .header(TIME_LEFT_HEADER, time_left_ms(request.deadline).to_string());
+    let path = format!("{PATH_PREFIX}{}", request.api.as_str());
+    let url = format!("http://{}{path}", peer.rpc);
+    let Some((headers, request_tag)) = hop_headers(board, &path, request) else {
+        state.metrics.spilled("failed");
+        return Delivery::NotDelivered;
+    };
+    let hop = (state.upstream_http.reqwest().post(url))
+        .headers(headers)
+        .body(request.body.clone());
     let answer = match tokio::time::timeout_at(request.deadline, hop.send()).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) if e.is_connect() => {
@@ -201,6 +194,15 @@ async fn forward(
         }
     };
     let status = answer.status();
+    let tagged = crate::sync::auth::answered(&request_tag, answer.headers(), status.as_u16(), None);
+    if !tagged && answer.headers().get(SERVED_BY_HEADER).is_some() {
+        // Says it was served, without this hop's tag: something on the way
+        // made or altered it. Not the client's answer, but the request may
+        // have been served.
+        tracing::warn!(peer = %peer.id, %status, "spillover: an answer without this hop's tag");
+        state.metrics.spilled("failed");
+        return Delivery::MaybeDelivered;
+    }
     if answer.headers().get(SERVED_BY_HEADER).is_none() {
         // The peer's RPC answered, not its proxy: a refused secret, or no spill
         // route there (spillover off, an older build). Not the client's answer.
@@ -237,6 +239,32 @@ async fn forward(
     }
 }
 
+/// The hop's headers: the client's (less the connection's own), the spill's,
+/// and the tag over them and the body; `None` when a value cannot be a header.
+fn hop_headers(
+    board: &Board,
+    path: &str,
+    request: &Refused<'_>,
+) -> Option<(HeaderMap, tollgate_cluster::auth::rpc::RequestTag)> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in (request.headers.iter()).filter(|(n, _)| !is_own_header(n)) {
+        headers.append(name.clone(), value.clone());
+    }
+    // A client that asked to wait less (0: fail fast) is not made to wait more.
+    let asked = (request.headers.get(MAX_WAIT_HEADER))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u128>().ok());
+    let wait_ms = asked.map_or(board.wait.as_millis(), |ms| ms.min(board.wait.as_millis()));
+    let value = |text: String| HeaderValue::from_str(&text).ok();
+    headers.insert(CLUSTER_HEADER, value(board.cluster_id().to_owned())?);
+    headers.insert(FROM_HEADER, value(board.node_id().to_owned())?);
+    headers.insert(MAX_WAIT_HEADER, value(wait_ms.to_string())?);
+    let time_left = time_left_ms(request.deadline).to_string();
+    headers.insert(TIME_LEFT_HEADER, value(time_left)?);
+    let tag = crate::sync::auth::sign_with(board.signer(), path, &mut headers, &request.body);
+    Some((headers, tag))
+}
+
 /// What is left until `deadline`, in whole ms, at least 1 (a hop sent with no
 /// time left times out at the peer at once).
 fn time_left_ms(deadline: Instant) -> u128 {
@@ -259,7 +287,8 @@ fn stream_idle_bound(state: &AppState) -> Duration {
 
 /// The peer's side: a request spilled here by a member of this cluster, served
 /// as a client's would be, except that it is never spilled again and is counted
-/// in `tollgate_spill_received_total`. Wrong secret or cluster: 401.
+/// in `tollgate_spill_received_total`. The internal RPC checked its tag;
+/// another cluster's id: 401.
 async fn accept(state: Arc<AppState>, api: Api, headers: HeaderMap, body: Body) -> Response {
     let Some(board) = state.spill.as_ref() else {
         return StatusCode::NOT_FOUND.into_response();

@@ -298,6 +298,7 @@ impl AppState {
             superseded: self.superseded.clone(),
             spill: self.spill.clone(),
             spilled,
+            max_body_bytes: self.config.server.max_body_bytes,
             cluster_status: self.cluster_status.clone(),
             lease_book: self.lease_book.clone(),
             redis_gate: self.redis_gate.clone(),

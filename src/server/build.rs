@@ -283,13 +283,16 @@ pub fn node_state(mut config: Config) -> Result<AppState, ApiError> {
     let spill = (config.cluster.as_ref())
         .filter(|c| c.mode == crate::config::SyncMode::Lease && c.lease.spillover)
         .map(|c| {
-            Arc::new(crate::sync::spill::Board::new(
+            let keys = crate::sync::auth::keys(c, tollgate_cluster::auth::keys::Channel::Rpc)
+                .map_err(|e| ApiError::unavailable(e, Duration::ZERO))?;
+            Ok::<_, ApiError>(Arc::new(crate::sync::spill::Board::new(
                 &c.node_id,
                 &c.cluster_id,
-                c.secret.as_deref().unwrap_or_default(),
+                tollgate_cluster::auth::rpc::RpcSigner::new(keys),
                 c.lease.spillover_wait,
-            ))
-        });
+            )))
+        })
+        .transpose()?;
     let cluster_status = config.cluster.as_ref().map(|c| {
         let id = c.node_id.clone();
         Arc::new(parking_lot::Mutex::new(

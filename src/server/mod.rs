@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tollgate_cluster::chitchat::transport::{Transport, UdpTransport};
+use tollgate_cluster::chitchat::transport::Transport;
 
 pub mod admin;
 pub mod build;
@@ -139,8 +139,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_ready: impl FnOnce(Bound),
 ) -> Result<(), ServeError> {
-    let udp: Arc<dyn Transport> = Arc::new(UdpTransport);
-    run_with_transport(config, listener, mock_listener, shutdown, on_ready, udp).await
+    run_node(config, listener, mock_listener, shutdown, on_ready, None).await
 }
 
 /// Waits, until `deadline`, for every request this node still serves to end:
@@ -166,6 +165,41 @@ pub async fn run_with_transport(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_ready: impl FnOnce(Bound),
     transport: Arc<dyn Transport>,
+) -> Result<(), ServeError> {
+    let transport = Some(transport);
+    run_node(
+        config,
+        listener,
+        mock_listener,
+        shutdown,
+        on_ready,
+        transport,
+    )
+    .await
+}
+
+/// The gossip transport of a node: chitchat's UDP, each datagram sealed under
+/// the cluster secret; what it refuses counted in
+/// `tollgate_gossip_datagrams_refused_total{reason}`.
+fn sealed_udp(
+    cluster: &crate::config::ClusterConfig,
+    metrics: &Arc<crate::ops::metrics::Metrics>,
+) -> Result<Arc<dyn Transport>, ServeError> {
+    use tollgate_cluster::auth::{Refusals, keys::Channel, transport::SealedUdpTransport};
+    let keys = crate::sync::auth::keys(cluster, Channel::Gossip).map_err(ServeError::State)?;
+    let metrics = metrics.clone();
+    let refusals = Refusals::new(move |refusal| metrics.gossip_datagram_refused(refusal.label()));
+    Ok(Arc::new(SealedUdpTransport::new(keys, Arc::new(refusals))))
+}
+
+/// [`run`] over `transport`, or the sealed UDP transport when `None`.
+async fn run_node(
+    config: Config,
+    listener: TcpListener,
+    mock_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce(Bound),
+    transport: Option<Arc<dyn Transport>>,
 ) -> Result<(), ServeError> {
     let grace = config.server.shutdown_grace;
     let (limits, nofile) = connection_limits(&config.server);
@@ -204,11 +238,17 @@ pub async fn run_with_transport(
     tokio::spawn(state.stall_watch.clone().run());
     let proxy = listener.local_addr()?;
     let sync = match &cluster {
-        Some(cluster) => Some(
-            crate::sync::start(sync_parts(&state), cluster, proxy, transport.as_ref())
-                .await
-                .map_err(|e| ServeError::State(e.to_string()))?,
-        ),
+        Some(cluster) => {
+            let transport = match transport {
+                Some(transport) => transport,
+                None => sealed_udp(cluster, &state.metrics)?,
+            };
+            Some(
+                crate::sync::start(sync_parts(&state), cluster, proxy, transport.as_ref())
+                    .await
+                    .map_err(|e| ServeError::State(e.to_string()))?,
+            )
+        }
         None => None,
     };
     let admin = match admin_listener {

@@ -14,6 +14,7 @@
 //! - [`spill`]: spillover's room per peer and key, read by the proxy.
 //! - [`status`]: what `/admin/cluster` shows.
 
+pub(crate) mod auth;
 pub(crate) mod engine;
 pub(crate) mod lease;
 pub(crate) mod mode;
@@ -235,6 +236,12 @@ async fn start_lease(
 ) -> Result<(LeaseFeed, Option<JoinHandle<()>>, Vec<JoinHandle<()>>), SyncError> {
     let window = *windows.base();
     let lease = &config.lease;
+    let rpc_auth = Arc::new(
+        auth::RpcAuth::new(config).map_err(|reason| SyncError::Lease {
+            key: "*".into(),
+            reason,
+        })?,
+    );
     let view = Arc::new(RwLock::new(Arc::new(lease::View::default())));
     let mut tasks = Vec::new();
     let mut rpc = None;
@@ -251,8 +258,8 @@ async fn start_lease(
         ));
         (owners, None)
     } else {
-        let book = peer_book(node, config, windows, usage, &view)?;
-        rpc = Some(serve_rpc(node, config, &book, stopped).await?);
+        let book = peer_book(node, config, windows, usage, &view, &rpc_auth)?;
+        rpc = Some(serve_rpc(node, config, &book, &rpc_auth, stopped).await?);
         tasks.push(tokio::spawn(lease::owner::offer_room_at_each_bucket(
             book.clone(),
             window.bucket_ms(),
@@ -264,7 +271,7 @@ async fn start_lease(
     };
     let settings = lease::holder::HolderSettings {
         cluster_id: config.cluster_id.clone(),
-        secret: config.secret.clone().unwrap_or_default(),
+        auth: rpc_auth.clone(),
         sync_interval: config.sync_interval,
         ttl: lease.ttl,
         window_ms: window.window_ms(),
@@ -335,6 +342,7 @@ fn peer_book(
     windows: Windows,
     usage: &Arc<Mutex<ClusterUsage>>,
     view: &Arc<RwLock<Arc<lease::View>>>,
+    rpc_auth: &Arc<auth::RpcAuth>,
 ) -> Result<Arc<OwnerBook>, SyncError> {
     let lease = &config.lease;
     let ttl_ms = lease.ttl.as_millis() as u64;
@@ -346,7 +354,7 @@ fn peer_book(
     )?;
     let nudger = lease::owner::Nudger {
         client: lease::rpc::client(lease.rpc_timeout),
-        secret: config.secret.clone().unwrap_or_default(),
+        auth: rpc_auth.clone(),
         cluster_id: config.cluster_id.clone(),
     };
     let book = Arc::new(OwnerBook::new(
@@ -367,6 +375,7 @@ async fn serve_rpc(
     node: &Arc<NodeParts>,
     config: &ClusterConfig,
     book: &Arc<OwnerBook>,
+    rpc_auth: &Arc<auth::RpcAuth>,
     stopped: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, SyncError> {
     let addr = config.rpc_listen.unwrap_or(config.gossip_listen);
@@ -375,7 +384,8 @@ async fn serve_rpc(
         .map_err(|source| SyncError::Rpc { addr, source })?;
     let rpc_state = Arc::new(lease::rpc::RpcState {
         book: book.clone(),
-        secret: config.secret.clone().unwrap_or_default(),
+        auth: rpc_auth.clone(),
+        spill_body_limit: node.max_body_bytes,
         cluster_id: config.cluster_id.clone(),
         metrics: node.metrics.clone(),
         read_timeout: config.lease.rpc_timeout,

@@ -50,6 +50,8 @@ pub struct NodeParts {
     pub spill: Option<Arc<Board>>,
     /// Serves requests peers spill here (spillover on).
     pub spilled: Option<SpilledRequests>,
+    /// The largest request body the proxy reads (a spilled one's bound too).
+    pub max_body_bytes: usize,
     /// What `/admin/cluster` shows.
     pub cluster_status: Option<Arc<Mutex<ClusterStatus>>>,
     /// `lease` mode: the lines this node owns, set once the cluster starts.

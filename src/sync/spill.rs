@@ -2,16 +2,17 @@
 //! `lease` key, which the sync engine computes each round from the gossiped
 //! figures and the proxy reads to pick a peer for a request its own share
 //! cannot take, and the [`Board`] that holds the latest room with what a spill
-//! carries (the cluster's id and secret). The request side is `proxy::spill`.
+//! carries (the cluster's id, a tag under the secret). The request side is
+//! `proxy::spill`.
 
 use super::lease::MemberAddr;
-use super::lease::wire::{SECRET_HEADER, secrets_match};
 use axum::http::HeaderMap;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tollgate_cluster::auth::rpc::RpcSigner;
 
 /// The spill route on the internal RPC, one per API (`/internal/v1/spill/chat`).
 pub(crate) const PATH_PREFIX: &str = "/internal/v1/spill/";
@@ -105,18 +106,18 @@ pub struct Board {
     pub wait: Duration,
     node_id: String,
     cluster_id: String,
-    secret: String,
+    signer: RpcSigner,
 }
 
 impl Board {
     /// A board with no room known yet.
-    pub fn new(node_id: &str, cluster_id: &str, secret: &str, wait: Duration) -> Board {
+    pub fn new(node_id: &str, cluster_id: &str, signer: RpcSigner, wait: Duration) -> Board {
         Board {
             room: RwLock::new(Arc::new(Room::default())),
             wait,
             node_id: node_id.to_string(),
             cluster_id: cluster_id.to_string(),
-            secret: secret.to_string(),
+            signer,
         }
     }
 
@@ -135,9 +136,9 @@ impl Board {
         &self.cluster_id
     }
 
-    /// The cluster secret, which a spilled request carries.
-    pub fn secret(&self) -> &str {
-        &self.secret
+    /// Tags the spilled requests (the internal RPC checks them).
+    pub(crate) fn signer(&self) -> &RpcSigner {
+        &self.signer
     }
 
     /// The latest room.
@@ -145,14 +146,12 @@ impl Board {
         self.room.read().clone()
     }
 
-    /// Why `headers` are refused (the peer's check): no or the wrong secret
-    /// (`secret`), another cluster (`cluster_id`); `None` when admitted.
+    /// Why `headers` are refused (the peer's check, after the internal RPC
+    /// checked the request's tag): another cluster (`cluster_id`); `None` when
+    /// admitted.
     pub fn refuses(&self, headers: &HeaderMap) -> Option<&'static str> {
-        let given = |name: &str| headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
-        if !secrets_match(given(SECRET_HEADER), self.secret.as_bytes()) {
-            return Some("secret");
-        }
-        (given(CLUSTER_HEADER) != self.cluster_id.as_bytes()).then_some("cluster_id")
+        let given = (headers.get(CLUSTER_HEADER)).map(|v| v.as_bytes());
+        (given != Some(self.cluster_id.as_bytes())).then_some("cluster_id")
     }
 }
 

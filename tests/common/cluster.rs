@@ -11,6 +11,28 @@ pub(crate) const LIMIT: u64 = 30;
 /// The shared secret of test clusters.
 pub(crate) const SECRET: &str = "test-cluster-secret-0123456789";
 
+/// A POST to a node's internal RPC at `rpc` (`host:port`) on `path`, tagged as
+/// a member of `cluster_id` holding `secret` would tag it.
+pub(crate) fn rpc_post(
+    rpc: &str,
+    path: &str,
+    (cluster_id, secret): (&str, &str),
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> reqwest::RequestBuilder {
+    use tollgate_cluster::auth::{ClusterKeys, keys::Channel, rpc::RpcSigner, unix_ms};
+    let keys = ClusterKeys::new(cluster_id, secret, &[], Channel::Rpc).unwrap();
+    let pairs: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    let (auth, _) = RpcSigner::new(keys).sign(path, &pairs, &body, unix_ms());
+    let mut request = reqwest::Client::new()
+        .post(format!("http://{rpc}{path}"))
+        .header("x-tollgate-auth", auth);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(body)
+}
+
 /// A port for a socket a node binds later (its RPC listener, its gossip socket).
 /// Taken below the kernel's ephemeral range (32768-60999 by default) and never
 /// twice in this process: a port from `bind(0)` could be handed to another
@@ -289,18 +311,43 @@ pub(crate) fn urls<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Vec<String> {
 
 /// A bare membership (no gateway) as `node-1` of generation `generation` on
 /// `ports[1]`, seeded by the node on `ports[0]` and in its cluster, announcing
-/// `metadata`: a member the node trusts and reads (gossip every 50 ms).
+/// `metadata`: a member the node trusts and reads (gossip every 50 ms, sealed
+/// under the cluster secret).
 pub(crate) async fn bare_member(
     ports: &[u16],
     generation: u64,
     metadata: tollgate_cluster::membership::NodeMetadata,
 ) -> tollgate_cluster::membership::Membership {
-    use tollgate_cluster::chitchat::transport::UdpTransport;
+    let transport = sealed_gossip(&format!("test-{}", ports[0]), SECRET);
+    bare_member_over(ports, "node-1", generation, metadata, &transport).await
+}
+
+/// The gossip transport of a member of `cluster_id` holding `secret`.
+pub(crate) fn sealed_gossip(
+    cluster_id: &str,
+    secret: &str,
+) -> tollgate_cluster::auth::transport::SealedUdpTransport {
+    use tollgate_cluster::auth::{ClusterKeys, Refusals, keys::Channel};
+    let keys = ClusterKeys::new(cluster_id, secret, &[], Channel::Gossip).unwrap();
+    tollgate_cluster::auth::transport::SealedUdpTransport::new(
+        keys,
+        Arc::new(Refusals::new(|_| {})),
+    )
+}
+
+/// As [`bare_member`], as `node_id`, gossiping over `transport`.
+pub(crate) async fn bare_member_over(
+    ports: &[u16],
+    node_id: &str,
+    generation: u64,
+    metadata: tollgate_cluster::membership::NodeMetadata,
+    transport: &dyn tollgate_cluster::chitchat::transport::Transport,
+) -> tollgate_cluster::membership::Membership {
     use tollgate_cluster::membership::{Membership, MembershipConfig};
     let gossip = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
     let cluster_id = format!("test-{}", ports[0]);
-    let mut config = MembershipConfig::new(cluster_id, "node-1", generation, gossip, metadata);
+    let mut config = MembershipConfig::new(cluster_id, node_id, generation, gossip, metadata);
     config.seeds = vec![format!("127.0.0.1:{}", ports[0])];
     config.gossip_interval = Duration::from_millis(50);
-    Membership::start(config, &UdpTransport).await.unwrap()
+    Membership::start(config, transport).await.unwrap()
 }

@@ -185,15 +185,19 @@ async fn gossip_admits_a_waiter_as_soon_as_its_allowance_rises() {
 /// A bare membership (no gateway) as `node-1` on `ports[1]`, seeded by the node on
 /// `ports[0]`, with valid metadata: a member the node trusts and reads.
 async fn plain_member(ports: &[u16], version: &str) -> tollgate_cluster::membership::Membership {
-    let metadata = tollgate_cluster::membership::NodeMetadata {
+    bare_member(ports, 1, gossip_metadata(version)).await
+}
+
+/// Valid metadata of a `gossip` member announcing `version`.
+fn gossip_metadata(version: &str) -> tollgate_cluster::membership::NodeMetadata {
+    tollgate_cluster::membership::NodeMetadata {
         proxy_addr: "127.0.0.1:1".into(),
         rpc_addr: "127.0.0.1:1".into(),
         version: version.into(),
         sync_mode: "gossip".into(),
         rpc_version: tollgate_cluster::membership::RPC_VERSION,
         spills: false,
-    };
-    bare_member(ports, 1, metadata).await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,6 +239,69 @@ async fn gossip_values_that_do_not_decode_are_refused_counted_and_change_nothing
         "{metrics}"
     );
     evil.shutdown().await.unwrap();
+    node.stop().await;
+    upstream.shutdown().await.unwrap();
+}
+
+/// Gossip is sealed under the cluster secret: a process without it (chitchat's
+/// own unsealed wire, another secret, or another secret under a member's
+/// `node_id` and a newer generation) is never seen as a member, never owns or
+/// supersedes anything, and the node counts what it dropped; a member holding
+/// the secret is seen at once (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_without_the_cluster_secret_is_dropped_unread() {
+    use tollgate_cluster::chitchat::transport::UdpTransport;
+    let upstream = mock(|_| {}).await;
+    let ports: Vec<u16> = (0..4).map(|_| free_udp_port()).collect();
+    let node = node(
+        &cluster_toml(0, &ports[..1], "gossip", "full"),
+        &[&upstream],
+    )
+    .await;
+    wait_members(&node, 1).await;
+    let metadata = gossip_metadata;
+    let cluster_id = format!("test-{}", ports[0]);
+    let wrong = sealed_gossip(&cluster_id, "not-the-cluster-secret-0123");
+    let on = |i: usize| [ports[0], ports[i]];
+    let unsealed = bare_member_over(&on(1), "plain", 1, metadata("x"), &UdpTransport).await;
+    let stranger = bare_member_over(&on(2), "stranger", 1, metadata("x"), &wrong).await;
+    let impostor = bare_member_over(&on(3), "node-0", u64::MAX / 2, metadata("x"), &wrong).await;
+    let refused = |text: &str, reason: &str| {
+        let series = format!("tollgate_gossip_datagrams_refused_total{{reason=\"{reason}\"}} ");
+        (text.lines())
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics(&node).await;
+        if refused(&text, "malformed") >= 3 && refused(&text, "wrong_secret") >= 6 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "intruders' gossip was not counted: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A second of gossip rounds later: still alone, still serving (not superseded).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(members_seen(&node).await, 1);
+    let served = post(&node, "/chat/completions", chat_body("hi", 5), &[]).await;
+    assert_eq!(served.status(), 200, "{}", served.text().await.unwrap());
+    for intruder in [unsealed, stranger, impostor] {
+        assert_eq!(
+            intruder.watch_live().borrow().members.len(),
+            1,
+            "an intruder learned the cluster"
+        );
+        intruder.shutdown().await.unwrap();
+    }
+    // The control: the same member with the secret joins.
+    let member = bare_member(&on(1), 1, metadata(env!("CARGO_PKG_VERSION"))).await;
+    wait_members(&node, 2).await;
+    member.shutdown().await.unwrap();
     node.stop().await;
     upstream.shutdown().await.unwrap();
 }

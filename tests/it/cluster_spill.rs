@@ -110,20 +110,26 @@ fn spilled_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// A spill hop made by hand, as node-0 sends one.
-trait SpilledByHand {
-    fn spilled_by_hand(self, secret: &str, cluster_id: &str, body: &serde_json::Value) -> Self;
-}
-
-impl SpilledByHand for reqwest::RequestBuilder {
-    fn spilled_by_hand(self, secret: &str, cluster_id: &str, body: &serde_json::Value) -> Self {
-        self.bearer_auth(KEY)
-            .header("content-type", "application/json")
-            .header("x-tollgate-cluster-secret", secret)
-            .header("x-tollgate-cluster-id", cluster_id)
-            .header("x-tollgate-spilled-from", "node-0")
-            .body(serde_json::to_vec(body).unwrap())
-    }
+/// A spill hop to `peer` made by hand, as node-0 sends one: tagged with the
+/// keys of `cluster_id` under `secret`, naming `header_cluster` as its cluster.
+fn spilled_by_hand(
+    peer: &str,
+    (cluster_id, secret): (&str, &str),
+    header_cluster: &str,
+    extra: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> reqwest::RequestBuilder {
+    let bearer = format!("Bearer {KEY}");
+    let mut headers = vec![
+        ("authorization", bearer.as_str()),
+        ("content-type", "application/json"),
+        ("x-tollgate-cluster-id", header_cluster),
+        ("x-tollgate-spilled-from", "node-0"),
+    ];
+    headers.extend_from_slice(extra);
+    let path = "/internal/v1/spill/chat";
+    let body = serde_json::to_vec(body).unwrap();
+    rpc_post(peer, path, (cluster_id, secret), &headers, body)
 }
 
 /// The internal RPC address of `node`'s peer (a 2-node cluster).
@@ -320,7 +326,7 @@ async fn off_then_on(shape: Shape) -> (Run, Run) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request() {
+async fn the_spill_route_wants_a_tag_under_the_cluster_secret_and_serves_a_spilled_request() {
     let upstream = mock(|_| {}).await;
     let (nodes, cluster_id) = nodes([true, true], &upstream).await;
     // Credit at the peer first: a spilled request waits at most its max wait.
@@ -328,17 +334,14 @@ async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request()
     let before = upstream.stats().admitted;
     let peer = rpc_addr_of_peer(&nodes[0]).await;
     let spill = |secret: &str, id: &str| {
-        reqwest::Client::new()
-            .post(format!("http://{peer}/internal/v1/spill/chat"))
-            .spilled_by_hand(secret, id, &chat_body("hi", 5))
-            .send()
+        spilled_by_hand(&peer, (&cluster_id, secret), id, &[], &chat_body("hi", 5)).send()
     };
     let wrong = spill("not-the-secret-at-all", &cluster_id).await.unwrap();
     assert_eq!(wrong.status(), 401);
     let other_cluster = spill(SECRET, "another-cluster").await.unwrap();
     assert_eq!(other_cluster.status(), 401);
     let refusals = metrics(&nodes[1]).await;
-    for reason in ["secret", "cluster_id"] {
+    for reason in ["wrong_secret", "cluster_id"] {
         let series = format!("tollgate_internal_rpc_refused_total{{reason=\"{reason}\"}}");
         assert_eq!(count(&refusals, &series), 1, "{reason}: {refusals}");
     }
@@ -380,9 +383,8 @@ async fn the_spill_route_wants_the_cluster_secret_and_serves_a_spilled_request()
         peer_metrics.contains("tollgate_spill_received_total{api=\"chat\",status=\"429\"} 1"),
         "{peer_metrics}"
     );
-    let unknown = reqwest::Client::new()
-        .post(format!("http://{peer}/internal/v1/spill/images"))
-        .header("x-tollgate-cluster-secret", SECRET)
+    let path = "/internal/v1/spill/images";
+    let unknown = rpc_post(&peer, path, (&cluster_id, SECRET), &[], Vec::new())
         .send()
         .await
         .unwrap();
@@ -443,10 +445,9 @@ async fn a_spilled_request_is_served_only_within_its_senders_time_left() {
     served_once(&nodes[1]).await;
     let peer = rpc_addr_of_peer(&nodes[0]).await;
     let started = Instant::now();
-    let answer = reqwest::Client::new()
-        .post(format!("http://{peer}/internal/v1/spill/chat"))
-        .header("x-tollgate-spill-time-left-ms", "400")
-        .spilled_by_hand(SECRET, &cluster_id, &chat_body("hi", 5))
+    let time_left = [("x-tollgate-spill-time-left-ms", "400")];
+    let body = chat_body("hi", 5);
+    let answer = spilled_by_hand(&peer, (&cluster_id, SECRET), &cluster_id, &time_left, &body)
         .send()
         .await
         .unwrap();
@@ -637,9 +638,8 @@ async fn refused_bare(
     who: &str,
 ) {
     let admitted = upstream.stats().admitted;
-    let answer = reqwest::Client::new()
-        .post(format!("http://{peer}/internal/v1/spill/chat"))
-        .spilled_by_hand(SECRET, cluster_id, &chat_body("hi", 5))
+    let body = chat_body("hi", 5);
+    let answer = spilled_by_hand(peer, (cluster_id, SECRET), cluster_id, &[], &body)
         .send()
         .await
         .unwrap();
@@ -722,9 +722,7 @@ async fn spilled_stream_in_flight(
     body["stream"] = serde_json::json!(true);
     let cluster_id = cluster_id.to_owned();
     let stream = tokio::spawn(async move {
-        let answer = reqwest::Client::new()
-            .post(format!("http://{peer}/internal/v1/spill/chat"))
-            .spilled_by_hand(SECRET, &cluster_id, &body)
+        let answer = spilled_by_hand(&peer, (&cluster_id, SECRET), &cluster_id, &[], &body)
             .send()
             .await
             .unwrap();

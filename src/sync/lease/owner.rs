@@ -109,8 +109,8 @@ impl KeyTable {
 pub struct Nudger {
     /// The statement client.
     pub client: reqwest::Client,
-    /// The shared secret.
-    pub secret: String,
+    /// Tags nudges.
+    pub(crate) auth: std::sync::Arc<crate::sync::auth::RpcAuth>,
     /// This cluster's id.
     pub cluster_id: String,
 }
@@ -521,13 +521,13 @@ impl OwnerBook {
                     from: view.self_id.clone(),
                     keys: part.to_vec(),
                 };
-                let (client, secret, rpc) = (
+                let (client, auth, rpc) = (
                     nudger.client.clone(),
-                    nudger.secret.clone(),
+                    nudger.auth.clone(),
                     member.rpc.clone(),
                 );
                 tokio::spawn(async move {
-                    super::rpc::send_nudge(&client, &rpc, &secret, &nudge).await;
+                    super::rpc::send_nudge(&client, &rpc, &auth, &nudge).await;
                 });
             }
         }

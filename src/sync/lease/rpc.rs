@@ -1,17 +1,21 @@
 //! The internal RPC: an axum server on `cluster.rpc_listen` (never the proxy port)
 //! taking statement batches, and a pooled reqwest client sending them. Every
-//! request carries the shared cluster secret; a wrong secret, another cluster's
+//! request carries a tag under the cluster secret (`super::super::auth`),
+//! checked before anything reads it, and every answer a tag binding it to its
+//! request; an untagged, forged, stale or replayed request, another cluster's
 //! id, a malformed or oversized batch is refused with a status, a log line and
 //! `tollgate_internal_rpc_refused_total{reason}`, and changes nothing.
 
 use super::owner::OwnerBook;
 use super::wire::{self, Answer, Answers, Batch, Nudge};
 use crate::ops::metrics::Metrics;
+use crate::sync::auth::{self, AUTH_HEADER, RpcAuth};
 use crate::sync::parts::SpilledRequests;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use std::future::Future;
@@ -23,8 +27,10 @@ use tokio::net::TcpListener;
 pub(crate) struct RpcState {
     /// The lines this node owns.
     pub book: Arc<OwnerBook>,
-    /// The shared secret.
-    pub secret: String,
+    /// Checks requests' tags and tags answers.
+    pub auth: Arc<RpcAuth>,
+    /// Largest spilled request body (the proxy's own bound).
+    pub spill_body_limit: usize,
     /// This cluster's id.
     pub cluster_id: String,
     /// Metrics.
@@ -42,7 +48,75 @@ pub(crate) fn app(state: Arc<RpcState>) -> Router {
         .route(wire::SYNC_PATH, post(sync))
         .route(wire::NUDGE_PATH, post(nudge))
         .route(SPILL_ROUTE, post(spilled))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
+}
+
+/// Every route's gate: reads the body (bounded, within the read timeout),
+/// refuses a request whose tag is missing, forged, stale or seen before, and
+/// tags the answer: over its body for statements and nudges, over its status
+/// alone for a spilled request's answer, which streams.
+async fn authenticate(
+    State(state): State<Arc<RpcState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path().to_owned();
+    let spill = path.starts_with(crate::sync::spill::PATH_PREFIX);
+    let limit = if spill {
+        state.spill_body_limit
+    } else {
+        wire::MAX_BODY_BYTES
+    };
+    let read = axum::body::to_bytes(body, limit);
+    let bytes = match tokio::time::timeout(state.read_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            return refuse(&state, StatusCode::PAYLOAD_TOO_LARGE, "body", e.to_string());
+        }
+        Err(_) => {
+            return refuse(
+                &state,
+                StatusCode::REQUEST_TIMEOUT,
+                "body",
+                "body too slow".into(),
+            );
+        }
+    };
+    let request_tag = match state.auth.verify(&path, &parts.headers, &bytes) {
+        Ok(tag) => tag,
+        Err(refusal) => {
+            let detail = format!("cluster authentication failed: {refusal}");
+            return refuse(
+                &state,
+                StatusCode::UNAUTHORIZED,
+                auth::refusal_label(refusal),
+                detail,
+            );
+        }
+    };
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    let status = response.status().as_u16();
+    if spill {
+        let mut response = response;
+        let tag = request_tag.answer(status, None);
+        if let Ok(value) = HeaderValue::from_str(&tag) {
+            response.headers_mut().insert(AUTH_HEADER, value);
+        }
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // This node's own answers: as large as the batch at most.
+    let Ok(body) = axum::body::to_bytes(body, 2 * wire::MAX_BODY_BYTES).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    if let Ok(value) = HeaderValue::from_str(&request_tag.answer(status, Some(&body))) {
+        parts.headers.insert(AUTH_HEADER, value);
+    }
+    Response::from_parts(parts, Body::from(body))
 }
 
 /// [`PATH_PREFIX`](crate::sync::spill::PATH_PREFIX) with the API's name.
@@ -116,12 +190,8 @@ impl Envelope for Nudge {
 
 /// The body of an authenticated request for this cluster with at most
 /// [`wire::MAX_ENTRIES`] entries, or the refusal to send.
-async fn read_message<T: Envelope>(
-    state: &RpcState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, Response> {
-    let message: T = read_json(state, headers, body).await?;
+async fn read_message<T: Envelope>(state: &RpcState, body: Body) -> Result<T, Response> {
+    let message: T = read_json(state, body).await?;
     if message.cluster_id() != state.cluster_id {
         let detail = format!(
             "cluster id {:?} is not this cluster's",
@@ -137,52 +207,23 @@ async fn read_message<T: Envelope>(
     Ok(message)
 }
 
-/// The body of an authenticated request as `T`, or the refusal to send.
+/// The body of an authenticated request (read whole by [`authenticate`]) as
+/// `T`, or the refusal to send.
 async fn read_json<T: serde::de::DeserializeOwned>(
     state: &RpcState,
-    headers: &HeaderMap,
     body: Body,
 ) -> Result<T, Response> {
-    let given = headers
-        .get(wire::SECRET_HEADER)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    if !wire::secrets_match(given, state.secret.as_bytes()) {
-        return Err(refuse(
-            state,
-            StatusCode::UNAUTHORIZED,
-            "secret",
-            "missing or wrong cluster secret".into(),
-        ));
-    }
-    let read = axum::body::to_bytes(body, wire::MAX_BODY_BYTES);
-    let bytes = match tokio::time::timeout(state.read_timeout, read).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) => {
-            return Err(refuse(
-                state,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body",
-                e.to_string(),
-            ));
-        }
-        Err(_) => {
-            return Err(refuse(
-                state,
-                StatusCode::REQUEST_TIMEOUT,
-                "body",
-                "body too slow".into(),
-            ));
-        }
-    };
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map_err(|e| refuse(state, StatusCode::BAD_REQUEST, "body", e.to_string()))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| refuse(state, StatusCode::BAD_REQUEST, "malformed", e.to_string()))
 }
 
 /// An owner waiting for this holder's statements: the named keys are stated at
 /// the holder's next round (unknown keys are ignored: ownership may differ).
-async fn nudge(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body) -> Response {
-    let nudge: Nudge = match read_message(&state, &headers, body).await {
+async fn nudge(State(state): State<Arc<RpcState>>, body: Body) -> Response {
+    let nudge: Nudge = match read_message(&state, body).await {
         Ok(nudge) => nudge,
         Err(refused) => return refused,
     };
@@ -191,8 +232,8 @@ async fn nudge(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Bod
     axum::Json(serde_json::json!({ "keys": known })).into_response()
 }
 
-async fn sync(State(state): State<Arc<RpcState>>, headers: HeaderMap, body: Body) -> Response {
-    let batch: Batch = match read_message(&state, &headers, body).await {
+async fn sync(State(state): State<Arc<RpcState>>, body: Body) -> Response {
+    let batch: Batch = match read_message(&state, body).await {
         Ok(batch) => batch,
         Err(refused) => return refused,
     };
@@ -220,7 +261,8 @@ pub(crate) enum CallError {
     /// Connect, timeout or transport failure: the owner is unreachable.
     #[error("owner unreachable: {0}")]
     Unreachable(String),
-    /// The owner answered with an error status (secret, cluster id, malformed).
+    /// The owner answered with an error status (authentication, cluster id,
+    /// malformed).
     #[error("owner refused the batch: {status} {body}")]
     Refused {
         /// HTTP status.
@@ -234,18 +276,26 @@ pub(crate) enum CallError {
 }
 
 /// Posts `batch` to the owner at `rpc_addr`; the client carries the timeouts.
+/// An answer without its tag is a bad one: nothing in it is believed.
 pub(crate) async fn call(
     client: &reqwest::Client,
     rpc_addr: &str,
-    secret: &str,
+    auth: &RpcAuth,
     batch: &Batch,
 ) -> Result<Vec<Answer>, CallError> {
     let body = serde_json::to_vec(batch).map_err(|e| CallError::BadAnswer(e.to_string()))?;
-    let response = post_json(client, rpc_addr, wire::SYNC_PATH, secret, body)
+    let (response, request_tag) = post_json(client, rpc_addr, wire::SYNC_PATH, auth, body)
         .await
         .map_err(|e| CallError::Unreachable(e.to_string()))?;
     let status = response.status();
+    let headers = response.headers().clone();
     let bytes = read_capped(response).await?;
+    if status.is_success() && !auth::answered(&request_tag, &headers, status.as_u16(), Some(&bytes))
+    {
+        return Err(CallError::BadAnswer(
+            "an answer without this request's tag".into(),
+        ));
+    }
     if !status.is_success() {
         let body = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
         return Err(CallError::Refused {
@@ -266,7 +316,7 @@ pub(crate) async fn call(
 }
 
 /// Reads an owner's answer, at most `wire::MAX_BODY_BYTES`, as much as a
-/// statement may be: a peer shares the secret, but a bug in one must not make
+/// statement may be: a peer holds the secret, but a bug in one must not make
 /// this node buffer without bound.
 async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, CallError> {
     let mut bytes = Vec::new();
@@ -284,20 +334,24 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, CallErr
     Ok(bytes)
 }
 
-/// POSTs a JSON `body` to `path` on the node at `rpc_addr`, with the secret.
+/// POSTs a JSON `body` to `path` on the node at `rpc_addr`, tagged; returns
+/// the answer and the tag it must carry.
 async fn post_json(
     client: &reqwest::Client,
     rpc_addr: &str,
     path: &str,
-    secret: &str,
+    auth: &RpcAuth,
     body: Vec<u8>,
-) -> Result<reqwest::Response, reqwest::Error> {
-    (client.post(format!("http://{rpc_addr}{path}")))
-        .header(wire::SECRET_HEADER, secret)
-        .header("content-type", "application/json")
+) -> Result<(reqwest::Response, tollgate_cluster::auth::rpc::RequestTag), reqwest::Error> {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let tag = auth.sign(path, &mut headers, &body);
+    let response = (client.post(format!("http://{rpc_addr}{path}")))
+        .headers(headers)
         .body(body)
         .send()
-        .await
+        .await?;
+    Ok((response, tag))
 }
 
 /// Asks the holder at `rpc_addr` to state `nudge.keys` (best effort: a lost
@@ -305,15 +359,15 @@ async fn post_json(
 pub(crate) async fn send_nudge(
     client: &reqwest::Client,
     rpc_addr: &str,
-    secret: &str,
+    auth: &RpcAuth,
     nudge: &Nudge,
 ) {
     let Ok(body) = serde_json::to_vec(nudge) else {
         return;
     };
-    match post_json(client, rpc_addr, wire::NUDGE_PATH, secret, body).await {
-        Ok(r) if r.status().is_success() => {}
-        Ok(r) => tracing::warn!(to = %rpc_addr, status = %r.status(), "lease nudge refused"),
+    match post_json(client, rpc_addr, wire::NUDGE_PATH, auth, body).await {
+        Ok((r, _)) if r.status().is_success() => {}
+        Ok((r, _)) => tracing::warn!(to = %rpc_addr, status = %r.status(), "lease nudge refused"),
         Err(e) => tracing::debug!(to = %rpc_addr, error = %e, "lease nudge not delivered"),
     }
 }

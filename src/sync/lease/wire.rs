@@ -13,9 +13,6 @@ pub(crate) const SYNC_PATH: &str = "/internal/v1/lease/sync";
 /// for it, docs/design/lease.md).
 pub(crate) const NUDGE_PATH: &str = "/internal/v1/lease/nudge";
 
-/// Header carrying the shared cluster secret.
-pub(crate) const SECRET_HEADER: &str = "x-tollgate-cluster-secret";
-
 /// Largest statement batch body accepted, in bytes.
 pub(crate) const MAX_BODY_BYTES: usize = 4 << 20;
 
@@ -248,29 +245,10 @@ pub(crate) fn refusal_code(refusal: &Refusal) -> &'static str {
     }
 }
 
-/// Compares two secrets in time independent of where they differ.
-pub(crate) fn secrets_match(given: &[u8], expected: &[u8]) -> bool {
-    if given.len() != expected.len() {
-        return false;
-    }
-    given
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tollgate_cluster::membership::RPC_VERSION;
-
-    #[test]
-    fn secrets_compare_exactly() {
-        assert!(secrets_match(b"0123456789abcdef", b"0123456789abcdef"));
-        assert!(!secrets_match(b"0123456789abcdeg", b"0123456789abcdef"));
-        assert!(!secrets_match(b"0123456789abcde", b"0123456789abcdef"));
-    }
 
     fn entry(key: &str, usage: usize) -> Entry {
         Entry {

@@ -42,8 +42,8 @@ const FAILURES_BEFORE_BACKOFF: u32 = 2;
 pub(crate) struct HolderSettings {
     /// Cluster id sent with every batch.
     pub cluster_id: String,
-    /// Shared secret.
-    pub secret: String,
+    /// Tags statements and checks the owners' answers.
+    pub auth: std::sync::Arc<crate::sync::auth::RpcAuth>,
     /// Heartbeat rhythm (and the regular round).
     pub sync_interval: Duration,
     /// Credit life.

@@ -79,7 +79,7 @@ impl Owners for PeerOwners {
             );
             // Usually one; all at once when more, each answered in order.
             let calls = (batches.iter())
-                .map(|batch| rpc::call(sender.client, &owner.rpc, &sender.settings.secret, batch));
+                .map(|batch| rpc::call(sender.client, &owner.rpc, &sender.settings.auth, batch));
             let answered = futures_util::future::join_all(calls).await;
             let mut rest = items;
             let mut parts = Vec::with_capacity(batches.len());

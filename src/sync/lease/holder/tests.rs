@@ -33,6 +33,7 @@ upstreams = ["u"]
         ));
     }
     let config = crate::config::Config::from_toml(&text, "test.toml").expect("config");
+    let config_cluster = config.cluster.clone();
     let state = Arc::new(crate::server::build::node_state(config).expect("state"));
     let state = Arc::new(state.sync_parts(None));
     let window = tollgate_cluster::counter::Window::try_new(60_000, 60).expect("window");
@@ -50,9 +51,11 @@ upstreams = ["u"]
         None,
         None,
     );
+    let cluster = (config_cluster.as_ref()).expect("[cluster]");
+    let auth = crate::sync::auth::RpcAuth::new(cluster).expect("keys");
     let settings = HolderSettings {
         cluster_id: "t".into(),
-        secret: String::new(),
+        auth: Arc::new(auth),
         sync_interval: Duration::from_millis(200),
         ttl: Duration::from_secs(3),
         window_ms: 60_000,

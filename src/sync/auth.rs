@@ -1,0 +1,96 @@
+//! The cluster's keys from the config, and the internal RPC's tags over HTTP
+//! headers (`tollgate_cluster::auth` does the cryptography; docs/design/cluster-trust.md).
+
+use crate::config::ClusterConfig;
+use axum::http::{HeaderMap, HeaderValue};
+use tollgate_cluster::auth::keys::Channel;
+use tollgate_cluster::auth::rpc::{RequestTag, RpcSigner, RpcVerifier};
+use tollgate_cluster::auth::{ClusterKeys, Refusal, unix_ms};
+
+pub(crate) use tollgate_cluster::auth::rpc::AUTH_HEADER;
+
+/// The keys of `channel` from `[cluster]` (validated: the secret is set and long
+/// enough, so an error here names a config the validation missed).
+pub(crate) fn keys(config: &ClusterConfig, channel: Channel) -> Result<ClusterKeys, String> {
+    let secret = config.secret.as_deref().unwrap_or_default();
+    ClusterKeys::new(&config.cluster_id, secret, &config.accept_secrets, channel)
+        .map_err(|e| format!("cluster.secret: {e}"))
+}
+
+/// A node's RPC signer and verifier.
+#[derive(Debug)]
+pub(crate) struct RpcAuth {
+    signer: RpcSigner,
+    verifier: RpcVerifier,
+}
+
+/// `headers` as the (name, value) pairs a tag covers.
+fn pairs(headers: &HeaderMap) -> Vec<(&str, &[u8])> {
+    (headers.iter())
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect()
+}
+
+impl RpcAuth {
+    /// From `[cluster]`.
+    pub(crate) fn new(config: &ClusterConfig) -> Result<RpcAuth, String> {
+        let keys = keys(config, Channel::Rpc)?;
+        Ok(RpcAuth {
+            signer: RpcSigner::new(keys.clone()),
+            verifier: RpcVerifier::new(keys),
+        })
+    }
+
+    /// Signs a request to `path` with `headers` and `body`: adds the tag to
+    /// `headers`, returns what the answer is checked against.
+    pub(crate) fn sign(&self, path: &str, headers: &mut HeaderMap, body: &[u8]) -> RequestTag {
+        sign_with(&self.signer, path, headers, body)
+    }
+
+    /// The request's tag if it is authentic, fresh and new.
+    pub(crate) fn verify(
+        &self,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<RequestTag, Refusal> {
+        let auth = headers.get(AUTH_HEADER).map(HeaderValue::as_bytes);
+        (self.verifier).verify(auth, path, &pairs(headers), body, unix_ms())
+    }
+}
+
+/// [`RpcAuth::sign`] with a signer alone (a node that only sends).
+pub(crate) fn sign_with(
+    signer: &RpcSigner,
+    path: &str,
+    headers: &mut HeaderMap,
+    body: &[u8],
+) -> RequestTag {
+    let (auth, tag) = signer.sign(path, &pairs(headers), body, unix_ms());
+    if let Ok(value) = HeaderValue::from_str(&auth) {
+        headers.insert(AUTH_HEADER, value);
+    }
+    tag
+}
+
+/// Whether `headers` carry the tag of the answer to `request` with `status`
+/// and `body` (`None`: a streamed answer, tagged on its status alone).
+pub(crate) fn answered(
+    request: &RequestTag,
+    headers: &HeaderMap,
+    status: u16,
+    body: Option<&[u8]>,
+) -> bool {
+    let tag = headers.get(AUTH_HEADER).map(HeaderValue::as_bytes);
+    request.answered_by(tag, status, body)
+}
+
+/// The reason label of an RPC refused for its tag
+/// (`tollgate_internal_rpc_refused_total{reason}`).
+pub(crate) fn refusal_label(refusal: Refusal) -> &'static str {
+    match refusal {
+        // No tag, or not one of this format: the old plain-secret header too.
+        Refusal::Malformed => "unauthenticated",
+        other => other.label(),
+    }
+}
