@@ -168,7 +168,7 @@ async fn forward(
     let guard = InFlight::new(state.clone(), slot);
     let path = format!("{PATH_PREFIX}{}", request.api.as_str());
     let url = format!("http://{}{path}", peer.rpc);
-    let Some((headers, request_tag)) = hop_headers(board, &path, request) else {
+    let Some((headers, request_tag)) = hop_headers(board, &peer.rpc, &path, request) else {
         state.metrics.spilled("failed");
         return Delivery::NotDelivered;
     };
@@ -243,6 +243,7 @@ async fn forward(
 /// and the tag over them and the body; `None` when a value cannot be a header.
 fn hop_headers(
     board: &Board,
+    to: &str,
     path: &str,
     request: &Refused<'_>,
 ) -> Option<(HeaderMap, tollgate_cluster::auth::rpc::RequestTag)> {
@@ -261,7 +262,7 @@ fn hop_headers(
     headers.insert(MAX_WAIT_HEADER, value(wait_ms.to_string())?);
     let time_left = time_left_ms(request.deadline).to_string();
     headers.insert(TIME_LEFT_HEADER, value(time_left)?);
-    let tag = crate::sync::auth::sign_with(board.signer(), path, &mut headers, &request.body);
+    let tag = crate::sync::auth::sign_with(board.signer(), to, path, &mut headers, &request.body);
     Some((headers, tag))
 }
 

@@ -4,7 +4,7 @@
 use crate::config::ClusterConfig;
 use axum::http::{HeaderMap, HeaderValue};
 use tollgate_cluster::auth::keys::Channel;
-use tollgate_cluster::auth::rpc::{RequestTag, RpcSigner, RpcVerifier};
+use tollgate_cluster::auth::rpc::{Request, RequestTag, RpcSigner, RpcVerifier};
 use tollgate_cluster::auth::{ClusterKeys, Refusal, unix_ms};
 
 pub(crate) use tollgate_cluster::auth::rpc::AUTH_HEADER;
@@ -22,6 +22,16 @@ pub(crate) fn keys(config: &ClusterConfig, channel: Channel) -> Result<ClusterKe
 pub(crate) struct RpcAuth {
     signer: RpcSigner,
     verifier: RpcVerifier,
+    /// The RPC address this node announces: what its requests are tagged for.
+    own: String,
+}
+
+/// The RPC address a node announces to its peers (its metadata's `rpc_addr`).
+pub(crate) fn announced_rpc(config: &ClusterConfig) -> String {
+    (config.rpc_advertise.or(config.rpc_listen))
+        .or(config.gossip_advertise)
+        .unwrap_or(config.gossip_listen)
+        .to_string()
 }
 
 /// `headers` as the (name, value) pairs a tag covers.
@@ -38,16 +48,24 @@ impl RpcAuth {
         Ok(RpcAuth {
             signer: RpcSigner::new(keys.clone()),
             verifier: RpcVerifier::new(keys),
+            own: announced_rpc(config),
         })
     }
 
-    /// Signs a request to `path` with `headers` and `body`: adds the tag to
-    /// `headers`, returns what the answer is checked against.
-    pub(crate) fn sign(&self, path: &str, headers: &mut HeaderMap, body: &[u8]) -> RequestTag {
-        sign_with(&self.signer, path, headers, body)
+    /// Signs a request to the node at `to` (its announced RPC address) on
+    /// `path` with `headers` and `body`: adds the tag to `headers`, returns
+    /// what the answer is checked against.
+    pub(crate) fn sign(
+        &self,
+        to: &str,
+        path: &str,
+        headers: &mut HeaderMap,
+        body: &[u8],
+    ) -> RequestTag {
+        sign_with(&self.signer, to, path, headers, body)
     }
 
-    /// The request's tag if it is authentic, fresh and new.
+    /// The request's tag if it is authentic, for this node, fresh and new.
     pub(crate) fn verify(
         &self,
         path: &str,
@@ -55,18 +73,33 @@ impl RpcAuth {
         body: &[u8],
     ) -> Result<RequestTag, Refusal> {
         let auth = headers.get(AUTH_HEADER).map(HeaderValue::as_bytes);
-        (self.verifier).verify(auth, path, &pairs(headers), body, unix_ms())
+        let headers = pairs(headers);
+        let request = Request {
+            to: &self.own,
+            path,
+            headers: &headers,
+            body,
+        };
+        self.verifier.verify(auth, &request, unix_ms())
     }
 }
 
 /// [`RpcAuth::sign`] with a signer alone (a node that only sends).
 pub(crate) fn sign_with(
     signer: &RpcSigner,
+    to: &str,
     path: &str,
     headers: &mut HeaderMap,
     body: &[u8],
 ) -> RequestTag {
-    let (auth, tag) = signer.sign(path, &pairs(headers), body, unix_ms());
+    let pairs = pairs(headers);
+    let request = Request {
+        to,
+        path,
+        headers: &pairs,
+        body,
+    };
+    let (auth, tag) = signer.sign(&request, unix_ms());
     if let Ok(value) = HeaderValue::from_str(&auth) {
         headers.insert(AUTH_HEADER, value);
     }

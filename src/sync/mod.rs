@@ -139,10 +139,7 @@ fn membership_config(config: &ClusterConfig, proxy: SocketAddr) -> MembershipCon
         .as_millis() as u64;
     let metadata = NodeMetadata {
         proxy_addr: proxy.to_string(),
-        rpc_addr: (config.rpc_advertise.or(config.rpc_listen))
-            .or(config.gossip_advertise)
-            .unwrap_or(config.gossip_listen)
-            .to_string(),
+        rpc_addr: auth::announced_rpc(config),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         sync_mode: format!("{:?}", config.mode).to_lowercase(),
         rpc_version: tollgate_cluster::membership::RPC_VERSION,

@@ -20,10 +20,17 @@ pub(crate) fn rpc_post(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> reqwest::RequestBuilder {
-    use tollgate_cluster::auth::{ClusterKeys, keys::Channel, rpc::RpcSigner, unix_ms};
+    use tollgate_cluster::auth::rpc::{Request, RpcSigner};
+    use tollgate_cluster::auth::{ClusterKeys, keys::Channel, unix_ms};
     let keys = ClusterKeys::new(cluster_id, secret, &[], Channel::Rpc).unwrap();
     let pairs: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
-    let (auth, _) = RpcSigner::new(keys).sign(path, &pairs, &body, unix_ms());
+    let request = Request {
+        to: rpc,
+        path,
+        headers: &pairs,
+        body: &body,
+    };
+    let (auth, _) = RpcSigner::new(keys).sign(&request, unix_ms());
     let mut request = reqwest::Client::new()
         .post(format!("http://{rpc}{path}"))
         .header("x-tollgate-auth", auth);

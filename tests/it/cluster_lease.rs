@@ -1313,20 +1313,27 @@ mod owner_at_version {
         grants: Grants,
         key: &'static str,
     ) -> Arc<Seen> {
-        use tollgate_cluster::auth::rpc::RpcVerifier;
+        use tollgate_cluster::auth::rpc::{Request, RpcVerifier};
         use tollgate_cluster::auth::{ClusterKeys, keys::Channel, unix_ms};
         let seen = Arc::new(Seen::default());
         let keys = ClusterKeys::new(cluster_id, super::SECRET, &[], Channel::Rpc).unwrap();
         let verifier = Arc::new(RpcVerifier::new(keys));
+        let to = listener.local_addr().unwrap().to_string();
         let sync = move |State(seen): State<Arc<Seen>>, headers: HeaderMap, body: Bytes| {
-            let verifier = verifier.clone();
+            let (verifier, to) = (verifier.clone(), to.clone());
             async move {
                 let pairs: Vec<(&str, &[u8])> = (headers.iter())
                     .map(|(n, v)| (n.as_str(), v.as_bytes()))
                     .collect();
                 let auth = headers.get("x-tollgate-auth").map(|v| v.as_bytes());
                 let path = "/internal/v1/lease/sync";
-                let Ok(tag) = verifier.verify(auth, path, &pairs, &body, unix_ms()) else {
+                let request = Request {
+                    to: &to,
+                    path,
+                    headers: &pairs,
+                    body: &body,
+                };
+                let Ok(tag) = verifier.verify(auth, &request, unix_ms()) else {
                     return (StatusCode::UNAUTHORIZED, HeaderMap::new(), String::new());
                 };
                 let (status, answer) = answer(&seen, grants, version, key, &body);

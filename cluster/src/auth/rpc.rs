@@ -4,7 +4,9 @@
 //! v1 <key id hex> <sender hex> <number> <unix ms> <tag hex>
 //! ```
 //!
-//! the tag an HMAC-SHA256 over those fields, the path, the headers that carry
+//! the tag an HMAC-SHA256 over those fields, the address the request is for
+//! (the receiver's announced RPC address: a request captured on its way to
+//! one node is refused by every other), the path, the headers that carry
 //! meaning ([`is_signed`]: the tenant's credentials and every `x-` header) and
 //! the body. The answer carries the HMAC, under the same key, of the request's
 //! tag, its status and (for answers read whole) its body: an answer cannot be
@@ -82,21 +84,36 @@ impl Stamp {
     }
 }
 
-/// The tag of a request: its stamp, path, signed headers (sorted by name, each
-/// name's values in order) and body.
-fn request_tag(
-    key: &Key,
-    stamp: &Stamp,
-    path: &str,
-    headers: &[(&str, &[u8])],
-    body: &[u8],
-) -> Tagger {
+/// What a request's tag covers besides its stamp.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The receiver's announced RPC address (`host:port`).
+    pub to: &'a str,
+    /// The path.
+    pub path: &'a str,
+    /// Every header as (lower-case name, value); [`is_signed`] picks.
+    pub headers: &'a [(&'a str, &'a [u8])],
+    /// The body.
+    pub body: &'a [u8],
+}
+
+/// The tag of a request: its stamp, destination, path, signed headers (sorted
+/// by name, each name's values in order) and body.
+fn request_tag(key: &Key, stamp: &Stamp, request: &Request<'_>) -> Tagger {
+    let Request {
+        to,
+        path,
+        headers,
+        body,
+    } = *request;
     let mut tag = key.tagger();
     tag.update(b"tollgate rpc request v1\n");
     tag.update(&stamp.key_id);
     tag.update(&stamp.sender.to_be_bytes());
     tag.update(&stamp.number.to_be_bytes());
     tag.update(&stamp.unix_ms.to_be_bytes());
+    tag.update(to.as_bytes());
+    tag.update(b"\n");
     tag.update(path.as_bytes());
     tag.update(b"\n");
     let mut signed: Vec<&(&str, &[u8])> = headers.iter().filter(|(n, _)| is_signed(n)).collect();
@@ -146,15 +163,9 @@ impl RpcSigner {
         }
     }
 
-    /// The [`AUTH_HEADER`] value for a request to `path` with `headers` and
-    /// `body`, at `unix_ms`, and the tag its answer is checked against.
-    pub fn sign(
-        &self,
-        path: &str,
-        headers: &[(&str, &[u8])],
-        body: &[u8],
-        unix_ms: u64,
-    ) -> (String, RequestTag) {
+    /// The [`AUTH_HEADER`] value for `request` at `unix_ms`, and the tag its
+    /// answer is checked against.
+    pub fn sign(&self, request: &Request<'_>, unix_ms: u64) -> (String, RequestTag) {
         let key = self.keys.sending();
         let stamp = Stamp {
             key_id: key.id(),
@@ -162,7 +173,7 @@ impl RpcSigner {
             number: self.next.fetch_add(1, Ordering::Relaxed),
             unix_ms,
         };
-        let tag: [u8; TAG_LEN] = request_tag(key, &stamp, path, headers, body)
+        let tag: [u8; TAG_LEN] = request_tag(key, &stamp, request)
             .finalize()
             .into_bytes()
             .into();
@@ -212,19 +223,17 @@ impl RpcVerifier {
     }
 
     /// The request's tag when `auth` (its [`AUTH_HEADER`]) is a valid tag of
-    /// `path`, `headers` and `body` under an accepted key, within the clock
-    /// skew of `now_ms`, and not seen before; else why not.
+    /// `request` under an accepted key, within the clock skew of `now_ms`, and
+    /// not seen before; else why not.
     pub fn verify(
         &self,
         auth: Option<&[u8]>,
-        path: &str,
-        headers: &[(&str, &[u8])],
-        body: &[u8],
+        request: &Request<'_>,
         now_ms: u64,
     ) -> Result<RequestTag, Refusal> {
         let (stamp, tag) = auth.and_then(Stamp::parse).ok_or(Refusal::Malformed)?;
         let key = (self.keys.accepted(stamp.key_id)).ok_or(Refusal::UnknownKey)?;
-        (request_tag(key, &stamp, path, headers, body))
+        (request_tag(key, &stamp, request))
             .verify_slice(&tag)
             .map_err(|_| Refusal::BadTag)?;
         if !fresh(stamp.unix_ms, now_ms) {
@@ -254,6 +263,7 @@ mod tests {
 
     const NOW: u64 = 1_700_000_000_000;
     const SECRET: &str = "cluster-secret-0123456789";
+    const OWNER: &str = "10.0.0.1:7300";
 
     fn keys(secret: &str) -> ClusterKeys {
         ClusterKeys::new("c", secret, &[], Channel::Rpc).unwrap()
@@ -265,25 +275,40 @@ mod tests {
         ("user-agent", b"reqwest"),
     ];
 
+    fn request<'a>(
+        to: &'a str,
+        path: &'a str,
+        headers: &'a [(&'a str, &'a [u8])],
+        body: &'a [u8],
+    ) -> Request<'a> {
+        Request {
+            to,
+            path,
+            headers,
+            body,
+        }
+    }
+
+    /// A request to the owner on `/p` with [`HEADERS`].
+    fn to_owner(body: &[u8]) -> Request<'_> {
+        request(OWNER, "/p", HEADERS, body)
+    }
+
     #[test]
     fn a_signed_request_verifies_once_and_its_answer_binds_to_it() {
         let signer = RpcSigner::new(keys(SECRET));
         let verifier = RpcVerifier::new(keys(SECRET));
-        let (auth, sent) = signer.sign("/p", HEADERS, b"{}", NOW);
-        let got = verifier.verify(Some(auth.as_bytes()), "/p", HEADERS, b"{}", NOW);
+        let (auth, sent) = signer.sign(&to_owner(b"{}"), NOW);
+        let got = verifier.verify(Some(auth.as_bytes()), &to_owner(b"{}"), NOW);
         let got = got.unwrap();
-        assert_eq!(
-            verifier
-                .verify(Some(auth.as_bytes()), "/p", HEADERS, b"{}", NOW)
-                .unwrap_err(),
-            Refusal::Replayed
-        );
+        let again = verifier.verify(Some(auth.as_bytes()), &to_owner(b"{}"), NOW);
+        assert_eq!(again.unwrap_err(), Refusal::Replayed);
         let answer = got.answer(200, Some(b"[1]"));
         assert!(sent.answered_by(Some(answer.as_bytes()), 200, Some(b"[1]")));
         assert!(!sent.answered_by(Some(answer.as_bytes()), 200, Some(b"[2]")));
         assert!(!sent.answered_by(Some(answer.as_bytes()), 500, Some(b"[1]")));
         assert!(!sent.answered_by(None, 200, Some(b"[1]")));
-        let (_, other) = signer.sign("/p", HEADERS, b"{}", NOW);
+        let (_, other) = signer.sign(&to_owner(b"{}"), NOW);
         assert!(
             !other.answered_by(Some(answer.as_bytes()), 200, Some(b"[1]")),
             "another request's answer"
@@ -294,54 +319,57 @@ mod tests {
     fn what_the_tag_covers_cannot_change() {
         let signer = RpcSigner::new(keys(SECRET));
         let verifier = RpcVerifier::new(keys(SECRET));
-        let check = |path: &str, headers: &[(&str, &[u8])], body: &[u8]| {
-            let (auth, _) = signer.sign("/p", HEADERS, b"{}", NOW);
-            verifier
-                .verify(Some(auth.as_bytes()), path, headers, body, NOW)
-                .map(|_| ())
+        let check = |received: Request<'_>| {
+            let (auth, _) = signer.sign(&to_owner(b"{}"), NOW);
+            (verifier.verify(Some(auth.as_bytes()), &received, NOW)).map(|_| ())
         };
-        assert_eq!(check("/q", HEADERS, b"{}"), Err(Refusal::BadTag));
-        assert_eq!(check("/p", HEADERS, b"{ }"), Err(Refusal::BadTag));
+        let bad = Err(Refusal::BadTag);
+        assert_eq!(
+            check(request("10.0.0.2:7300", "/p", HEADERS, b"{}")),
+            bad,
+            "another node"
+        );
+        assert_eq!(check(request(OWNER, "/q", HEADERS, b"{}")), bad);
+        assert_eq!(check(to_owner(b"{ }")), bad);
         let other_tenant: &[(&str, &[u8])] =
             &[("authorization", b"Bearer another"), HEADERS[1], HEADERS[2]];
-        assert_eq!(check("/p", other_tenant, b"{}"), Err(Refusal::BadTag));
+        assert_eq!(check(request(OWNER, "/p", other_tenant, b"{}")), bad);
         let added: &[(&str, &[u8])] = &[
             HEADERS[0],
             HEADERS[1],
             HEADERS[2],
             ("x-tollgate-priority", b"high"),
         ];
-        assert_eq!(check("/p", added, b"{}"), Err(Refusal::BadTag));
-        // What a connection adds is not covered.
+        assert_eq!(check(request(OWNER, "/p", added, b"{}")), bad);
+        // What a connection adds is not covered, nor the order of headers.
         let agent: &[(&str, &[u8])] = &[HEADERS[0], HEADERS[1], ("user-agent", b"curl")];
-        assert_eq!(check("/p", agent, b"{}"), Ok(()));
-        // Nor does the order of different headers matter.
+        assert_eq!(check(request(OWNER, "/p", agent, b"{}")), Ok(()));
         let reordered: &[(&str, &[u8])] = &[HEADERS[2], HEADERS[1], HEADERS[0]];
-        assert_eq!(check("/p", reordered, b"{}"), Ok(()));
+        assert_eq!(check(request(OWNER, "/p", reordered, b"{}")), Ok(()));
     }
 
     #[test]
     fn wrong_missing_stale_and_foreign_tags_are_refused() {
         let verifier = RpcVerifier::new(keys(SECRET));
         let verify = |auth: Option<&str>, now: u64| {
-            verifier
-                .verify(auth.map(str::as_bytes), "/p", HEADERS, b"", now)
-                .map(|_| ())
+            let auth = auth.map(str::as_bytes);
+            (verifier.verify(auth, &to_owner(b""), now)).map(|_| ())
         };
         assert_eq!(verify(None, NOW), Err(Refusal::Malformed));
         assert_eq!(
             verify(Some(SECRET), NOW),
             Err(Refusal::Malformed),
-            "the old header's plain secret"
+            "the plain secret in the tag's place"
         );
         let stranger = RpcSigner::new(keys("not-the-secret-0123456789"));
-        let (auth, _) = stranger.sign("/p", HEADERS, b"", NOW);
+        let (auth, _) = stranger.sign(&to_owner(b""), NOW);
         assert_eq!(verify(Some(&auth), NOW), Err(Refusal::UnknownKey));
         let ours = RpcSigner::new(keys(SECRET));
-        let (auth, _) = ours.sign("/p", HEADERS, b"", NOW);
+        let (auth, _) = ours.sign(&to_owner(b""), NOW);
         assert_eq!(verify(Some(&auth), NOW + 31_000), Err(Refusal::Stale));
         let mut forged = auth.clone();
-        forged.replace_range(forged.len() - 2.., "00");
+        let other = if auth.ends_with("00") { "01" } else { "00" };
+        forged.replace_range(forged.len() - 2.., other);
         assert_eq!(verify(Some(&forged), NOW), Err(Refusal::BadTag));
         assert_eq!(verify(Some(&auth), NOW), Ok(()), "refusals used up nothing");
     }

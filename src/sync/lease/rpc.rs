@@ -345,7 +345,7 @@ async fn post_json(
 ) -> Result<(reqwest::Response, tollgate_cluster::auth::rpc::RequestTag), reqwest::Error> {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
-    let tag = auth.sign(path, &mut headers, &body);
+    let tag = auth.sign(rpc_addr, path, &mut headers, &body);
     let response = (client.post(format!("http://{rpc_addr}{path}")))
         .headers(headers)
         .body(body)

@@ -11,6 +11,7 @@
 //! - [`hosts`]: namespaces, veths, the bridge, cuts.
 //! - [`procs`]: node and mock processes (kill -9, pause, restart, stop).
 //! - [`nemesis`]: the faults, scheduled from the seed on one timeline.
+//! - [`intruder`]: the `intruder` nemesis's processes without the secret.
 //! - [`workload`]: the clients (tenants, streams, lanes, retry-after).
 //! - [`tasks`]: the seed scenario's task workers.
 //! - [`run`]: one run, end to end, and its report.
@@ -21,6 +22,7 @@
 pub mod bench;
 pub mod checker;
 pub mod hosts;
+pub mod intruder;
 pub mod nemesis;
 pub mod procs;
 pub mod run;

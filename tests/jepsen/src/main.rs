@@ -35,6 +35,9 @@ enum Cmd {
     Node(NodeArgs),
     /// (inside a host) The mock upstream with a JSONL log.
     Mock(MockArgs),
+    /// (inside a host) The `intruder` nemesis's interceptor: sends the gossip
+    /// and RPCs the host receives again, as they were and altered.
+    Intercept(tollgate_jepsen::intruder::InterceptArgs),
 }
 
 #[derive(clap::Args)]
@@ -230,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Node(args) => node(args).await,
         Cmd::Mock(args) => mock(args).await,
+        Cmd::Intercept(args) => tollgate_jepsen::intruder::intercept(args).await,
     }
 }
 

@@ -11,6 +11,7 @@ use crate::procs::Proc;
 use anyhow::bail;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::path::Path;
 
 /// Packet loss of the `loss` nemesis between nodes, in percent.
 pub const LOSS_PERCENT: u8 = 30;
@@ -49,6 +50,7 @@ pub const NAMES: &[&str] = &[
     "skew",
     "wall-step",
     "redis-kill",
+    "intruder",
 ];
 
 /// One thing done to the cluster at one moment.
@@ -92,6 +94,10 @@ pub enum Action {
     KillRedis,
     /// Start Redis again (its AOF brings the windows back).
     StartRedis,
+    /// Start the intruders on a node's host (`crate::intruder`).
+    Intrude(usize),
+    /// Check what they achieved, and stop them.
+    Unintrude(usize),
 }
 
 /// An action at a fraction of the run's duration.
@@ -180,6 +186,7 @@ pub fn schedule(nemeses: &[String], nodes: usize, seed: u64) -> anyhow::Result<V
             "wall-step" => (Action::WallStep, Action::WallUnstep),
             "slow" => (Action::Slow, Action::Unslow),
             "redis-kill" => (Action::KillRedis, Action::StartRedis),
+            "intruder" => (Action::Intrude(victim), Action::Unintrude(victim)),
             other => bail!("unknown nemesis {other:?} (one of {})", NAMES.join(", ")),
         };
         steps.push(Step {
@@ -209,6 +216,16 @@ pub struct Targets<'a> {
     pub redis: Option<&'a mut Proc>,
     /// Redis's host, in the Redis modes.
     pub redis_host: Option<&'a Host>,
+    /// The run's directory (configs, logs) and the harness binary.
+    pub dir: &'a Path,
+    /// The harness binary (the intruders' too).
+    pub bin: &'a Path,
+    /// The cluster's ports.
+    pub ports: crate::intruder::Ports,
+    /// The intruders while the `intruder` nemesis is on.
+    pub intrusion: Option<crate::intruder::Intrusion>,
+    /// Checks the nemeses made (the intruders').
+    pub checks: Vec<crate::checker::Check>,
 }
 
 impl Targets<'_> {
@@ -281,7 +298,33 @@ impl Targets<'_> {
             Action::KillRedis | Action::StartRedis => {
                 self.redis(*action == Action::KillRedis).await?
             }
+            Action::Intrude(n) => self.intrude(*n)?,
+            Action::Unintrude(n) => self.unintrude(*n).await,
         })
+    }
+
+    /// Starts the intruders on node `n`'s host.
+    fn intrude(&mut self, n: usize) -> anyhow::Result<String> {
+        let ips: Vec<String> = self.hosts.iter().map(|h| h.ip.clone()).collect();
+        let host = &self.hosts[n];
+        let intrusion =
+            crate::intruder::Intrusion::start(self.dir, self.bin, host, n, &ips, self.ports)?;
+        self.intrusion = Some(intrusion);
+        Ok(format!(
+            "intruders on n{n}'s host: a stranger, an impostor of n{n}, an interceptor"
+        ))
+    }
+
+    /// Checks what the intruders achieved (into `checks`), and stops them.
+    async fn unintrude(&mut self, n: usize) -> String {
+        let ips: Vec<String> = self.hosts.iter().map(|h| h.ip.clone()).collect();
+        let Some(intrusion) = self.intrusion.take() else {
+            return format!("no intruders on n{n}'s host");
+        };
+        let check = intrusion.end(&ips, self.ports).await;
+        let verdict = if check.ok { "kept out" } else { "GOT IN" };
+        self.checks.push(check);
+        format!("intruders on n{n}'s host stopped: {verdict}")
     }
 
     /// Cuts node `n` off from every other node and from Redis (`on`), or heals it.

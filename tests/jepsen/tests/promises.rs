@@ -102,17 +102,20 @@ macro_rules! promises {
 // fault in a run of its own (its partition and kill are below, under agents'
 // traffic and with a concurrency limit); the other modes meet a kill and a
 // pause in one run (two victims, the faults overlapping), which proves both at
-// once. `redis-lease`'s partition is below too.
+// once. `redis-lease`'s partition is below too. In one run of each mode,
+// intruders without the cluster secret (a stranger, an impostor of a member's
+// `node_id`, an interceptor sending captured gossip and RPCs again) try to take
+// part: the promise and liveness hold, and none gets in.
 promises! {
-    local_split_partition: "local-split", "partition", 40;
+    local_split_partition_intruder: "local-split", "partition,intruder", 40;
     local_split_kill_pause: "local-split", "kill,pause", 41;
-    gossip_partition: "gossip", "partition", 43;
+    gossip_partition_intruder: "gossip", "partition,intruder", 43;
     gossip_kill_pause: "gossip", "kill,pause", 44;
-    lease_pause: "lease", "pause", 48;
-    redis_partition: "redis", "partition", 49;
+    lease_pause_intruder: "lease", "pause,intruder", 48;
+    redis_partition_intruder: "redis", "partition,intruder", 49;
     redis_kill_pause: "redis", "kill,pause", 50;
     redis_redis_kill: "redis", "redis-kill", 52;
-    redis_lease_kill_pause: "redis-lease", "kill,pause", 54;
+    redis_lease_kill_pause_intruder: "redis-lease", "kill,pause,intruder", 54;
     redis_lease_redis_kill: "redis-lease", "redis-kill", 56;
     // A node cut from its peers and from Redis at once: in `redis` it must not
     // spend a share nobody charges (without the peers' confirmation of a loss,

@@ -208,23 +208,23 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     let end = started + spec.duration;
     let load = tokio::spawn(load(&spec, ips.clone(), &mock_host.ip, started, end));
     let monitor = tokio::spawn(monitor(ips.clone(), mock_host.ip.clone(), started, end));
-    let mut targets = Targets {
+    let targets = Targets {
         net: &net,
         hosts: &node_hosts,
         nodes: &mut nodes,
         redis: redis.as_mut(),
         redis_host,
+        dir: &spec.dir,
+        bin: &spec.bin,
+        ports: crate::intruder::Ports {
+            proxy: PROXY_PORT,
+            gossip: GOSSIP_PORT,
+            rpc: RPC_PORT,
+        },
+        intrusion: None,
+        checks: Vec::new(),
     };
-    let mut events = Vec::new();
-    for step in &schedule {
-        tokio::time::sleep_until(started + spec.duration.mul_f64(step.at)).await;
-        let what = targets.apply(&step.action).await?;
-        events.push(Event {
-            at_ms: started.elapsed().as_millis() as u64,
-            what,
-            step: step.clone(),
-        });
-    }
+    let (events, nemesis_checks) = play(&spec, &schedule, targets, started).await?;
     let (ops, task_log) = load.await.context("workload")?;
     let (samples, upstream) = monitor.await.context("monitor")?;
     let settlements = settlements(&ips, &spec.dir).await;
@@ -247,7 +247,8 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
         upstream: &upstream,
         settlements: &settlements,
     };
-    let checks = check(&spec, &observed, &lines, &ops)?;
+    let mut checks = check(&spec, &observed, &lines, &ops)?;
+    checks.extend(nemesis_checks);
     // The clients' clock against the mock's, for later analysis (`refusals`).
     std::fs::write(
         spec.dir.join("clock.json"),
@@ -257,6 +258,32 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<Outcome> {
     std::fs::write(&report, render(&spec, &checks, &events, &ops))?;
     report::write_timeline(&spec, &ops, &faults)?;
     Ok(Outcome { checks, report })
+}
+
+/// Applies each step of `schedule` at its time; returns what was done and the
+/// checks the nemeses made (the intruders', also when the run ends first).
+async fn play(
+    spec: &RunSpec,
+    schedule: &[Step],
+    mut targets: Targets<'_>,
+    started: Instant,
+) -> anyhow::Result<(Vec<Event>, Vec<Check>)> {
+    let mut events = Vec::new();
+    for step in schedule {
+        tokio::time::sleep_until(started + spec.duration.mul_f64(step.at)).await;
+        let what = targets.apply(&step.action).await?;
+        events.push(Event {
+            at_ms: started.elapsed().as_millis() as u64,
+            what,
+            step: step.clone(),
+        });
+    }
+    let mut checks = std::mem::take(&mut targets.checks);
+    if let Some(intrusion) = targets.intrusion.take() {
+        let ips: Vec<String> = targets.hosts.iter().map(|h| h.ip.clone()).collect();
+        checks.push(intrusion.end(&ips, targets.ports).await);
+    }
+    Ok((events, checks))
 }
 
 /// What a run observed besides the clients' history and the mock's log.
