@@ -31,6 +31,8 @@ pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod faults;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod limiter;
 pub mod listen;
 pub mod load;

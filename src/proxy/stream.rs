@@ -157,6 +157,12 @@ impl SseScanner {
         }
     }
 
+    /// Bytes the scans looked at so far: a scan costs each byte about once,
+    /// however the stream is chunked (the fuzz target bounds it).
+    pub fn examined(&self) -> u64 {
+        self.examined
+    }
+
     /// How the stream's permits settle once it ended: from the final usage, or
     /// as reserved without one.
     pub fn settlement(&self) -> SettleWith {

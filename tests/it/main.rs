@@ -16,6 +16,7 @@ mod cluster_spill;
 mod conformance;
 mod connections;
 mod estimates;
+mod fuzz_corpus;
 mod layers;
 mod mock_upstream;
 mod ops;

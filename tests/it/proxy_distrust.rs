@@ -1,10 +1,12 @@
 //! What a node takes from a provider that is wrong or hostile: usage figures
-//! beyond what a request could have used are clamped, and a refusal of the
+//! beyond what a request could have used are clamped, figures that are not
+//! counts are refused, answers are read within a bound, and a refusal of the
 //! gateway's own credentials never reaches the tenant as the tenant's.
 
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
 use crate::common::*;
+use axum::response::IntoResponse;
 
 /// A provider that reports 2^60 more tokens than it served, each way: the
 /// tenant is charged within the request's bound (its prompt twice over plus
@@ -61,4 +63,83 @@ async fn an_upstream_refusing_the_gateways_key_is_the_gateways_error_and_says_no
     assert_eq!(upstream.stats().refused.unauthorized, 1);
     n.stop().await;
     upstream.shutdown().await.unwrap();
+}
+
+/// An upstream made by hand: every `POST /v1/chat/completions` gets `answer`.
+struct HandUpstream {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Upstream for HandUpstream {
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+impl HandUpstream {
+    async fn start(answer: fn() -> axum::response::Response) -> HandUpstream {
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || async move { answer() }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        HandUpstream { addr, task }
+    }
+}
+
+/// A usage figure below zero does not parse as a count: the answer is the
+/// gateway's 502 (the tenant, served nothing, is refunded; an upstream limit
+/// keeps its charge), never a settlement with a figure that wrapped.
+#[tokio::test]
+async fn a_negative_usage_figure_is_a_malformed_answer() {
+    let upstream = HandUpstream::start(|| {
+        let body = serde_json::json!({
+            "id": "x", "object": "chat.completion", "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": -500, "completion_tokens": -7, "total_tokens": -507},
+        });
+        axum::Json(body).into_response()
+    })
+    .await;
+    let n = node_with_transport(&single("tpm = 100000"), &[&upstream], None).await;
+    let response = post(&n, "/chat/completions", chat_body("hello", 16), &[]).await;
+    assert_eq!(response.status(), 502);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    n.stop().await;
+    upstream.task.abort();
+}
+
+/// An answer longer than the gateway reads (64 MiB) is cut there: the tenant
+/// gets a 502 and the node does not buffer the rest.
+#[tokio::test]
+async fn an_answer_beyond_the_body_bound_is_cut_off() {
+    let upstream = HandUpstream::start(|| {
+        let chunk = bytes::Bytes::from(vec![b' '; 1 << 20]);
+        let chunks = (0..80).map(move |_| Ok::<_, std::io::Error>(chunk.clone()));
+        let endless = futures_util::stream::iter(chunks);
+        axum::response::Response::builder()
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from_stream(endless))
+            .unwrap()
+    })
+    .await;
+    let n = node_with_transport(&single("tpm = 100000"), &[&upstream], None).await;
+    let response = post(&n, "/chat/completions", chat_body("hello", 16), &[]).await;
+    assert_eq!(response.status(), 502);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too large"),
+        "{body}"
+    );
+    n.stop().await;
+    upstream.task.abort();
 }
