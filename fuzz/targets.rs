@@ -37,18 +37,10 @@ pub(crate) const TARGETS: [(&str, Target); 5] = [
 /// Request parsing and estimation. Input: the API (first byte), then a body.
 /// Never panics; a body that parses gives the same estimate twice.
 pub(crate) fn request(input: &[u8]) {
-    const APIS: [Api; 6] = [
-        Api::Chat,
-        Api::Completions,
-        Api::Embeddings,
-        Api::Messages,
-        Api::Responses,
-        Api::CountTokens,
-    ];
     let [which, body @ ..] = input else {
         return;
     };
-    let api = APIS[usize::from(*which) % APIS.len()];
+    let api = Api::ALL[usize::from(*which) % Api::ALL.len()];
     let encoding = Encoding::for_openai_model("gpt-4o-mini").expect("known model");
     let settings = ParseSettings {
         default_max_tokens: 4096,
