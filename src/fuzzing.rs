@@ -1,5 +1,5 @@
-//! Entry points for the fuzz targets (`fuzz/`, feature `fuzzing`) into what
-//! the crate keeps to itself.
+//! Entry points for the fuzz targets (`fuzz/targets.rs`) into what the crate
+//! keeps to itself; hidden from the docs.
 
 /// Decodes a statement batch as the internal RPC does and converts each entry
 /// to the request an owner's line takes: `Some(buckets stated in all)`, or

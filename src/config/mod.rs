@@ -117,8 +117,6 @@ impl Config {
                 *secret = expand_env(secret, env)
                     .map_err(|r| invalid("cluster.accept_secrets".into(), r))?;
             }
-        }
-        if let Some(cluster) = &mut self.cluster {
             let address = |field: &str, text: &Option<String>| -> Result<_, ConfigError> {
                 let Some(text) = text else { return Ok(None) };
                 let expanded = expand_env(text, env).map_err(|r| invalid(field.into(), r))?;

@@ -191,22 +191,33 @@ fn validate_rpc(cluster: &super::ClusterConfig) -> Result<(), Violation> {
 
 /// The cluster secret: every mode seals its gossip and RPCs with it.
 fn validate_secrets(cluster: &super::ClusterConfig) -> Result<(), Violation> {
-    if cluster.secret.as_deref().is_none_or(|s| s.len() < 16) {
+    use tollgate_cluster::auth::keys::{MAX_ACCEPTED, MIN_SECRET_LEN};
+    if cluster
+        .secret
+        .as_deref()
+        .is_none_or(|s| s.len() < MIN_SECRET_LEN)
+    {
         return fail(
             "cluster.secret",
-            "is required, at least 16 characters: only its holders take part in the cluster (e.g. \"${TOLLGATE_CLUSTER_SECRET}\")",
+            format!(
+                "is required, at least {MIN_SECRET_LEN} characters: only its holders take part in the cluster (e.g. \"${{TOLLGATE_CLUSTER_SECRET}}\")"
+            ),
         );
     }
-    if cluster.accept_secrets.len() > 3 {
+    if cluster.accept_secrets.len() > MAX_ACCEPTED {
         return fail(
             "cluster.accept_secrets",
-            "holds at most 3 secrets (rotation needs one)",
+            format!("holds at most {MAX_ACCEPTED} secrets (rotation needs one)"),
         );
     }
-    if cluster.accept_secrets.iter().any(|s| s.len() < 16) {
+    if cluster
+        .accept_secrets
+        .iter()
+        .any(|s| s.len() < MIN_SECRET_LEN)
+    {
         return fail(
             "cluster.accept_secrets",
-            "each secret must be at least 16 characters",
+            format!("each secret must be at least {MIN_SECRET_LEN} characters"),
         );
     }
     Ok(())

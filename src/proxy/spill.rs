@@ -194,7 +194,8 @@ async fn forward(
         }
     };
     let status = answer.status();
-    let tagged = crate::sync::auth::answered(&request_tag, answer.headers(), status.as_u16(), None);
+    let tag = answer.headers().get(AUTH_HEADER);
+    let tagged = crate::sync::auth::answered(&request_tag, tag, status.as_u16(), None);
     if !tagged && answer.headers().get(SERVED_BY_HEADER).is_some() {
         // Says it was served, without this hop's tag: something on the way
         // made or altered it. Not the client's answer, but the request may

@@ -65,6 +65,13 @@ impl RpcAuth {
         sign_with(&self.signer, to, path, headers, body)
     }
 
+    /// What `headers` alone refuse (no tag, another secret, stale, seen
+    /// before): checked before the body is read.
+    pub(crate) fn precheck(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let auth = headers.get(AUTH_HEADER).map(HeaderValue::as_bytes);
+        self.verifier.precheck(auth, unix_ms())
+    }
+
     /// The request's tag if it is authentic, for this node, fresh and new.
     pub(crate) fn verify(
         &self,
@@ -106,16 +113,16 @@ pub(crate) fn sign_with(
     tag
 }
 
-/// Whether `headers` carry the tag of the answer to `request` with `status`
-/// and `body` (`None`: a streamed answer, tagged on its status alone).
+/// Whether `tag` (an answer's [`AUTH_HEADER`]) is the tag of the answer to
+/// `request` with `status` and `body` (`None`: a streamed answer, tagged on
+/// its status alone).
 pub(crate) fn answered(
     request: &RequestTag,
-    headers: &HeaderMap,
+    tag: Option<&HeaderValue>,
     status: u16,
     body: Option<&[u8]>,
 ) -> bool {
-    let tag = headers.get(AUTH_HEADER).map(HeaderValue::as_bytes);
-    request.answered_by(tag, status, body)
+    request.answered_by(tag.map(HeaderValue::as_bytes), status, body)
 }
 
 /// The reason label of an RPC refused for its tag

@@ -62,6 +62,10 @@ async fn authenticate(
     next: Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
+    // A request its header alone refuses costs no body buffered.
+    if let Err(refusal) = state.auth.precheck(&parts.headers) {
+        return refuse_unauthenticated(&state, refusal);
+    }
     let path = parts.uri.path().to_owned();
     let spill = path.starts_with(crate::sync::spill::PATH_PREFIX);
     let limit = if spill {
@@ -86,15 +90,7 @@ async fn authenticate(
     };
     let request_tag = match state.auth.verify(&path, &parts.headers, &bytes) {
         Ok(tag) => tag,
-        Err(refusal) => {
-            let detail = format!("cluster authentication failed: {refusal}");
-            return refuse(
-                &state,
-                StatusCode::UNAUTHORIZED,
-                auth::refusal_label(refusal),
-                detail,
-            );
-        }
+        Err(refusal) => return refuse_unauthenticated(&state, refusal),
     };
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
@@ -117,6 +113,13 @@ async fn authenticate(
         parts.headers.insert(AUTH_HEADER, value);
     }
     Response::from_parts(parts, Body::from(body))
+}
+
+/// A 401 for a request that failed its tag.
+fn refuse_unauthenticated(state: &RpcState, refusal: tollgate_cluster::auth::Refusal) -> Response {
+    let detail = format!("cluster authentication failed: {refusal}");
+    let label = auth::refusal_label(refusal);
+    refuse(state, StatusCode::UNAUTHORIZED, label, detail)
 }
 
 /// [`PATH_PREFIX`](crate::sync::spill::PATH_PREFIX) with the API's name.
@@ -288,9 +291,10 @@ pub(crate) async fn call(
         .await
         .map_err(|e| CallError::Unreachable(e.to_string()))?;
     let status = response.status();
-    let headers = response.headers().clone();
+    let tag = response.headers().get(AUTH_HEADER).cloned();
     let bytes = read_capped(response).await?;
-    if status.is_success() && !auth::answered(&request_tag, &headers, status.as_u16(), Some(&bytes))
+    if status.is_success()
+        && !auth::answered(&request_tag, tag.as_ref(), status.as_u16(), Some(&bytes))
     {
         return Err(CallError::BadAnswer(
             "an answer without this request's tag".into(),
@@ -387,4 +391,110 @@ pub(crate) fn client(timeout: Duration) -> reqwest::Client {
         .no_proxy()
         .build()
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU8, Ordering};
+    use tollgate_cluster::auth::keys::Channel;
+    use tollgate_cluster::auth::rpc::{Request as Tagged, RpcVerifier};
+
+    const SECRET: &str = "rpc-test-secret-0123456789";
+
+    /// How the test owner tags its answers.
+    const UNTAGGED: u8 = 0;
+    const TAGGED_OVER_ANOTHER_BODY: u8 = 1;
+    const TAGGED: u8 = 2;
+
+    fn cluster(rpc: &str) -> crate::config::ClusterConfig {
+        let text = format!(
+            "[cluster]\ncluster_id = \"t\"\nnode_id = \"a\"\ngossip_listen = \"127.0.0.1:1\"\n\
+             rpc_listen = \"{rpc}\"\nsecret = \"{SECRET}\"\nmode = \"lease\"\n\n\
+             [[upstreams]]\nid = \"u\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n\n\
+             [[routes]]\nmodels = [\"*\"]\nupstreams = [\"u\"]\n"
+        );
+        let config = crate::config::Config::from_toml(&text, "test.toml").expect("config");
+        config.cluster.expect("[cluster]")
+    }
+
+    /// An owner on `listener` granting every statement, its answers tagged as
+    /// `mode` says.
+    fn owner(listener: TcpListener, mode: Arc<AtomicU8>) {
+        let to = listener.local_addr().expect("addr").to_string();
+        let keys = crate::sync::auth::keys(&cluster(&to), Channel::Rpc).expect("keys");
+        let verifier = Arc::new(RpcVerifier::new(keys));
+        let answer = move |headers: HeaderMap, body: axum::body::Bytes| {
+            let (verifier, mode, to) = (verifier.clone(), mode.clone(), to.clone());
+            async move {
+                let pairs: Vec<(&str, &[u8])> = (headers.iter())
+                    .map(|(n, v)| (n.as_str(), v.as_bytes()))
+                    .collect();
+                let request = Tagged {
+                    to: &to,
+                    path: wire::SYNC_PATH,
+                    headers: &pairs,
+                    body: &body,
+                };
+                let auth = headers.get(AUTH_HEADER).map(HeaderValue::as_bytes);
+                let now = tollgate_cluster::auth::unix_ms();
+                let tag = verifier
+                    .verify(auth, &request, now)
+                    .expect("a tagged statement");
+                let granted = r#"{"entries":[{"credit":{"credit":5,"granted":5,"ttl_ms":1000}}]}"#;
+                let tagged_over = match mode.load(Ordering::Relaxed) {
+                    UNTAGGED => None,
+                    TAGGED_OVER_ANOTHER_BODY => Some(r#"{"entries":[]}"#),
+                    _ => Some(granted),
+                };
+                let mut response = granted.into_response();
+                if let Some(over) = tagged_over {
+                    let value = tag.answer(200, Some(over.as_bytes()));
+                    let value = HeaderValue::from_str(&value).expect("hex");
+                    response.headers_mut().insert(AUTH_HEADER, value);
+                }
+                response
+            }
+        };
+        let app = Router::new().route(wire::SYNC_PATH, post(answer));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+
+    /// A holder believes no grant whose answer does not carry the tag of its
+    /// own request over that very answer.
+    #[tokio::test]
+    async fn a_grant_without_this_requests_tag_is_not_believed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let to = listener.local_addr().expect("addr").to_string();
+        let mode = Arc::new(AtomicU8::new(UNTAGGED));
+        owner(listener, mode.clone());
+        let holder = RpcAuth::new(&cluster("127.0.0.1:2")).expect("keys");
+        let batch = Batch {
+            cluster_id: "t".into(),
+            from: "a/1@127.0.0.1:1".into(),
+            entries: vec![wire::Entry {
+                key: "tenant:t:requests".into(),
+                seq: 1,
+                usage: Vec::new(),
+                remaining: 0,
+                want: 5,
+                adopted: 0,
+                held: 0,
+            }],
+        };
+        let client = client(Duration::from_secs(2));
+        for (how, believed) in [
+            (UNTAGGED, false),
+            (TAGGED_OVER_ANOTHER_BODY, false),
+            (TAGGED, true),
+        ] {
+            mode.store(how, Ordering::Relaxed);
+            let called = call(&client, &to, &holder, &batch).await;
+            match (called, believed) {
+                (Err(CallError::BadAnswer(why)), false) if why.contains("tag") => {}
+                (Ok(answers), true) => assert_eq!(answers.len(), 1),
+                (other, _) => panic!("answer tagged as {how}: {other:?}"),
+            }
+        }
+    }
 }
